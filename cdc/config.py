@@ -1,0 +1,211 @@
+"""The one settings object.
+
+Sources, highest priority first: explicit overrides (CLI flags), ``CDC_*`` environment
+variables (``__`` separates sections, e.g. ``CDC_POSTGRES__DSN``), a TOML config file
+(``--config`` or ``CDC_CONFIG``), then defaults that point at the local stack
+(``scripts/stack``). Only entry points call :func:`load_settings`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from cdc.errors import ConfigError
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class SnapshotMode(StrEnum):
+    INITIAL = "initial"
+    NO_DATA = "no_data"
+    INITIAL_ONLY = "initial_only"
+    WHEN_NEEDED = "when_needed"
+
+
+class DecimalHandling(StrEnum):
+    PRECISE = "precise"
+    STRING = "string"
+    DOUBLE = "double"
+
+
+class BinaryHandling(StrEnum):
+    BYTES = "bytes"
+    BASE64 = "base64"
+    HEX = "hex"
+
+
+class IntervalHandling(StrEnum):
+    NUMERIC = "numeric"
+    STRING = "string"
+
+
+class ValueFormat(StrEnum):
+    JSON = "json"
+    AVRO = "avro"
+
+
+class PostgresSettings(BaseModel):
+    model_config = _FROZEN
+
+    dsn: SecretStr = SecretStr("postgresql://cdc:cdc@127.0.0.1:55432/cdc")
+    slot_name: str = "cdc_slot"
+    publication_name: str = "cdc_pub"
+    # Include list of "schema.table"; empty means every table.
+    tables: tuple[str, ...] = ()
+    snapshot_mode: SnapshotMode = SnapshotMode.INITIAL
+    snapshot_workers: int = Field(default=2, ge=1, le=64)
+    snapshot_chunk_rows: int = Field(default=50_000, ge=100)
+    drop_slot_on_exit: bool = False
+    status_interval_s: float = Field(default=5.0, gt=0)
+    proto_version: int = Field(default=1, ge=1, le=4)
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _split_tables(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return v
+
+    @field_validator("tables")
+    @classmethod
+    def _qualified(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for t in v:
+            if t.count(".") != 1 or not all(t.split(".")):
+                raise ValueError(f"table {t!r} must be written as schema.table")
+        return v
+
+    @field_validator("slot_name", "publication_name")
+    @classmethod
+    def _identifier(cls, v: str) -> str:
+        if not v or not all(c.isalnum() or c == "_" for c in v) or v != v.lower():
+            raise ValueError(f"{v!r} must be lower-case letters, digits and underscores")
+        return v
+
+
+class KafkaSettings(BaseModel):
+    model_config = _FROZEN
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    topic_prefix: str = "cdc"
+    partitions: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    heartbeat_topic: str | None = None
+    dead_letter_topic: str = "cdc.dlq"
+    # Extra librdkafka producer settings, merged over ours.
+    producer: dict[str, str] = Field(default_factory=dict)
+
+
+class SchemaSettings(BaseModel):
+    model_config = _FROZEN
+
+    value_format: ValueFormat = ValueFormat.JSON
+    schemas_enable: bool = True
+    decimal_handling_mode: DecimalHandling = DecimalHandling.PRECISE
+    binary_handling_mode: BinaryHandling = BinaryHandling.BYTES
+    interval_handling_mode: IntervalHandling = IntervalHandling.NUMERIC
+    provide_transaction_metadata: bool = False
+    registry_url: str | None = None
+    server_name: str | None = None  # source.name; defaults to the topic prefix
+
+
+class RedisSettings(BaseModel):
+    model_config = _FROZEN
+
+    url: SecretStr = SecretStr("redis://127.0.0.1:56379/0")
+    key_prefix: str = "cdc"
+    value_mode: str = Field(default="hash", pattern="^(hash|json)$")
+    ttl_s: int | None = Field(default=None, ge=1)
+    tombstone_ttl_s: int = Field(default=3600, ge=1)
+
+
+class SearchSettings(BaseModel):
+    model_config = _FROZEN
+
+    url: SecretStr = SecretStr("http://127.0.0.1:19200")
+    index_prefix: str = "cdc"
+
+
+class SparkSettings(BaseModel):
+    model_config = _FROZEN
+
+    master: str = "local[2]"
+    checkpoint_dir: str = ".stack/checkpoints"
+    trigger_interval: str = "500 milliseconds"
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    starting_offsets: str = "earliest"
+
+
+class Settings(BaseSettings):
+    """Every setting of the reader and the followers."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CDC_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    postgres: PostgresSettings = PostgresSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    schema_: SchemaSettings = Field(default=SchemaSettings(), alias="schema")
+    redis: RedisSettings = RedisSettings()
+    search: SearchSettings = SearchSettings()
+    spark: SparkSettings = SparkSettings()
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build and validate the settings; raise :class:`ConfigError` with one clear line."""
+    path = config_file or os.environ.get("CDC_CONFIG")
+    file_values: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            file_values = tomllib.loads(p.read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {p} does not exist") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+    try:
+        # Environment variables beat the file: read them through a bare Settings and
+        # merge only what the environment actually set.
+        env_only = Settings().model_dump(by_alias=True, exclude_unset=True)
+        merged = _deep_merge(_deep_merge(file_values, env_only), dict(overrides or {}))
+        return Settings(**merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"invalid setting {where}: {err['msg']}") from e

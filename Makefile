@@ -1,0 +1,41 @@
+# The two commands that matter: `make demo` and `make test`. Both install what they need.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install stack demo test unit lint bench clean-stack
+
+install: $(VENV)/.installed
+
+# Python prerequisites come from PyPI, pinned by constraints.txt (the lock).
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: Python 3.11+ is required (python3 is $$(python3 --version))"; exit 1; }
+	@python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip setuptools wheel
+	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $@
+
+# Real servers on 127.0.0.1 without Docker; state in .stack/, downloads cached in .cache/.
+stack: install
+	scripts/stack up
+
+demo: stack
+	$(PY) scripts/demo.py
+
+test: stack
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+unit: install
+	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy cdc schemas sinks
+
+bench: stack
+	$(PY) scripts/bench.py
+
+clean-stack:
+	scripts/stack down

@@ -1,0 +1,238 @@
+"""Test harness: real servers for every test that needs one.
+
+Servers come from testcontainers when a Docker engine answers, and from the native stack
+(`scripts/stack`) otherwise; the native stack is started if it is not running. Every test gets
+its own resources (database, topic prefix, index prefix, key prefix), so tests cannot interfere
+with each other or with a developer's data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = ROOT / "scripts" / "stack"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the real servers answer. The DSN is a superuser that may replicate."""
+
+    postgres_dsn: str
+    kafka_bootstrap: str
+    redis_url: str
+    search_url: str
+    via: str  # "native" or "testcontainers"
+
+    def postgres_dsn_for(self, dbname: str) -> str:
+        base, _, _ = self.postgres_dsn.rpartition("/")
+        return f"{base}/{dbname}"
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.1, what: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as e:  # the condition may not be ready to evaluate yet
+            last_exc = e
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc else ""
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}{detail}")
+        time.sleep(interval)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def _docker_answers() -> bool:
+    if os.environ.get("CDC_TEST_NATIVE") == "1" or shutil.which("docker") is None:
+        return False
+    try:
+        return (
+            subprocess.run(
+                ["docker", "info"], capture_output=True, timeout=10, check=False
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _native_stack() -> Endpoints:
+    status = subprocess.run([str(STACK), "status"], capture_output=True, text=True, check=False)
+    if status.returncode != 0:
+        up = subprocess.run([str(STACK), "up"], capture_output=True, text=True, check=False)
+        if up.returncode != 0:
+            pytest.exit(f"scripts/stack up failed:\n{up.stdout}\n{up.stderr}", returncode=3)
+    env: dict[str, str] = {}
+    out = subprocess.run([str(STACK), "env"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        line = line.removeprefix("export ").strip()
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = v.strip("'\"")
+    return Endpoints(
+        postgres_dsn=env["CDC_POSTGRES__DSN"],
+        kafka_bootstrap=env["CDC_KAFKA__BOOTSTRAP_SERVERS"],
+        redis_url=env["CDC_REDIS__URL"],
+        search_url=env["CDC_SEARCH__URL"],
+        via="native",
+    )
+
+
+def _containers(stack: ExitStack) -> Endpoints:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.opensearch import OpenSearchContainer
+    from testcontainers.postgres import PostgresContainer
+    from testcontainers.redis import RedisContainer
+
+    pg = PostgresContainer("postgres:15", username="cdc", password="cdc", dbname="cdc")
+    pg.with_command(
+        "postgres -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"
+    )
+    kafka = KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft()
+    redis = RedisContainer("redis:7")
+    search = OpenSearchContainer("opensearchproject/opensearch:2.19.2", security_enabled=False)
+    for c in (pg, kafka, redis, search):
+        stack.enter_context(c)
+    pg_url = pg.get_connection_url(driver=None)
+    return Endpoints(
+        postgres_dsn=pg_url,
+        kafka_bootstrap=kafka.get_bootstrap_server(),
+        redis_url=f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0",
+        search_url=(f"http://{search.get_container_host_ip()}:{search.get_exposed_port(9200)}"),
+        via="testcontainers",
+    )
+
+
+@pytest.fixture(scope="session")
+def endpoints() -> Iterator[Endpoints]:
+    """The real servers for this test session."""
+    if _docker_answers():
+        with ExitStack() as stack:
+            yield _containers(stack)
+    else:
+        yield _native_stack()
+
+
+# --- per-test isolated resources -------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_database(endpoints: Endpoints) -> Iterator[str]:
+    """A fresh database of its own; yields its DSN. Slots in it are dropped afterwards."""
+    import psycopg
+
+    name = unique("t")
+    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield endpoints.postgres_dsn_for(name)
+    finally:
+        with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
+            for slot, pid in conn.execute(
+                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                (name,),
+            ).fetchall():
+                if pid:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                wait_until(
+                    lambda s=slot: (
+                        conn.execute(
+                            "SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (s,)
+                        ).fetchone()
+                        in (None, (True,))
+                    ),
+                    timeout=30,
+                    what=f"slot {slot} to become inactive",
+                )
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE slot_name = %s",
+                    (slot,),
+                )
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def topic_prefix(endpoints: Endpoints) -> Iterator[str]:
+    """A topic prefix of its own; every topic under it is deleted afterwards."""
+    from confluent_kafka.admin import AdminClient
+
+    prefix = unique("t")
+    yield prefix
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if topics:
+        for fut in admin.delete_topics(topics, operation_timeout=30).values():
+            fut.result()
+
+
+@pytest.fixture
+def index_prefix(endpoints: Endpoints) -> Iterator[str]:
+    """An OpenSearch index prefix of its own; its indices are deleted afterwards."""
+    from opensearchpy import OpenSearch
+
+    prefix = unique("t").lower()
+    yield prefix
+    client = OpenSearch(endpoints.search_url)
+    client.indices.delete(index=f"{prefix}*", ignore_unavailable=True, expand_wildcards="all")
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(endpoints: Endpoints) -> Iterator[str]:
+    """A Redis key prefix of its own; its keys are deleted afterwards."""
+    import redis
+
+    prefix = unique("t")
+    yield prefix
+    r = redis.Redis.from_url(endpoints.redis_url)
+    keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
+@pytest.fixture(scope="session")
+def spark(endpoints: Endpoints) -> Iterator[Any]:
+    """A local[2] SparkSession with the Kafka connector jars fetched by scripts/stack."""
+    from pyspark.sql import SparkSession
+
+    jars = subprocess.run(
+        [str(STACK), "jars"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("cdc-tests")
+        .config("spark.jars", jars)
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()

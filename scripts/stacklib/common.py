@@ -1,0 +1,200 @@
+"""Paths, process bookkeeping and small helpers shared by every service."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class StackError(Exception):
+    """A failure worth one clear line to the user (the CLI prints it and exits 1)."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where state (``STACK_DIR``) and download caches (``CACHE_DIR``) live."""
+
+    stack: Path
+    cache: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.stack / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.stack / "run"
+
+    def log(self, service: str) -> Path:
+        return self.logs / f"{service}.log"
+
+    def pidfile(self, service: str) -> Path:
+        return self.run / f"{service}.pid"
+
+
+def paths() -> Paths:
+    """Return the stack paths, honouring the STACK_DIR and CACHE_DIR environment knobs."""
+    stack = Path(os.environ.get("STACK_DIR") or REPO / ".stack").resolve()
+    cache = Path(os.environ.get("CACHE_DIR") or REPO / ".cache").resolve()
+    return Paths(stack=stack, cache=cache)
+
+
+def say(msg: str) -> None:
+    """Progress goes to stderr so that stdout stays machine-readable (``env``, ``jars``)."""
+    print(f"stack: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: Sequence[str | os.PathLike[str]], *, user: str | None = None,
+        env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion, capturing output; raise StackError on failure."""
+    full_env = None if env is None else {**os.environ, **env}
+    try:
+        proc = subprocess.run(
+            [str(c) for c in cmd], user=user, group=_group_of(user), extra_groups=[] if user else None,
+            env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=timeout, check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise StackError(f"command timed out after {timeout:.0f}s: {' '.join(map(str, cmd))}") from e
+    if check and proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise StackError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}: "
+                         + " | ".join(tail))
+    return proc
+
+
+def spawn(cmd: Sequence[str | os.PathLike[str]], *, log: Path, user: str | None = None,
+          env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+    """Start a long-running server detached from this process; return its pid.
+
+    It gets its own session, so a Ctrl-C in the caller's terminal does not reach it, and
+    its stdout/stderr are appended to ``log``.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [str(c) for c in cmd], user=user, group=_group_of(user), extra_groups=[] if user else None,
+            env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _group_of(user: str | None) -> int | None:
+    return pwd.getpwnam(user).pw_gid if user else None
+
+
+def chown(path: Path, user: str, *, recursive: bool = False) -> None:
+    """Hand a path (optionally a whole tree) to an OS user."""
+    entry = pwd.getpwnam(user)
+    targets = [path]
+    if recursive:
+        targets += [Path(root) / n for root, dirs, files in os.walk(path) for n in dirs + files]
+    for t in targets:
+        os.lchown(t, entry.pw_uid, entry.pw_gid)
+
+
+def ensure_system_user(name: str) -> None:
+    """Create a locked system account for servers that refuse to run as root."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        say(f"creating system user {name}")
+        run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a live process (zombies count as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # The state letter follows the parenthesised command name, which may contain spaces.
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid`` with NULs as spaces, or '' if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_pid(pidfile: Path) -> int | None:
+    """The first line of a pidfile as an int, or None if missing or garbled."""
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_until(what: str, probe: Callable[[], bool], deadline_s: float,
+               *, alive: Callable[[], bool] | None = None, log: Path | None = None) -> None:
+    """Poll ``probe`` until it is true, or raise StackError naming the service and its log."""
+    end = time.monotonic() + deadline_s
+    delay = 0.1
+    while True:
+        if probe():
+            return
+        where = f"; see {log}" if log else ""
+        if alive is not None and not alive():
+            raise StackError(f"{what} exited during startup{where}")
+        if time.monotonic() > end:
+            raise StackError(f"{what} did not become ready within {deadline_s:.0f}s{where}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+def terminate(pid: int, *, sig: int = signal.SIGTERM, grace_s: float = 60) -> None:
+    """Send ``sig`` to ``pid``, wait for it to exit, and SIGKILL it after ``grace_s``."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace_s
+    while pid_alive(pid):
+        if time.monotonic() > end:
+            say(f"pid {pid} ignored signal {sig} for {grace_s:.0f}s; killing it")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            end = time.monotonic() + 10
+        time.sleep(0.1)
+
+
+def download(url: str, dest: Path) -> Path:
+    """Fetch ``url`` into ``dest`` once (atomic rename), with curl retrying transient errors."""
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    say(f"downloading {url}")
+    run(["curl", "-fsSL", "--retry", "4", "--retry-delay", "2", "--connect-timeout", "20",
+         "-o", tmp, url], timeout=1800)
+    tmp.replace(dest)
+    return dest
+
+
+def java_home() -> Path:
+    """A JDK/JRE 17 home: Debian's openjdk-17 if present, else whatever ``java`` resolves to."""
+    for cand in sorted(Path("/usr/lib/jvm").glob("java-17-openjdk-*")):
+        if (cand / "bin" / "java").exists():
+            return cand
+    java = shutil.which("java")
+    if java is None:
+        raise StackError("no java found; install openjdk-17-jre-headless")
+    return Path(os.path.realpath(java)).parents[1]

@@ -1,0 +1,35 @@
+"""The one table of host ports and URLs for the local stack.
+
+``scripts/stack`` (native servers) and ``docker-compose.yml`` (containers) both expose these
+ports on 127.0.0.1, and the defaults in ``cdc/config.py`` point at them. Tests import this
+module instead of repeating the numbers.
+"""
+
+from __future__ import annotations
+
+HOST = "127.0.0.1"
+
+# Client-facing port of each service, keyed by the service name used everywhere
+# (``scripts/stack up <name>``, compose service names, ``.stack/logs/<name>.log``).
+PORTS: dict[str, int] = {
+    "postgres": 55432,
+    "redis": 56379,
+    "kafka": 19092,
+    "opensearch": 19200,
+}
+
+# Ports that only the servers talk on; bound to 127.0.0.1 too.
+KAFKA_CONTROLLER_PORT = 19093
+OPENSEARCH_TRANSPORT_PORT = 19300
+
+SERVICES: tuple[str, ...] = ("postgres", "redis", "kafka", "opensearch")
+
+
+def env_vars() -> dict[str, str]:
+    """Return the ``CDC_*`` variables that point the project at the stack."""
+    return {
+        "CDC_POSTGRES__DSN": f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc",
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{PORTS['kafka']}",
+        "CDC_REDIS__URL": f"redis://{HOST}:{PORTS['redis']}/0",
+        "CDC_SEARCH__URL": f"http://{HOST}:{PORTS['opensearch']}",
+    }

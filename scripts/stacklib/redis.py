@@ -1,0 +1,39 @@
+"""Redis from Debian's redis-server, run directly (not the system service), no persistence."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+from stacklib import common
+from stacklib.ports import HOST
+from stacklib.service import Service
+
+
+class Redis(Service):
+    name = "redis"
+    packages = {"redis-server": "redis-server"}
+    start_deadline_s = 20
+
+    def owns(self, cmdline: str) -> bool:
+        return "redis-server" in cmdline and f":{self.port}" in cmdline
+
+    def prepare(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+
+    def launch(self) -> int:
+        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        # Followers are rebuilt from Kafka, so the cache needs no snapshots or AOF.
+        return common.spawn(
+            [exe, "--bind", HOST, "--port", str(self.port), "--dir", self.home,
+             "--save", "", "--appendonly", "no", "--daemonize", "no",
+             "--protected-mode", "yes"],
+            log=self.log, cwd=self.home)
+
+    def probe(self) -> bool:
+        try:
+            with socket.create_connection((HOST, self.port), timeout=2) as s:
+                s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False

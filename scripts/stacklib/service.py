@@ -1,0 +1,111 @@
+"""The shape every service of the stack has, and the pidfile logic they share."""
+
+from __future__ import annotations
+
+import signal
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from stacklib import common
+from stacklib.ports import HOST, PORTS
+
+
+class Service(ABC):
+    """One server: prepared once, started detached, probed with a real request."""
+
+    name: str
+    # Apt packages this service needs, each with the path or command that proves it is there.
+    packages: dict[str, str] = {}
+    # How long ``up`` waits for a real answer after starting it.
+    start_deadline_s: float = 60
+    stop_signal: int = signal.SIGTERM
+    stop_grace_s: float = 60
+
+    def __init__(self, paths: common.Paths) -> None:
+        self.paths = paths
+
+    @property
+    def port(self) -> int:
+        return PORTS[self.name]
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.paths.log(self.name)
+
+    @property
+    def pidfile(self) -> Path:
+        return self.paths.pidfile(self.name)
+
+    @property
+    def home(self) -> Path:
+        """This service's state folder under STACK_DIR."""
+        return self.paths.stack / self.name
+
+    def pid(self) -> int | None:
+        """The recorded pid if that process is alive and still looks like ours."""
+        pid = common.read_pid(self.pidfile)
+        if pid is None or not common.pid_alive(pid):
+            return None
+        return pid if self.owns(common.cmdline(pid)) else None
+
+    @abstractmethod
+    def owns(self, cmdline: str) -> bool:
+        """Whether a process with this command line is our server (guards against pid reuse)."""
+
+    @abstractmethod
+    def probe(self) -> bool:
+        """One real request to the server; True if it answered correctly."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Download, unpack and configure what the server needs (idempotent, cached)."""
+
+    @abstractmethod
+    def launch(self) -> int:
+        """Start the server detached and return its pid."""
+
+    def after_ready(self) -> None:
+        """Work that needs the server up (e.g. creating a role); idempotent."""
+
+    def start(self) -> bool:
+        """Start the server unless ours is already running; return True if it was started."""
+        if self.pid() is not None:
+            return False
+        if self.probe():
+            raise common.StackError(
+                f"{self.name}: {self.address} already answers but not from a process this stack "
+                f"started (no live pid in {self.pidfile}); stop that server first")
+        self.prepare()
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        common.say(f"starting {self.name} on {self.address} (log {self.log})")
+        pid = self.launch()
+        self.pidfile.write_text(f"{pid}\n")
+        return True
+
+    def wait_ready(self) -> None:
+        """Block until the server answers a real request, or raise naming its log."""
+        common.wait_until(self.name, self.probe, self.start_deadline_s,
+                          alive=lambda: self.pid() is not None, log=self.log)
+        self.after_ready()
+
+    def stop(self) -> bool:
+        """Stop our server by its recorded pid and wait until it is gone; True if it ran."""
+        pid = self.pid()
+        if pid is not None:
+            common.say(f"stopping {self.name} (pid {pid})")
+            common.terminate(pid, sig=self.stop_signal, grace_s=self.stop_grace_s)
+        self.pidfile.unlink(missing_ok=True)
+        return pid is not None
+
+    def status(self) -> tuple[bool, str]:
+        """(up?, one-line description) from pid liveness AND a real request."""
+        pid = self.pid()
+        if pid is None:
+            return False, f"{self.name:<11} down  (no live process; log {self.log})"
+        if not self.probe():
+            return False, f"{self.name:<11} down  (pid {pid} alive but {self.address} does not answer; log {self.log})"
+        return True, f"{self.name:<11} up    pid {pid:<8} {self.address}"

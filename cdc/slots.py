@@ -1,0 +1,195 @@
+"""Replication slots and publications: inspect, create, drop, and decide how a run starts.
+
+The decision (:func:`plan_start`) is pure: it looks at the snapshot mode, the slot as the
+server reports it and the reader's durable state (:mod:`cdc.state`), and says what to do. A
+slot that vanished after it was streamed from is never recreated silently: the changes between
+its last acknowledged position and now are gone, so the reader stops and says how to recover.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from cdc.config import SnapshotMode
+from cdc.errors import ConfigError, SlotError
+from cdc.lsn import Lsn
+from cdc.state import Phase, ReaderState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One row of ``pg_replication_slots``."""
+
+    slot_name: str
+    plugin: str | None
+    database: str | None
+    active: bool
+    active_pid: int | None
+    confirmed_flush_lsn: Lsn | None
+    restart_lsn: Lsn | None
+
+
+def check_wal_level(conn: psycopg.Connection[Any]) -> None:
+    """Stop with one clear error unless the server runs with ``wal_level = logical``."""
+    row = conn.execute("SHOW wal_level").fetchone()
+    level = row[0] if row else "unknown"
+    if level != "logical":
+        raise ConfigError(
+            f"PostgreSQL has wal_level = {level}, but logical replication needs "
+            "wal_level = logical (set it in postgresql.conf and restart the server)"
+        )
+
+
+def _lsn(text: str | None) -> Lsn | None:
+    return Lsn.parse(text) if text else None
+
+
+def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
+    """The slot as the server sees it, or None if it does not exist."""
+    row = conn.execute(
+        "SELECT slot_name, plugin, database, active, active_pid, "
+        "confirmed_flush_lsn::text, restart_lsn::text "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotInfo(row[0], row[1], row[2], bool(row[3]), row[4], _lsn(row[5]), _lsn(row[6]))
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Drop the slot if it exists and nobody streams from it; return whether it was dropped."""
+    info = slot_info(conn, slot)
+    if info is None:
+        return False
+    if info.active:
+        raise SlotError(f"replication slot {slot} is in use by process {info.active_pid}")
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    log.info("dropped replication slot", extra={"slot": slot})
+    return True
+
+
+def ensure_publication(
+    conn: psycopg.Connection[Any], name: str, tables: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """Create or align the publication; return the captured tables as (schema, table).
+
+    With an empty include list the publication is ``FOR ALL TABLES``; otherwise it covers
+    exactly ``tables`` (an existing publication is altered to match).
+    """
+    for qualified in tables:
+        schema, table = qualified.split(".")
+        found = conn.execute(
+            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"table {qualified} listed in postgres.tables does not exist")
+    row = conn.execute(
+        "SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)
+    ).fetchone()
+    idents = sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
+    if row is None:
+        if tables:
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
+            )
+        else:
+            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name)))
+        log.info("created publication", extra={"publication": name})
+    elif tables and row[0]:
+        raise ConfigError(
+            f"publication {name} exists FOR ALL TABLES but postgres.tables lists "
+            f"{len(tables)} tables; drop the publication or use another publication_name"
+        )
+    elif not tables and not row[0]:
+        raise ConfigError(
+            f"publication {name} exists for a list of tables but postgres.tables is empty "
+            "(meaning all tables); drop the publication or list the tables"
+        )
+    elif tables:
+        conn.execute(
+            sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(name), idents)
+        )
+    return captured_tables(conn, name)
+
+
+def captured_tables(conn: psycopg.Connection[Any], publication: str) -> list[tuple[str, str]]:
+    """The tables the publication covers, sorted."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
+        "ORDER BY 1, 2",
+        (publication,),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+class Action(enum.Enum):
+    """What a run does before streaming."""
+
+    SNAPSHOT = "snapshot"  # create the slot with an exported snapshot, copy the tables, stream
+    NEW_SLOT = "new_slot"  # create the slot, stream from its consistent point (no_data)
+    STREAM = "stream"  # the slot exists and was streamed from: resume
+    SNAPSHOT_ONLY = "snapshot_only"  # initial_only: copy the tables without a slot, then stop
+    NOTHING = "nothing"  # initial_only already done
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    action: Action
+    drop_existing_slot: bool = False
+    reason: str = ""
+
+
+def _recovery_hint(slot: str, state: ReaderState) -> str:
+    return (
+        f"replication slot {slot} was used (last acknowledged LSN {state.acked_lsn}) but no "
+        "longer exists, so changes after that position are lost. To recover, take a new "
+        "snapshot: rerun with CDC_POSTGRES__SNAPSHOT_MODE=when_needed (or `cdc run "
+        "--snapshot-mode when_needed`), or run `cdc reset-state` and start again"
+    )
+
+
+def plan_start(
+    mode: SnapshotMode, slot: str, info: SlotInfo | None, state: ReaderState | None
+) -> StartPlan:
+    """Decide how a run starts. Raises SlotError when starting would silently lose data."""
+    phase = state.phase if state else None
+    if mode is SnapshotMode.INITIAL_ONLY:
+        if phase is Phase.SNAPSHOT_ONLY_DONE:
+            return StartPlan(Action.NOTHING, reason="initial_only snapshot already taken")
+        return StartPlan(Action.SNAPSHOT_ONLY)
+    if info is not None:
+        if info.plugin != "pgoutput":
+            raise SlotError(f"replication slot {slot} uses plugin {info.plugin}, not pgoutput")
+        if info.active:
+            raise SlotError(
+                f"replication slot {slot} is in use by process {info.active_pid}; "
+                "is another reader running?"
+            )
+        if phase is Phase.STREAMING or mode is SnapshotMode.NO_DATA:
+            return StartPlan(Action.STREAM)
+        # The slot exists but its snapshot never completed: its exported snapshot is gone, so
+        # the only clean way is to start over with a new slot and a new snapshot.
+        return StartPlan(
+            Action.SNAPSHOT,
+            drop_existing_slot=True,
+            reason="the previous snapshot did not complete; starting it over",
+        )
+    if phase is Phase.STREAMING:
+        assert state is not None
+        if mode is SnapshotMode.WHEN_NEEDED:
+            return StartPlan(
+                Action.SNAPSHOT, reason=f"slot {slot} is gone; taking a new snapshot (when_needed)"
+            )
+        raise SlotError(_recovery_hint(slot, state))
+    if mode is SnapshotMode.NO_DATA:
+        return StartPlan(Action.NEW_SLOT)
+    return StartPlan(Action.SNAPSHOT)

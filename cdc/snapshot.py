@@ -1,0 +1,384 @@
+"""Snapshotter: copies every captured table as ``op: "r"`` events, inside one snapshot.
+
+Every worker connection imports the same snapshot (``SET TRANSACTION SNAPSHOT``), so a
+parallel copy is exactly the database at the slot's consistent point. Tables are cut into
+ctid ranges (PostgreSQL 14+ scans a TID range directly), which works for any table, with or
+without a primary key. Rows are read with ``COPY (SELECT ...) TO STDOUT`` in text format:
+the same text pgoutput sends, so snapshot and stream share one conversion path.
+
+Workers read chunks in parallel; the calling thread encodes and publishes them in table and
+chunk order, holding back one row so it can mark the last one (``source.snapshot``), the way
+Debezium does: ``first`` on the first record, ``last`` on the very last,
+``first_in_data_collection`` / ``last_in_data_collection`` on a table's first and last
+records, ``true`` otherwise.
+
+An interrupted snapshot is not resumed: its exported snapshot died with the connection. The
+next run drops the slot that was never streamed from and starts over (see
+:func:`cdc.slots.plan_start`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+
+from cdc.errors import SnapshotError
+from cdc.lsn import Lsn
+from cdc.publisher import Publisher
+from cdc.values import RawValue
+from schemas.model import SourceInfo, TableSchema
+
+log = logging.getLogger(__name__)
+
+Row = tuple[RawValue, ...]
+SchemaLoader = Callable[[psycopg.Connection[Any], str, str], TableSchema]
+
+
+class SnapshotInterrupted(SnapshotError):
+    """A stop was requested during the snapshot."""
+
+
+class Encoder(Protocol):
+    """The part of ``schemas.envelope.EventEncoder`` the snapshotter uses."""
+
+    def topic(self, table: TableSchema) -> str: ...
+    def encode_key(self, table: TableSchema, row: Sequence[RawValue]) -> bytes | None: ...
+    def encode_value(
+        self,
+        table: TableSchema,
+        op: str,
+        before: Sequence[RawValue] | None,
+        after: Sequence[RawValue] | None,
+        source: SourceInfo,
+        transaction: Any = None,
+    ) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Chunk:
+    table_index: int
+    first_page: int
+    end_page: int | None  # None: to the end of the table
+
+
+@dataclass
+class TablePlan:
+    schema: TableSchema
+    pages: int
+    estimated_rows: int
+    chunks: list[Chunk] = field(default_factory=list)
+    rows: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    position: Lsn
+    tables: int
+    rows: int
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def snapshot_marker(first_overall: bool, last_overall: bool, first_in: bool, last_in: bool) -> str:
+    """Debezium's ``source.snapshot`` value for a snapshot record."""
+    if last_overall:
+        return "last"
+    if first_overall:
+        return "first"
+    if last_in:
+        return "last_in_data_collection"
+    if first_in:
+        return "first_in_data_collection"
+    return "true"
+
+
+def _begin_in_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+
+
+class Snapshotter:
+    """Copies the captured tables inside an exported snapshot and publishes ``r`` events."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        encoder: Encoder,
+        publisher: Publisher,
+        load_schema: SchemaLoader,
+        workers: int = 2,
+        chunk_rows: int = 50_000,
+        progress: bool | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self._dsn = dsn
+        self._encoder = encoder
+        self._publisher = publisher
+        self._load_schema = load_schema
+        self._workers = workers
+        self._chunk_rows = chunk_rows
+        self._progress = sys.stderr.isatty() if progress is None else progress
+        self._stop = stop or threading.Event()
+        self._cancel = threading.Event()  # stops queued chunk reads after a failure
+        self._local = threading.local()
+        self._worker_conns: list[psycopg.Connection[Any]] = []
+        self._conns_lock = threading.Lock()
+
+    # --- public -------------------------------------------------------------------------
+
+    def run(
+        self,
+        tables: Sequence[tuple[str, str]],
+        snapshot_name: str | None,
+        position: Lsn | None,
+    ) -> SnapshotResult:
+        """Publish every row of ``tables`` as of the snapshot; return what was done.
+
+        With ``snapshot_name`` None (``initial_only``, no slot) a snapshot is exported here and
+        ``position`` is the server's WAL position inside it.
+        """
+        started = time.monotonic()
+        try:
+            with psycopg.connect(self._dsn, autocommit=True) as lead:
+                if snapshot_name is None:
+                    lead.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    row = lead.execute(
+                        "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text"
+                    ).fetchone()
+                    assert row is not None
+                    snapshot_name, position = row[0], Lsn.parse(row[1])
+                else:
+                    _begin_in_snapshot(lead, snapshot_name)
+                assert position is not None
+                plans = self._plan(lead, tables)
+                # The lead keeps its transaction (and so the exported snapshot) open throughout.
+                rows = self._copy_all(plans, snapshot_name, position)
+                lead.execute("COMMIT")
+        except psycopg.Error as e:
+            raise SnapshotError(f"snapshot failed: {e}") from e
+        finally:
+            self._close_workers()
+        result = SnapshotResult(position, len(plans), rows, time.monotonic() - started)
+        log.info(
+            "snapshot complete: %d rows from %d tables in %.1fs (%.0f rows/s)",
+            result.rows,
+            result.tables,
+            result.seconds,
+            result.rows_per_s,
+            extra={"lsn": str(position)},
+        )
+        return result
+
+    # --- planning -----------------------------------------------------------------------
+
+    def _plan(
+        self, conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]]
+    ) -> list[TablePlan]:
+        plans: list[TablePlan] = []
+        for i, (schema, table) in enumerate(tables):
+            ts = self._load_schema(conn, schema, table)
+            row = conn.execute(
+                "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
+                "greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = %s::regclass",
+                (sql.Identifier(schema, table).as_string(conn),),
+            ).fetchone()
+            pages, est = (int(row[0]), int(row[1])) if row else (0, 0)
+            plan = TablePlan(ts, pages, est)
+            rows_per_page = max(1.0, est / pages) if pages and est else 50.0
+            step = max(1, int(self._chunk_rows / rows_per_page))
+            first = 0
+            while first + step < pages:
+                plan.chunks.append(Chunk(i, first, first + step))
+                first += step
+            plan.chunks.append(Chunk(i, first, None))  # open-ended: covers any growth
+            plans.append(plan)
+        return plans
+
+    # --- copying ------------------------------------------------------------------------
+
+    def _worker_conn(self, snapshot_name: str) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = psycopg.connect(self._dsn, autocommit=True)
+            _begin_in_snapshot(conn, snapshot_name)
+            self._local.conn = conn
+            with self._conns_lock:
+                self._worker_conns.append(conn)
+        return conn
+
+    def _close_workers(self) -> None:
+        with self._conns_lock:
+            for conn in self._worker_conns:
+                conn.close()
+            self._worker_conns.clear()
+
+    def _read_chunk(self, plan: TablePlan, chunk: Chunk, snapshot_name: str) -> list[Row]:
+        if self._stop.is_set() or self._cancel.is_set():
+            return []
+        conn = self._worker_conn(snapshot_name)
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in plan.schema.columns)
+        where = sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({chunk.first_page},0)"))
+        if chunk.end_page is not None:
+            where = sql.SQL("{} AND ctid < {}::tid").format(
+                where, sql.Literal(f"({chunk.end_page},0)")
+            )
+        query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
+            cols, sql.Identifier(plan.schema.schema, plan.schema.table), where
+        )
+        out: list[Row] = []
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            # Load every column as text: exactly the text pgoutput would send.
+            copy.set_types(["text"] * len(plan.schema.columns))
+            for r in copy.rows():
+                out.append(r)
+        return out
+
+    def _chunks_in_order(
+        self, plans: list[TablePlan], snapshot_name: str
+    ) -> Iterator[tuple[int, list[Row]]]:
+        """Chunks read by the pool, yielded in table and chunk order, a few read ahead."""
+        todo = deque((plans[c.table_index], c) for p in plans for c in p.chunks)
+        window: deque[tuple[int, Future[list[Row]]]] = deque()
+        with ThreadPoolExecutor(self._workers, thread_name_prefix="snapshot") as pool:
+            try:
+                while todo or window:
+                    while todo and len(window) < self._workers + 1:
+                        plan, chunk = todo.popleft()
+                        fut = pool.submit(self._read_chunk, plan, chunk, snapshot_name)
+                        window.append((chunk.table_index, fut))
+                    index, fut = window.popleft()
+                    while True:
+                        try:
+                            rows = fut.result(timeout=0.2)
+                            break
+                        except TimeoutError:
+                            self._publisher.poll(0)  # keep delivery reports flowing
+                    if self._stop.is_set():
+                        raise SnapshotInterrupted("snapshot interrupted; it restarts on the next run")
+                    yield index, rows
+            finally:
+                self._cancel.set()  # let queued chunks return at once
+                for _, f in window:
+                    f.cancel()
+
+    def _copy_all(self, plans: list[TablePlan], snapshot_name: str, position: Lsn) -> int:
+        topics = [self._encoder.topic(p.schema) for p in plans]
+        self._publisher.ensure_topics(topics)
+        txn = self._publisher.begin(position)
+        headers_lsn = str(position.value).encode()
+        progress = _Progress(plans, self._progress)
+        counter = 0
+        held: tuple[int, Row, bool] | None = None  # (table index, row, first in its table)
+        ts_us = int(time.time() * 1_000_000)
+
+        def emit(index: int, row: Row, first_in: bool, last_in: bool, last_overall: bool) -> None:
+            nonlocal counter
+            plan = plans[index]
+            marker = snapshot_marker(counter == 0, last_overall, first_in, last_in)
+            source = SourceInfo(ts_us, marker, None, position.value, None)
+            self._publisher.send(
+                txn,
+                topics[index],
+                self._encoder.encode_key(plan.schema, row),
+                self._encoder.encode_value(plan.schema, "r", None, row, source),
+                [("cdc.commit_lsn", headers_lsn), ("cdc.order", str(counter).encode())],
+            )
+            counter += 1
+
+        try:
+            current = -1
+            first_in = True
+            for index, rows in self._chunks_in_order(plans, snapshot_name):
+                plan = plans[index]
+                if index != current:
+                    current = index
+                    first_in = True
+                for row in rows:
+                    if held is not None:
+                        emit(held[0], held[1], held[2], held[0] != index, False)
+                    held = (index, row, first_in)
+                    first_in = False
+                plan.rows += len(rows)
+                progress.update(plan)
+            if held is not None:
+                emit(held[0], held[1], held[2], True, True)
+        finally:
+            progress.close()
+        self._publisher.close_txn(txn, position)
+        self._publisher.flush(timeout_s=300)
+        return counter
+
+
+class _Progress:
+    """A rich progress bar per table on a terminal; periodic log lines otherwise."""
+
+    def __init__(self, plans: list[TablePlan], tty: bool) -> None:
+        self._plans = plans
+        self._started = time.monotonic()
+        self._last_log = self._started
+        self._bar: Any = None
+        self._tasks: dict[int, Any] = {}
+        if tty:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]} rows/s"),
+                TimeElapsedColumn(),
+                transient=False,
+            )
+            for p in plans:
+                self._tasks[id(p)] = self._bar.add_task(
+                    f"{p.schema.schema}.{p.schema.table}",
+                    total=p.estimated_rows or None,
+                    rate="0",
+                )
+            self._bar.start()
+
+    def update(self, plan: TablePlan) -> None:
+        now = time.monotonic()
+        rate = plan.rows / max(1e-6, now - self._started)
+        if self._bar is not None:
+            self._bar.update(
+                self._tasks[id(plan)],
+                completed=plan.rows,
+                total=max(plan.rows, plan.estimated_rows) or None,
+                rate=f"{rate:,.0f}",
+            )
+        elif now - self._last_log >= 5.0:
+            self._last_log = now
+            log.info(
+                "snapshot progress: %s.%s %d rows (~%d), %.0f rows/s",
+                plan.schema.schema,
+                plan.schema.table,
+                plan.rows,
+                plan.estimated_rows,
+                rate,
+                extra={"table": plan.schema.table},
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

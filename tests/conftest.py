@@ -216,7 +216,7 @@ def key_prefix(endpoints: Endpoints) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def spark(endpoints: Endpoints) -> Iterator[Any]:
+def spark() -> Iterator[Any]:
     """A local[2] SparkSession with the Kafka connector jars fetched by scripts/stack."""
     from pyspark.sql import SparkSession
 

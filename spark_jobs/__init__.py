@@ -1,0 +1,1 @@
+"""Spark Structured Streaming jobs that keep the followers in sync with the CDC topics."""

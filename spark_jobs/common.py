@@ -1,0 +1,315 @@
+"""What both sync jobs share: options, the Kafka source, and the micro-batch apply loop.
+
+A micro-batch is applied in this order: parse; send unparseable records to the dead-letter
+topic; reduce to the newest event per key; apply through the sink (every write carries an
+LSN-derived version, so a replay can never go backwards); dead-letter what the sink refused
+for good; and only then record the follower's watermark. Spark commits the batch's offsets to
+the checkpoint after this function returns, so a crash anywhere replays the batch: the
+versions make the replay harmless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from cdc.config import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    name: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    starting_offsets: str
+    checkpoint: str
+    available_now: bool
+    trigger_interval: str
+    max_offsets_per_trigger: int | None
+
+
+def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, JobOptions]:
+    """Command-line options over the shared settings (``CDC_*`` env, ``--config`` file)."""
+    p = argparse.ArgumentParser(
+        prog=f"spark_jobs/{job}.py",
+        description=f"{job}: keep a follower in sync with the CDC topics (Structured Streaming).",
+    )
+    p.add_argument("--config", help="TOML settings file (else CDC_CONFIG, CDC_* env, defaults)")
+    p.add_argument(
+        "--name", default=job, help="job name, used for the watermark (default %(default)s)"
+    )
+    p.add_argument(
+        "--topics", help="comma-separated topics (default: every table topic under the prefix)"
+    )
+    p.add_argument("--topic-pattern", help="regex of topics to follow, instead of --topics")
+    p.add_argument("--starting-offsets", help="earliest (a new follower) or latest")
+    p.add_argument(
+        "--checkpoint", help="checkpoint directory (default: <spark.checkpoint_dir>/<name>)"
+    )
+    p.add_argument(
+        "--available-now", action="store_true", help="process everything present, then exit 0"
+    )
+    p.add_argument("--trigger-interval", help="processing-time trigger, e.g. '500 milliseconds'")
+    p.add_argument("--max-offsets-per-trigger", type=int, help="rate limit per micro-batch")
+    a = p.parse_args(argv)
+    settings = load_settings(a.config)
+    topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
+    from spark_jobs.transforms import topic_pattern
+
+    opts = JobOptions(
+        name=a.name,
+        topics=topics,
+        topic_pattern=None
+        if topics
+        else (a.topic_pattern or topic_pattern(settings.kafka.topic_prefix)),
+        starting_offsets=a.starting_offsets or settings.spark.starting_offsets,
+        checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
+        available_now=a.available_now,
+        trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
+        max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+    )
+    return settings, opts
+
+
+def spark_session(settings: Settings, app_name: str) -> Any:
+    """The active session: spark-submit's master if given, else the configured one."""
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    conf = SparkConf()
+    builder = SparkSession.builder.appName(app_name)
+    if not conf.contains("spark.master"):
+        builder = builder.master(settings.spark.master)
+    builder = builder.config(
+        "spark.sql.shuffle.partitions", conf.get("spark.sql.shuffle.partitions", "2")
+    )
+    return builder.getOrCreate()
+
+
+def kafka_stream(spark: Any, settings: Settings, opts: JobOptions) -> Any:
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+        .option("startingOffsets", opts.starting_offsets)
+        .option("includeHeaders", "true")
+    )
+    if opts.topics:
+        reader = reader.option("subscribe", ",".join(opts.topics))
+    else:
+        reader = reader.option("subscribePattern", opts.topic_pattern)
+    if opts.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(opts.max_offsets_per_trigger))
+    return reader.load()
+
+
+# --- the apply step, run inside Spark partitions ---------------------------------------------
+
+
+@dataclass
+class BatchStats:
+    applied: int = 0
+    skipped: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    max_commit_lsn: int = 0
+
+
+def to_changes(rows: Iterable[Any], converters: dict[str | None, Any]) -> Iterator[Any]:
+    """Reduced rows → sink Changes, decoding Debezium values with the events' own schema."""
+    from sinks.base import Change, key_id
+    from spark_jobs.convert import RowConverter, after_schema
+
+    for r in rows:
+        key = key_id(orjson.loads(r["key_json"]))
+        if r["is_delete"]:
+            yield Change(r["table"], key, r["commit_lsn"], r["tx_order"], None)
+            continue
+        schema_json = r["value_schema_json"]
+        conv = converters.get(schema_json)
+        if conv is None:
+            schema = orjson.loads(schema_json) if schema_json else None
+            conv = converters[schema_json] = RowConverter(after_schema(schema))
+        doc, unchanged = conv(orjson.loads(r["after_json"]))
+        yield Change(r["table"], key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+
+
+def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]]) -> int:
+    """Publish refused records with the reason; returns how many were sent."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "acks": "all",
+            "enable.idempotence": True,
+        }
+    )
+    n = 0
+    for rec in records:
+        producer.produce(
+            settings.kafka.dead_letter_topic,
+            key=rec.get("key"),
+            value=orjson.dumps({**rec, "job": job, "ts_ms": int(time.time() * 1000)}),
+        )
+        n += 1
+    if producer.flush(60) != 0:
+        from cdc.errors import PublishError
+
+        raise PublishError(
+            f"dead-letter topic {settings.kafka.dead_letter_topic}: not acknowledged"
+        )
+    return n
+
+
+def apply_partition(
+    settings: Settings, job: str, make_sink: Callable[[Settings], Any], rows: Iterable[Any]
+) -> Iterator[BatchStats]:
+    """Apply one partition of reduced changes; yields its stats. Retryable failures raise."""
+    from cdc.errors import RetryableSinkError
+
+    stats = BatchStats()
+    sink = make_sink(settings)
+    converters: dict[str | None, Any] = {}
+    try:
+        chunk: list[Any] = []
+        refused: list[dict[str, Any]] = []
+
+        def flush() -> None:
+            for change, res in zip(chunk, sink.apply(chunk), strict=True):
+                if res.outcome == "applied":
+                    stats.applied += 1
+                elif res.outcome == "skipped":
+                    stats.skipped += 1
+                elif res.retryable:
+                    raise RetryableSinkError(f"{job}: {res.table}/{res.key}: {res.reason}")
+                else:
+                    stats.failed += 1
+                    refused.append(
+                        {
+                            "table": change.table,
+                            "key": change.key,
+                            "reason": res.reason,
+                            "commit_lsn": change.commit_lsn,
+                            "doc": change.doc,
+                        }
+                    )
+                stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
+            chunk.clear()
+
+        for change in to_changes(rows, converters):
+            chunk.append(change)
+            if len(chunk) >= 2000:
+                flush()
+        if chunk:
+            flush()
+        if refused:
+            stats.dead_lettered += dead_letter(settings, job, refused)
+    finally:
+        sink.close()
+    yield stats
+
+
+def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | None = None) -> int:
+    """Entry point shared by the sync jobs."""
+    from spark_jobs.transforms import bad_events, latest_per_key, parse_events
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings, opts = parse_args(job, argv)
+    spark = spark_session(settings, f"cdc-{opts.name}")
+    spark.sparkContext.setLogLevel("WARN")
+    prefix = settings.kafka.topic_prefix
+
+    def process(batch_df: Any, batch_id: int) -> None:
+        t0 = time.monotonic()
+        events = parse_events(batch_df, prefix).persist()
+        try:
+            bad = [
+                r.asDict()
+                for r in bad_events(events)
+                .select("topic", "partition", "offset", "key_json", "raw_value", "parse_error")
+                .collect()
+            ]
+            dead = 0
+            if bad:
+                dead = dead_letter(
+                    settings,
+                    opts.name,
+                    (
+                        {
+                            "topic": b["topic"],
+                            "partition": b["partition"],
+                            "offset": b["offset"],
+                            "key": b["key_json"],
+                            "value": b["raw_value"],
+                            "reason": b["parse_error"],
+                        }
+                        for b in bad
+                    ),
+                )
+            reduced = latest_per_key(events)
+            parts = reduced.rdd.mapPartitions(
+                lambda rows: apply_partition(settings, opts.name, make_sink, rows)
+            ).collect()
+        finally:
+            events.unpersist()
+        total = BatchStats(dead_lettered=dead)
+        for s in parts:
+            total.applied += s.applied
+            total.skipped += s.skipped
+            total.failed += s.failed
+            total.dead_lettered += s.dead_lettered
+            total.max_commit_lsn = max(total.max_commit_lsn, s.max_commit_lsn)
+        if total.max_commit_lsn:
+            sink = make_sink(settings)
+            try:
+                sink.record_watermark(opts.name, total.max_commit_lsn)
+            finally:
+                sink.close()
+        if total.applied or total.skipped or total.failed or dead:
+            log.info(
+                "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d watermark=%d (%.0f ms)",
+                batch_id,
+                total.applied,
+                total.skipped,
+                total.failed,
+                total.dead_lettered,
+                total.max_commit_lsn,
+                (time.monotonic() - t0) * 1e3,
+            )
+
+    writer = (
+        kafka_stream(spark, settings, opts)
+        .writeStream.foreachBatch(process)
+        .option("checkpointLocation", opts.checkpoint)
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if opts.available_now
+        else writer.trigger(processingTime=opts.trigger_interval)
+    )
+    query = writer.start()
+    log.info(
+        "started %s: topics=%s checkpoint=%s",
+        opts.name,
+        ",".join(opts.topics) or opts.topic_pattern,
+        opts.checkpoint,
+    )
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    exc = query.exception()
+    if exc is not None:
+        log.error("%s stopped: %s", opts.name, exc)
+        return 1
+    return 0

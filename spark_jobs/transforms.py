@@ -1,0 +1,128 @@
+"""Pure DataFrame → DataFrame steps of the sync jobs. Built-in functions only: no Python UDF.
+
+Input: the Kafka source's columns (key, value, topic, partition, offset, timestamp, headers).
+Output of :func:`parse_events`: one row per record with
+
+    topic, partition, offset, kafka_ts, table, key_json, op, after_json, value_schema_json,
+    commit_lsn, tx_order, source_ts_ms, raw_value, is_delete, parse_error
+
+and :func:`latest_per_key` keeps, per (topic, key), the newest of them by
+(commit LSN, position in the transaction, Kafka offset): follower-side compaction.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+# The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
+# decode them per table, and Spark does not have to know every table's columns.
+_ENVELOPE = StructType([StructField("schema", StringType()), StructField("payload", StringType())])
+_SOURCE = StructType(
+    [
+        StructField("schema", StringType()),
+        StructField("table", StringType()),
+        StructField("lsn", LongType()),
+        StructField("txId", LongType()),
+        StructField("ts_ms", LongType()),
+        StructField("snapshot", StringType()),
+    ]
+)
+_PAYLOAD = StructType(
+    [
+        StructField("before", StringType()),
+        StructField("after", StringType()),
+        StructField("source", _SOURCE),
+        StructField("op", StringType()),
+        StructField("ts_ms", LongType()),
+    ]
+)
+
+
+def topic_pattern(topic_prefix: str) -> str:
+    """Every table topic under the prefix: ``<prefix>.<schema>.<table>``, nothing else."""
+    return rf"{re.escape(topic_prefix)}\.[^.]+\.[^.]+"
+
+
+def _header(name: str) -> Column:
+    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
+    return F.try_element_at(matches, F.lit(1))["value"].cast("string")
+
+
+def parse_events(df: DataFrame, topic_prefix: str) -> DataFrame:
+    """Parse Kafka records holding Debezium JSON events (schemas on or off) and tombstones."""
+    value = F.col("value").cast("string")
+    env = F.from_json(value, _ENVELOPE)
+    # With schemas on, the event is {"schema", "payload"}; with schemas off it is the payload.
+    payload_json = F.when(env["payload"].isNotNull(), env["payload"]).otherwise(value)
+    key = F.col("key").cast("string")
+    key_env = F.from_json(key, _ENVELOPE)
+    key_json = F.when(key_env["payload"].isNotNull(), key_env["payload"]).otherwise(key)
+
+    parsed = df.select(
+        "topic",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafka_ts"),
+        F.regexp_replace("topic", "^" + re.escape(topic_prefix) + r"\.", "").alias("table"),
+        key_json.alias("key_json"),
+        F.from_json(payload_json, _PAYLOAD).alias("p"),
+        env["schema"].alias("value_schema_json"),
+        F.col("value").isNull().alias("is_tombstone"),
+        value.alias("raw_value"),
+        _header("cdc.commit_lsn").try_cast("long").alias("h_commit_lsn"),
+        _header("cdc.order").try_cast("long").alias("h_order"),
+    )
+    return parsed.select(
+        "topic",
+        "partition",
+        "offset",
+        "kafka_ts",
+        "table",
+        "key_json",
+        F.col("p.op").alias("op"),
+        F.col("p.after").alias("after_json"),
+        "value_schema_json",
+        # Our reader puts the transaction's commit LSN and the change's position in headers.
+        # Events from elsewhere fall back to the change's own LSN.
+        F.coalesce("h_commit_lsn", F.col("p.source.lsn"), F.lit(0)).alias("commit_lsn"),
+        F.coalesce("h_order", F.lit(0)).alias("tx_order"),
+        F.col("p.source.ts_ms").alias("source_ts_ms"),
+        "raw_value",
+        (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
+        F.when(F.col("is_tombstone"), F.lit(None))
+        .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit("value is not a Debezium event"))
+        .when(F.col("key_json").isNull() & (F.col("p.op") != "t"), F.lit("record has no key"))
+        .alias("parse_error"),
+    )
+
+
+def latest_per_key(events: DataFrame) -> DataFrame:
+    """Keep the newest event per (topic, key) by (commit LSN, order, offset)."""
+    good = events.where(F.col("parse_error").isNull() & F.col("key_json").isNotNull())
+    newest = F.max(
+        F.struct(
+            "commit_lsn",
+            "tx_order",
+            "offset",
+            "is_delete",
+            "op",
+            "after_json",
+            "value_schema_json",
+            "source_ts_ms",
+            "partition",
+        )
+    ).alias("e")
+    return (
+        good.groupBy("topic", "table", "key_json")
+        .agg(newest)
+        .select("topic", "table", "key_json", "e.*")
+    )
+
+
+def bad_events(events: DataFrame) -> DataFrame:
+    """Records that cannot be parsed: they go to the dead-letter topic with the reason."""
+    return events.where(F.col("parse_error").isNotNull())

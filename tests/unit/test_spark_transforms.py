@@ -1,0 +1,93 @@
+"""The sync jobs' DataFrame steps on a static frame shaped like the Kafka source's output."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import orjson
+import pytest
+
+pytestmark = [pytest.mark.spark]
+
+PREFIX = "shop"
+KAFKA_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "headers array<struct<key:string,value:binary>>"
+)
+
+
+def _event(op: str, row: dict[str, Any] | None, lsn: int, schemas: bool = True) -> bytes:
+    payload = {
+        "before": None,
+        "after": row,
+        "source": {"schema": "public", "table": "items", "lsn": lsn, "txId": 7, "ts_ms": 1},
+        "op": op,
+        "ts_ms": 2,
+    }
+    body = {"schema": {"type": "struct", "fields": []}, "payload": payload} if schemas else payload
+    return orjson.dumps(body)
+
+
+def _key(i: int) -> bytes:
+    return orjson.dumps({"schema": {"type": "struct"}, "payload": {"id": i}})
+
+
+def _headers(commit_lsn: int, order: int) -> list[tuple[str, bytes]]:
+    return [("cdc.commit_lsn", str(commit_lsn).encode()), ("cdc.order", str(order).encode())]
+
+
+def _frame(spark: Any, records: list[tuple[Any, ...]]) -> Any:
+    now = dt.datetime(2024, 1, 1)
+    rows = [
+        (key, value, f"{PREFIX}.public.items", 0, off, now, headers)
+        for off, (key, value, headers) in enumerate(records)
+    ]
+    return spark.createDataFrame(rows, KAFKA_SCHEMA)
+
+
+def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
+    from spark_jobs.transforms import bad_events, latest_per_key, parse_events
+
+    df = _frame(
+        spark,
+        [
+            (_key(1), _event("c", {"id": 1, "v": "a"}, 100), _headers(200, 0)),
+            # Same transaction, later position: wins over order 0.
+            (_key(1), _event("u", {"id": 1, "v": "b"}, 110), _headers(200, 1)),
+            # Committed earlier but appearing later must not win (a replay or reordering).
+            (_key(1), _event("u", {"id": 1, "v": "stale"}, 90), _headers(150, 0)),
+            (_key(2), _event("c", {"id": 2, "v": "x"}, 120, schemas=False), _headers(300, 0)),
+            (_key(3), _event("c", {"id": 3, "v": "y"}, 130), _headers(300, 1)),
+            (_key(3), _event("d", None, 140), _headers(400, 0)),
+            (_key(3), None, _headers(400, 0)),  # the tombstone after the delete
+            (_key(4), b"not json at all", []),
+        ],
+    )
+    events = parse_events(df, PREFIX)
+    reduced = {
+        orjson.loads(r["key_json"])["id"]: r.asDict() for r in latest_per_key(events).collect()
+    }
+    assert set(reduced) == {1, 2, 3}
+    assert orjson.loads(reduced[1]["after_json"]) == {"id": 1, "v": "b"}
+    assert (reduced[1]["commit_lsn"], reduced[1]["tx_order"]) == (200, 1)
+    assert orjson.loads(reduced[2]["after_json"]) == {"id": 2, "v": "x"}
+    assert reduced[3]["is_delete"] is True
+    assert all(r["table"] == "public.items" for r in reduced.values())
+
+    bad = bad_events(events).collect()
+    assert [(orjson.loads(b["key_json"])["id"], b["parse_error"]) for b in bad] == [
+        (4, "value is not a Debezium event")
+    ]
+
+
+def test_topic_pattern_matches_table_topics_only() -> None:
+    import re
+
+    from spark_jobs.transforms import topic_pattern
+
+    pat = re.compile(topic_pattern("shop"))
+    assert pat.fullmatch("shop.public.items")
+    assert not pat.fullmatch("shop.dlq")
+    assert not pat.fullmatch("shopx.public.items")
+    assert not pat.fullmatch("shop.__cdc_state")

@@ -1,0 +1,237 @@
+"""What every follower's writer shares: the change it applies, its versions, its results.
+
+A follower applies batches of already-parsed changes. Each change carries a version derived
+from the transaction's commit LSN and the change's position inside the transaction, so a
+follower can refuse anything older than what it holds: replays and reordering never
+overwrite a newer value (design guarantee 4).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+
+# Change.version packs the commit LSN above a 16-bit ordinal so that it fits OpenSearch's
+# external version, a signed 64-bit long: LSN < 2**47 (128 TiB of WAL) and ordinals are
+# clamped to 0xFFFF.
+ORDER_BITS: Final = 16
+MAX_ORDER: Final = (1 << ORDER_BITS) - 1
+MAX_VERSION_LSN: Final = (1 << (63 - ORDER_BITS)) - 1
+
+APPLIED: Final = "applied"
+SKIPPED: Final = "skipped"
+FAILED: Final = "failed"
+
+# Debezium writes the placeholder as text, as one-element arrays for array columns, and as
+# the placeholder's bytes (base64 in JSON) for bytea columns.
+_PLACEHOLDER_FORMS: Final[tuple[object, ...]] = (
+    UNAVAILABLE_VALUE_PLACEHOLDER,
+    [UNAVAILABLE_VALUE_PLACEHOLDER],
+    base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode(),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One row change to apply to a follower.
+
+    ``doc`` is the row after the change as JSON-ready values, or None for a delete.
+    ``unchanged`` names columns whose value is the unchanged-TOAST placeholder: the follower
+    keeps what it already holds for them, and the placeholder itself is never written.
+    """
+
+    table: str
+    key: str
+    commit_lsn: int
+    order: int
+    doc: Mapping[str, Any] | None
+    unchanged: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.commit_lsn < 0 or self.order < 0:
+            raise ValueError(
+                f"commit_lsn and order must not be negative (got {self.commit_lsn}, {self.order})"
+            )
+
+    @property
+    def version(self) -> int:
+        """``commit_lsn << 16 | min(order, 0xFFFF)``: a signed 64-bit external version.
+
+        Limits: the LSN must be below 2**47 (ValueError otherwise). Ordinals above 65535 are
+        clamped, so two changes to the same key both past the 65535th change of one
+        transaction share a version and only the first of them to arrive is kept.
+        """
+        if self.commit_lsn > MAX_VERSION_LSN:
+            raise ValueError(
+                f"commit LSN {self.commit_lsn:#x} is too large to pack into a 64-bit version"
+            )
+        return self.commit_lsn << ORDER_BITS | min(self.order, MAX_ORDER)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The exact, unclamped ordering key ``(commit_lsn, order)``."""
+        return (self.commit_lsn, self.order)
+
+    @property
+    def is_delete(self) -> bool:
+        return self.doc is None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What a follower did with one change: ``applied``, ``skipped`` (a newer version is
+    already there) or ``failed``. ``retryable`` tells a failure worth retrying from one that
+    belongs on the dead-letter topic."""
+
+    key: str
+    table: str
+    outcome: str
+    reason: str | None = None
+    retryable: bool = False
+
+
+class Sink(Protocol):
+    """A follower's writer."""
+
+    def apply(self, changes: Sequence[Change]) -> list[ApplyResult]:
+        """Apply a batch; return one result per change, in the order given."""
+        ...
+
+    def record_watermark(self, job: str, lsn: int) -> None:
+        """Record the highest commit LSN fully applied by ``job``; never moves backwards."""
+        ...
+
+    def read_watermark(self, job: str) -> int | None:
+        """The recorded watermark of ``job``, or None if it never recorded one."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def key_id(key_payload: Mapping[str, Any]) -> str:
+    """Encode a Debezium key payload (field → value, in key-column order) as a document id.
+
+    A single column becomes its value as text (``42`` → ``"42"``, ``"abc"`` → ``"abc"``);
+    a composite key becomes a compact JSON array of its values (``[1,"a"]``). The encoding is
+    injective for the keys of one table, where every field has one type: different keys
+    always give different ids.
+    """
+    if not key_payload:
+        raise ValueError("a key payload needs at least one field")
+    values = list(key_payload.values())
+    if len(values) == 1:
+        only = values[0]
+        if isinstance(only, str):
+            return only
+        if isinstance(only, bool):
+            return "true" if only else "false"
+        if isinstance(only, int):
+            return str(only)
+        return _json(only)
+    return _json(values)
+
+
+def _json(value: Any) -> str:
+    # Python's json keeps 1 and 1.0 and true apart, writes floats with repr (round-trips),
+    # NaN/Infinity as bare tokens that no string can produce, and sorts object keys.
+    return json.dumps(_jsonable(value), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float):
+        return value
+    raise TypeError(f"key value of type {type(value).__name__} has no id encoding")
+
+
+def is_placeholder(value: Any) -> bool:
+    """True if ``value`` is Debezium's unchanged-TOAST placeholder in any of its forms."""
+    return any(value == form for form in _PLACEHOLDER_FORMS)
+
+
+def split_unchanged(change: Change) -> tuple[dict[str, Any], frozenset[str]]:
+    """The values to write and the columns to keep as held.
+
+    Columns named in ``change.unchanged`` and any column still holding the placeholder are
+    left out of the values, so the placeholder can never reach a follower.
+    """
+    assert change.doc is not None, "a delete has no values"
+    held = set(change.unchanged)
+    values: dict[str, Any] = {}
+    for column, value in change.doc.items():
+        if column in held or is_placeholder(value):
+            held.add(column)
+        else:
+            values[column] = value
+    return values, frozenset(held)
+
+
+@dataclass(frozen=True, slots=True)
+class Reduced:
+    """A batch reduced to one change per (table, key).
+
+    ``winners`` holds the newest change of each key (input order of first appearance), with
+    unchanged-TOAST columns filled from older changes of the same batch where they carried
+    values. ``superseded`` holds the input indexes of every other change, and ``index_of``
+    maps each winner back to the input index it stands for.
+    """
+
+    winners: list[Change]
+    index_of: list[int]
+    superseded: list[int] = field(default_factory=list)
+
+
+def reduce_batch(changes: Sequence[Change]) -> Reduced:
+    """Keep the newest change per (table, key), ordered by the exact ``(commit_lsn, order)``.
+
+    An older change's values still count for the newest one's unchanged-TOAST columns:
+    e.g. an UPDATE that wrote a large value and, later in the batch, an UPDATE that left it
+    untouched.
+    """
+    by_key: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(changes):
+        by_key.setdefault((c.table, c.key), []).append(i)
+    winners: list[Change] = []
+    index_of: list[int] = []
+    superseded: list[int] = []
+    for indexes in by_key.values():
+        # Stable sort: of two equal positions (a replay inside one batch) the later wins.
+        ordered = sorted(indexes, key=lambda i: changes[i].position)
+        current = changes[ordered[0]]
+        for i in ordered[1:]:
+            current = _fold(current, changes[i])
+        winners.append(current)
+        index_of.append(ordered[-1])
+        superseded.extend(ordered[:-1])
+    return Reduced(winners, index_of, sorted(superseded))
+
+
+def _fold(older: Change, newer: Change) -> Change:
+    if newer.doc is None or older.doc is None:
+        return newer
+    values, held = split_unchanged(newer)
+    if not held:
+        return newer
+    older_values, _ = split_unchanged(older)
+    still_held: set[str] = set()
+    merged = dict(values)
+    for column in held:
+        if column in older_values:
+            merged[column] = older_values[column]
+        else:
+            still_held.add(column)
+    return Change(
+        newer.table, newer.key, newer.commit_lsn, newer.order, merged, frozenset(still_held)
+    )

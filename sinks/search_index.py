@@ -1,0 +1,197 @@
+"""OpenSearch index layout: index names, index settings, and mappings from Connect schemas.
+
+Pure code, no I/O. One index per table, named ``<index_prefix>-<schema>.<table>`` in lower
+case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from cdc.errors import ConfigError, SinkError
+
+# OpenSearch's rules for index names: lower case, at most 255 bytes, not "." or "..",
+# not starting with "-", "_" or "+", and none of these characters.
+_FORBIDDEN_CHARS: Final = frozenset('\\/*?"<>| ,#:')
+_MAX_INDEX_NAME_BYTES: Final = 255
+
+# Delete tombstones keep their external version for index.gc_deletes. Within that window a
+# late, older index request for a deleted document is rejected as stale; after it, the
+# older write would resurrect the document. The default (60s) is shorter than a Spark job's
+# restart-and-replay, so our indices keep tombstones for a day (Kafka's default
+# delete.retention.ms), at the price of a little heap per recent delete.
+DEFAULT_GC_DELETES: Final = "24h"
+
+_KEYWORD_IGNORE_ABOVE: Final = 256
+_TEXT: Final[dict[str, Any]] = {
+    "type": "text",
+    "fields": {"keyword": {"type": "keyword", "ignore_above": _KEYWORD_IGNORE_ABOVE}},
+}
+
+# Connect schema types without a semantic name.
+_PLAIN_TYPES: Final[dict[str, dict[str, Any]]] = {
+    "int8": {"type": "byte"},
+    "int16": {"type": "short"},
+    "int32": {"type": "integer"},
+    "int64": {"type": "long"},
+    "float32": {"type": "float"},
+    "float64": {"type": "double"},
+    "boolean": {"type": "boolean"},
+    "string": _TEXT,
+    # JsonConverter writes bytes as base64, which is what OpenSearch's binary type takes.
+    "bytes": {"type": "binary"},
+}
+
+# ISO-8601 strings with any fraction: "date" keeps milliseconds for range queries, and the
+# exact text stays in _source. A value that is not a date (PostgreSQL's 'infinity') is kept
+# in _source and left out of the index instead of failing the whole document.
+_ISO_DATE: Final[dict[str, Any]] = {
+    "type": "date",
+    "format": "strict_date_optional_time",
+    "ignore_malformed": True,
+}
+
+# Debezium and Connect semantic types (the field's "name"), as Debezium writes them with
+# time.precision.mode=adaptive and any decimal.handling.mode.
+_SEMANTIC_TYPES: Final[dict[str, dict[str, Any]]] = {
+    # Days since the epoch: OpenSearch has no epoch-day format, so keep the number.
+    "io.debezium.time.Date": {"type": "integer"},
+    "org.apache.kafka.connect.data.Date": {"type": "integer"},
+    # Milliseconds since the epoch: a real date.
+    "io.debezium.time.Timestamp": {"type": "date", "format": "epoch_millis"},
+    "org.apache.kafka.connect.data.Timestamp": {"type": "date", "format": "epoch_millis"},
+    # Micro/nanoseconds since the epoch or since midnight: exact numbers, no epoch_micros
+    # format exists and date_nanos cannot hold dates before 1970.
+    "io.debezium.time.MicroTimestamp": {"type": "long"},
+    "io.debezium.time.NanoTimestamp": {"type": "long"},
+    "io.debezium.time.Time": {"type": "integer"},
+    "org.apache.kafka.connect.data.Time": {"type": "integer"},
+    "io.debezium.time.MicroTime": {"type": "long"},
+    "io.debezium.time.NanoTime": {"type": "long"},
+    "io.debezium.time.MicroDuration": {"type": "long"},
+    "io.debezium.time.ZonedTimestamp": _ISO_DATE,
+    "io.debezium.time.IsoTimestamp": _ISO_DATE,
+    # Times of day with a zone, intervals as ISO durations: exact terms.
+    "io.debezium.time.ZonedTime": {"type": "keyword"},
+    "io.debezium.time.IsoTime": {"type": "keyword"},
+    "io.debezium.time.IsoDate": {"type": "keyword"},
+    "io.debezium.time.Interval": {"type": "keyword"},
+    # A decimal is kept as its exact text (decimal.handling.mode=string); a scaled_float
+    # would round. With mode=double the field is float64 and maps to double above; the
+    # precise mode's base64 bytes are not searchable, so callers send strings.
+    "org.apache.kafka.connect.data.Decimal": {"type": "keyword"},
+    "io.debezium.data.VariableScaleDecimal": {"type": "object", "enabled": False},
+    # JSON documents arrive as text: full-text searchable, no mapping explosion from their
+    # keys, and any shape is accepted.
+    "io.debezium.data.Json": {"type": "text"},
+    "io.debezium.data.Xml": {"type": "text"},
+    "io.debezium.data.Uuid": {"type": "keyword"},
+    "io.debezium.data.Enum": {"type": "keyword"},
+    "io.debezium.data.EnumSet": {"type": "keyword"},
+    "io.debezium.data.Ltree": {"type": "keyword"},
+    "io.debezium.data.Bits": {"type": "binary"},
+}
+
+
+def index_name(index_prefix: str, table: str) -> str:
+    """``<index_prefix>-<schema>.<table>`` in lower case; SinkError if OpenSearch would
+    refuse the name. Tables whose names differ only in case share an index."""
+    name = f"{index_prefix}-{table}".lower()
+    problem = _index_name_problem(name)
+    if problem:
+        raise SinkError(f"table {table!r} gives index name {name!r}, which {problem}")
+    return name
+
+
+def check_index_prefix(index_prefix: str) -> None:
+    """ConfigError unless ``index_prefix`` can start valid index names."""
+    problem = _index_name_problem(f"{index_prefix}-x".lower())
+    if not index_prefix or problem:
+        raise ConfigError(f"search index prefix {index_prefix!r} is not usable: {problem}")
+
+
+def _index_name_problem(name: str) -> str | None:
+    if name in {".", ".."}:
+        return "is reserved"
+    if name[0] in "-_+":
+        return "starts with '-', '_' or '+'"
+    bad = sorted(set(name) & _FORBIDDEN_CHARS)
+    if bad:
+        return f"contains forbidden characters {''.join(bad)!r}"
+    if len(name.encode()) > _MAX_INDEX_NAME_BYTES:
+        return f"is longer than {_MAX_INDEX_NAME_BYTES} bytes"
+    return None
+
+
+def index_settings(gc_deletes: str = DEFAULT_GC_DELETES) -> dict[str, Any]:
+    """Settings for our indices: one shard and no replicas on a single node."""
+    return {
+        "index": {
+            "number_of_shards": 1,
+            "number_of_replicas": 0,
+            "gc_deletes": gc_deletes,
+        }
+    }
+
+
+def dynamic_mapping() -> dict[str, Any]:
+    """Mapping for a table whose schema is unknown: fields are typed by their first value.
+
+    Date detection is off, so a string column whose first value looks like a date stays a
+    string and later values cannot fail to parse.
+    """
+    return {"dynamic": True, "date_detection": False}
+
+
+def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """An OpenSearch mapping for a row from its Connect schema fields.
+
+    ``fields`` is the ``fields`` list of the row struct (the envelope's ``after``), each a
+    Connect schema with ``field``, ``type`` and optionally ``name`` and ``items``. Columns
+    added later are still mapped dynamically. Unknown semantic names fall back to the plain
+    Connect type.
+    """
+    mapping = dynamic_mapping()
+    mapping["properties"] = _properties(fields)
+    return mapping
+
+
+def row_fields(value_schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The row struct's fields from a Debezium envelope schema (its ``after`` field)."""
+    for f in value_schema.get("fields", []):
+        if f.get("field") == "after":
+            return list(f.get("fields", []))
+    raise SinkError("the value schema has no 'after' field: not a Debezium envelope")
+
+
+def _properties(fields: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for f in fields:
+        name = f.get("field")
+        if not isinstance(name, str) or not name:
+            raise SinkError(f"a Connect schema field has no name: {dict(f)!r}")
+        props[name] = field_mapping(f)
+    return props
+
+
+def field_mapping(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenSearch mapping of one Connect schema."""
+    semantic = schema.get("name")
+    if isinstance(semantic, str) and semantic in _SEMANTIC_TYPES:
+        return dict(_SEMANTIC_TYPES[semantic])
+    kind = schema.get("type")
+    if kind == "array":
+        # OpenSearch fields hold arrays of their type.
+        items = schema.get("items")
+        return field_mapping(items) if isinstance(items, Mapping) else dict(_TEXT)
+    if kind == "struct":
+        # Geometry values and other structs keep their shape.
+        return {"type": "object", "properties": _properties(schema.get("fields", []))}
+    if kind == "map":
+        # Arbitrary keys would grow the mapping without bound.
+        return {"type": "object", "enabled": False}
+    if isinstance(kind, str) and kind in _PLAIN_TYPES:
+        return dict(_PLAIN_TYPES[kind])
+    # Unknown types are passed through as strings (design guarantee 6).
+    return dict(_TEXT)

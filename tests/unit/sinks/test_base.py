@@ -1,0 +1,200 @@
+"""Pure parts of the sink contract: ids, versions, batch reduction, unchanged TOAST."""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from sinks.base import (
+    MAX_ORDER,
+    MAX_VERSION_LSN,
+    Change,
+    is_placeholder,
+    key_id,
+    reduce_batch,
+    split_unchanged,
+)
+
+pytestmark = pytest.mark.unit
+
+# One strategy per key column type a table can have: every value of one column has one type.
+_COLUMN_VALUES: list[st.SearchStrategy[Any]] = [
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.text(),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=16),
+    st.uuids().map(str),
+]
+
+
+@st.composite
+def key_payload_pairs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two key payloads of one table: same field names, same type per field."""
+    n = draw(st.integers(min_value=1, max_value=4))
+    names = draw(st.lists(st.text(min_size=1, max_size=5), min_size=n, max_size=n, unique=True))
+    kinds = [draw(st.sampled_from(_COLUMN_VALUES)) for _ in names]
+    a = {name: draw(kind) for name, kind in zip(names, kinds, strict=True)}
+    b = {name: draw(kind) for name, kind in zip(names, kinds, strict=True)}
+    return a, b
+
+
+def _same_key(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    # Python says -0.0 == 0.0; their ids differ, as their text in PostgreSQL does.
+    def norm(v: Any) -> Any:
+        return (v, math.copysign(1.0, v)) if isinstance(v, float) else (type(v), v)
+
+    return [norm(v) for v in a.values()] == [norm(v) for v in b.values()]
+
+
+@given(key_payload_pairs())
+def test_key_id_is_injective(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    a, b = pair
+    if _same_key(a, b):
+        assert key_id(a) == key_id(b)
+    else:
+        assert key_id(a) != key_id(b)
+
+
+def test_key_id_single_column_is_the_value_as_text() -> None:
+    assert key_id({"id": 42}) == "42"
+    assert key_id({"code": "abc"}) == "abc"
+    assert key_id({"flag": True}) == "true"
+    assert key_id({"id": -7}) == "-7"
+
+
+def test_key_id_composite_is_a_json_array() -> None:
+    assert key_id({"a": 1, "b": "x"}) == '[1,"x"]'
+    # A value containing the separator cannot be confused with two values.
+    assert key_id({"a": "1,2", "b": "3"}) != key_id({"a": "1", "b": "2,3"})
+    assert key_id({"a": 1, "b": 1.0}) == "[1,1.0]"
+
+
+def test_key_id_refuses_empty_and_unknown() -> None:
+    with pytest.raises(ValueError):
+        key_id({})
+    with pytest.raises(TypeError):
+        key_id({"a": object()})
+
+
+positions = st.tuples(
+    st.integers(min_value=0, max_value=MAX_VERSION_LSN),
+    st.integers(min_value=0, max_value=MAX_ORDER),
+)
+
+
+@given(positions, positions)
+def test_version_orders_like_the_position(a: tuple[int, int], b: tuple[int, int]) -> None:
+    va = Change("public.t", "1", a[0], a[1], {}).version
+    vb = Change("public.t", "1", b[0], b[1], {}).version
+    assert 0 <= va < 2**63
+    assert (va < vb) == (a < b)
+    assert (va == vb) == (a == b)
+
+
+@given(st.integers(min_value=0, max_value=MAX_VERSION_LSN), st.integers(min_value=MAX_ORDER))
+def test_version_clamps_the_ordinal(lsn: int, order: int) -> None:
+    assert Change("public.t", "1", lsn, order, {}).version == (lsn << 16) | 0xFFFF
+
+
+def test_version_refuses_an_lsn_that_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="too large"):
+        _ = Change("public.t", "1", MAX_VERSION_LSN + 1, 0, {}).version
+    with pytest.raises(ValueError):
+        Change("public.t", "1", -1, 0, {})
+
+
+def test_placeholder_forms() -> None:
+    assert is_placeholder(UNAVAILABLE_VALUE_PLACEHOLDER)
+    assert is_placeholder([UNAVAILABLE_VALUE_PLACEHOLDER])
+    assert is_placeholder(base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode())
+    assert not is_placeholder("x")
+    assert not is_placeholder(None)
+    assert not is_placeholder(float("nan"))
+
+
+def test_split_unchanged_never_keeps_the_placeholder() -> None:
+    c = Change(
+        "public.t",
+        "1",
+        10,
+        0,
+        {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "tags": [UNAVAILABLE_VALUE_PLACEHOLDER]},
+        frozenset({"body"}),
+    )
+    values, held = split_unchanged(c)
+    assert values == {"id": 1}
+    assert held == {"body", "tags"}
+
+
+def test_reduce_keeps_the_newest_change_per_key() -> None:
+    changes = [
+        Change("public.t", "1", 20, 0, {"v": "new"}),
+        Change("public.t", "1", 10, 5, {"v": "old"}),
+        Change("public.t", "2", 10, 0, {"v": "two"}),
+        Change("public.u", "1", 5, 0, None),
+    ]
+    r = reduce_batch(changes)
+    assert [(c.table, c.key, c.doc) for c in r.winners] == [
+        ("public.t", "1", {"v": "new"}),
+        ("public.t", "2", {"v": "two"}),
+        ("public.u", "1", None),
+    ]
+    assert r.index_of == [0, 2, 3]
+    assert r.superseded == [1]
+
+
+def test_reduce_fills_unchanged_columns_from_an_older_change_in_the_batch() -> None:
+    big = "x" * 10
+    changes = [
+        Change("public.t", "1", 10, 0, {"id": 1, "body": big, "n": 1}),
+        Change(
+            "public.t",
+            "1",
+            11,
+            0,
+            {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 2},
+            frozenset({"body"}),
+        ),
+    ]
+    (winner,) = reduce_batch(changes).winners
+    assert winner.doc == {"id": 1, "body": big, "n": 2}
+    assert winner.unchanged == frozenset()
+    assert winner.position == (11, 0)
+
+
+def test_reduce_keeps_columns_unchanged_when_the_batch_never_had_them() -> None:
+    changes = [
+        Change(
+            "public.t",
+            "1",
+            10,
+            0,
+            {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER},
+            frozenset({"body"}),
+        ),
+        Change(
+            "public.t",
+            "1",
+            11,
+            0,
+            {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER},
+            frozenset({"body"}),
+        ),
+    ]
+    (winner,) = reduce_batch(changes).winners
+    assert winner.doc == {"id": 1}
+    assert winner.unchanged == {"body"}
+
+
+def test_reduce_delete_wins_over_older_insert_and_loses_to_newer() -> None:
+    ins, dele = Change("public.t", "1", 10, 0, {"id": 1}), Change("public.t", "1", 12, 0, None)
+    assert reduce_batch([dele, ins]).winners[0].doc is None
+    reinsert = Change("public.t", "1", 13, 0, {"id": 1})
+    assert reduce_batch([reinsert, dele, ins]).winners[0].doc == {"id": 1}

@@ -1,0 +1,197 @@
+"""OpenSearch index names and mappings from Debezium/Connect schemas.
+
+The schemas below are the Connect field schemas Debezium's PostgreSQL connector writes for
+these column types (time.precision.mode=adaptive, decimal.handling.mode=string/precise).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc.errors import ConfigError, SinkError
+from sinks.search import mapping_from_connect_schema
+from sinks.search_index import (
+    check_index_prefix,
+    dynamic_mapping,
+    index_name,
+    index_settings,
+    row_fields,
+)
+
+pytestmark = pytest.mark.unit
+
+ROW_FIELDS = [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "int64", "optional": True, "field": "big"},
+    {"type": "int16", "optional": True, "field": "small"},
+    {"type": "float64", "optional": True, "field": "score"},
+    {"type": "float32", "optional": True, "field": "ratio"},
+    {"type": "boolean", "optional": True, "field": "active"},
+    {"type": "string", "optional": True, "field": "title"},
+    {"type": "bytes", "optional": True, "field": "blob"},
+    {
+        "type": "int32",
+        "optional": True,
+        "name": "io.debezium.time.Date",
+        "version": 1,
+        "field": "born",
+    },
+    {
+        "type": "int64",
+        "optional": True,
+        "name": "io.debezium.time.MicroTimestamp",
+        "version": 1,
+        "field": "seen",
+    },
+    {
+        "type": "int64",
+        "optional": True,
+        "name": "io.debezium.time.Timestamp",
+        "version": 1,
+        "field": "at_ms",
+    },
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.time.ZonedTimestamp",
+        "version": 1,
+        "field": "at",
+    },
+    {
+        "type": "int64",
+        "optional": True,
+        "name": "io.debezium.time.MicroTime",
+        "version": 1,
+        "field": "t",
+    },
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.data.Json",
+        "version": 1,
+        "field": "meta",
+    },
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.data.Uuid",
+        "version": 1,
+        "field": "uid",
+    },
+    {
+        "type": "string",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        "field": "price",
+    },
+    {
+        "type": "array",
+        "optional": True,
+        "items": {"type": "string", "optional": True},
+        "field": "tags",
+    },
+    {
+        "type": "struct",
+        "optional": True,
+        "name": "io.debezium.data.geometry.Point",
+        "fields": [
+            {"type": "float64", "optional": False, "field": "x"},
+            {"type": "float64", "optional": False, "field": "y"},
+            {"type": "bytes", "optional": True, "field": "wkb"},
+            {"type": "int32", "optional": True, "field": "srid"},
+        ],
+        "field": "where",
+    },
+    {
+        "type": "map",
+        "optional": True,
+        "keys": {"type": "string"},
+        "values": {"type": "string"},
+        "field": "kv",
+    },
+    {"type": "mystery", "optional": True, "field": "odd"},
+]
+
+
+def test_mapping_types_every_column() -> None:
+    m = mapping_from_connect_schema(ROW_FIELDS)
+    p = m["properties"]
+    assert m["dynamic"] is True and m["date_detection"] is False
+    assert p["id"] == {"type": "integer"}
+    assert p["big"] == {"type": "long"}
+    assert p["small"] == {"type": "short"}
+    assert p["score"] == {"type": "double"}
+    assert p["ratio"] == {"type": "float"}
+    assert p["active"] == {"type": "boolean"}
+    assert p["title"]["type"] == "text"
+    assert p["title"]["fields"]["keyword"]["type"] == "keyword"
+    assert p["blob"] == {"type": "binary"}
+    assert p["born"] == {"type": "integer"}
+    assert p["seen"] == {"type": "long"}
+    assert p["at_ms"] == {"type": "date", "format": "epoch_millis"}
+    assert p["at"]["type"] == "date" and p["at"]["ignore_malformed"] is True
+    assert p["t"] == {"type": "long"}
+    assert p["meta"] == {"type": "text"}
+    assert p["uid"] == {"type": "keyword"}
+    assert p["price"] == {"type": "keyword"}
+    assert p["tags"]["type"] == "text"  # arrays map as their items
+    assert p["where"]["type"] == "object"
+    assert p["where"]["properties"]["x"] == {"type": "double"}
+    assert p["where"]["properties"]["wkb"] == {"type": "binary"}
+    assert p["kv"] == {"type": "object", "enabled": False}
+    assert p["odd"]["type"] == "text"  # unknown types pass through as strings
+    assert set(p) == {f["field"] for f in ROW_FIELDS}
+
+
+def test_mapping_entries_are_copies() -> None:
+    a = mapping_from_connect_schema(ROW_FIELDS)
+    a["properties"]["title"]["type"] = "keyword"
+    b = mapping_from_connect_schema(ROW_FIELDS)
+    assert b["properties"]["title"]["type"] == "text"
+    assert a["properties"]["id"] is not b["properties"]["id"]
+
+
+def test_mapping_refuses_a_nameless_field() -> None:
+    with pytest.raises(SinkError, match="no name"):
+        mapping_from_connect_schema([{"type": "int32"}])
+
+
+def test_row_fields_reads_the_after_struct() -> None:
+    envelope = {
+        "type": "struct",
+        "fields": [
+            {"type": "struct", "fields": ROW_FIELDS[:2], "optional": True, "field": "before"},
+            {"type": "struct", "fields": ROW_FIELDS[:3], "optional": True, "field": "after"},
+            {"type": "string", "optional": False, "field": "op"},
+        ],
+    }
+    assert row_fields(envelope) == ROW_FIELDS[:3]
+    with pytest.raises(SinkError):
+        row_fields({"type": "struct", "fields": []})
+
+
+def test_index_names() -> None:
+    assert index_name("cdc", "public.Orders") == "cdc-public.orders"
+    for bad in ("public.a b", "public.a*", "public.a:b", 'public."x"', "public.a#b"):
+        with pytest.raises(SinkError, match="forbidden"):
+            index_name("cdc", bad)
+    with pytest.raises(SinkError, match="255"):
+        index_name("cdc", "public." + "x" * 300)
+    with pytest.raises(SinkError, match="starts with"):
+        index_name("_cdc", "public.t")
+
+
+def test_index_prefix_check() -> None:
+    check_index_prefix("cdc")
+    for bad in ("", "_x", "a b", "a/b"):
+        with pytest.raises(ConfigError):
+            check_index_prefix(bad)
+
+
+def test_index_settings_keep_tombstones_longer_than_the_default() -> None:
+    s = index_settings()["index"]
+    assert s["number_of_shards"] == 1 and s["number_of_replicas"] == 0
+    assert s["gc_deletes"] == "24h"
+    assert dynamic_mapping() == {"dynamic": True, "date_detection": False}

@@ -27,7 +27,9 @@ class ReaderMetrics:
             registry=self.registry,
         )
         self.acked_lsn = Gauge(
-            "cdc_acked_lsn", "Last LSN acknowledged to the slot (as a number)", registry=self.registry
+            "cdc_acked_lsn",
+            "Last LSN acknowledged to the slot (as a number)",
+            registry=self.registry,
         )
         self.delivery_latency = Histogram(
             "cdc_delivery_latency_seconds",

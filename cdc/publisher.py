@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from cdc.config import KafkaSettings
 from cdc.errors import ConnectionFailed, PublishError
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 # librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
 rdkafka_log = logging.getLogger("cdc.librdkafka")
 
-Headers = list[tuple[str, bytes]]
+Headers = list[tuple[str, str | bytes | None]]
 
 # Topic settings for every table topic: compacted, so a replay from offset 0 rebuilds state.
 TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
@@ -84,9 +85,11 @@ class Publisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self._producer = Producer(producer_config(settings))
-        self._admin = AdminClient(
-            {"bootstrap.servers": settings.bootstrap_servers, "logger": rdkafka_log}
-        )
+        admin_conf: dict[str, Any] = {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "logger": rdkafka_log,
+        }
+        self._admin = AdminClient(admin_conf)
         self._known_topics: set[str] = set()
         self._txns: deque[TxnTracker] = deque()
         self._acked: Lsn | None = None

@@ -102,7 +102,9 @@ def ensure_publication(
                 sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
             )
         else:
-            conn.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
+            )
         log.info("created publication", extra={"publication": name})
     elif tables and row[0]:
         raise ConfigError(
@@ -124,8 +126,7 @@ def ensure_publication(
 def captured_tables(conn: psycopg.Connection[Any], publication: str) -> list[tuple[str, str]]:
     """The tables the publication covers, sorted."""
     rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s "
-        "ORDER BY 1, 2",
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
         (publication,),
     ).fetchall()
     return [(r[0], r[1]) for r in rows]

@@ -268,7 +268,9 @@ class Snapshotter:
                         except TimeoutError:
                             self._publisher.poll(0)  # keep delivery reports flowing
                     if self._stop.is_set():
-                        raise SnapshotInterrupted("snapshot interrupted; it restarts on the next run")
+                        raise SnapshotInterrupted(
+                            "snapshot interrupted; it restarts on the next run"
+                        )
                     yield index, rows
             finally:
                 self._cancel.set()  # let queued chunks return at once

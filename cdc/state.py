@@ -14,11 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from cdc.errors import PublishError
 from cdc.lsn import Lsn
+from cdc.publisher import rdkafka_log
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +67,9 @@ class ReaderState:
             slot=d["slot"],
             database=d["database"],
             phase=Phase(d["phase"]),
-            consistent_point=Lsn.parse(d["consistent_point"]) if d.get("consistent_point") else None,
+            consistent_point=Lsn.parse(d["consistent_point"])
+            if d.get("consistent_point")
+            else None,
             acked_lsn=Lsn.parse(d["acked_lsn"]) if d.get("acked_lsn") else None,
             updated_at=float(d.get("updated_at", 0.0)),
         )
@@ -84,7 +94,7 @@ class StateStore:
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
-        admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        admin = AdminClient({"bootstrap.servers": self._bootstrap, "logger": rdkafka_log})
         if self.topic in admin.list_topics(timeout=10).topics:
             return
         new = NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})
@@ -104,6 +114,7 @@ class StateStore:
                 "group.id": "cdc-state-reader",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
+                "logger": rdkafka_log,
             }
         )
         try:
@@ -153,7 +164,12 @@ class StateStore:
     def _get_producer(self) -> Producer:
         if self._producer is None:
             self._producer = Producer(
-                {"bootstrap.servers": self._bootstrap, "acks": "all", "linger.ms": 0}
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "acks": "all",
+                    "linger.ms": 0,
+                    "logger": rdkafka_log,
+                }
             )
         return self._producer
 

@@ -91,7 +91,7 @@ class Workload:
             if rows:
                 conn.execute(
                     sql.SQL(
-                        "INSERT INTO {} SELECT g, 'init-' || g, g % 1000, md5(g::text), "
+                        "INSERT INTO {} SELECT g, 'init-' || g, g %% 1000, md5(g::text), "
                         "repeat(md5(g::text), %s) FROM generate_series(0, %s) g"
                     ).format(self._ident),
                     (max(1, self.payload_bytes // 32), rows - 1),

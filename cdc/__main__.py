@@ -1,0 +1,5 @@
+"""``python -m cdc``."""
+
+from cdc.cli import main
+
+main()

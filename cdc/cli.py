@@ -1,0 +1,200 @@
+"""The ``cdc`` command line: run the reader, show its status, reset its state.
+
+Every error the reader raises on purpose ends as one line ``error: ...`` on stderr and a
+non-zero exit status; ``--debug`` shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from cdc.config import Settings, SnapshotMode, load_settings
+from cdc.errors import CdcError, ConfigError
+
+log = logging.getLogger("cdc")
+T = TypeVar("T")
+
+app = typer.Typer(
+    help="PostgreSQL change data capture into Kafka (Debezium-compatible events).",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    no_args_is_help=True,
+)
+
+ConfigOpt = Annotated[
+    str | None, typer.Option("--config", help="TOML config file (also CDC_CONFIG).")
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Verbose logs and tracebacks.")]
+
+
+def _setup_logging(level: str, debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # librdkafka reports every failed connection attempt; that is noise unless debugging.
+    logging.getLogger("cdc.librdkafka").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+
+
+def _guard(debug: bool, fn: Callable[[], T]) -> T:
+    """Run ``fn``; turn errors into one clear line and a non-zero exit."""
+    try:
+        return fn()
+    except CdcError as e:
+        if debug:
+            log.exception("failed")
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
+    except Exception as e:
+        if debug:
+            log.exception("unexpected failure")
+        typer.echo(f"error: unexpected {type(e).__name__}: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
+    return load_settings(config, overrides)
+
+
+@app.command()
+def run(
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="'current': stop once everything up to the WAL position at start is in Kafka.",
+        ),
+    ] = None,
+    config: ConfigOpt = None,
+    snapshot_mode: Annotated[
+        SnapshotMode | None,
+        typer.Option("--snapshot-mode", help="initial | no_data | initial_only | when_needed"),
+    ] = None,
+    tables: Annotated[
+        str | None, typer.Option("--tables", help="Comma-separated schema.table include list.")
+    ] = None,
+    slot: Annotated[str | None, typer.Option("--slot", help="Replication slot name.")] = None,
+    publication: Annotated[
+        str | None, typer.Option("--publication", help="Publication name.")
+    ] = None,
+    topic_prefix: Annotated[
+        str | None, typer.Option("--topic-prefix", help="Kafka topic prefix.")
+    ] = None,
+    drop_slot_on_exit: Annotated[
+        bool, typer.Option("--drop-slot-on-exit", help="Drop the slot (and state) when done.")
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics here.")
+    ] = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Snapshot if needed, then stream changes to Kafka until stopped (SIGTERM/SIGINT)."""
+    pg: dict[str, Any] = {}
+    if snapshot_mode is not None:
+        pg["snapshot_mode"] = snapshot_mode
+    if tables is not None:
+        pg["tables"] = tables
+    if slot is not None:
+        pg["slot_name"] = slot
+    if publication is not None:
+        pg["publication_name"] = publication
+    if drop_slot_on_exit:
+        pg["drop_slot_on_exit"] = True
+    overrides: dict[str, Any] = {}
+    if pg:
+        overrides["postgres"] = pg
+    if topic_prefix is not None:
+        overrides["kafka"] = {"topic_prefix": topic_prefix}
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
+
+    def go() -> None:
+        if until not in (None, "current"):
+            raise ConfigError(f"--until accepts only 'current', not {until!r}")
+        settings = _settings(config, overrides)
+        _setup_logging(settings.log_level, debug)
+        from cdc.metrics import ReaderMetrics
+        from cdc.pipeline import Pipeline
+
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("received signal %d; stopping", signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        metrics = None
+        if settings.metrics_port:
+            metrics = ReaderMetrics()
+            metrics.serve(settings.metrics_port)
+        result = Pipeline(
+            settings, until_current=until == "current", stop=stop, metrics=metrics
+        ).run()
+        log.info(
+            "done: %s, %d snapshot rows, %d change events, acked %s",
+            result.action,
+            result.snapshot_rows,
+            result.events,
+            result.acked_lsn,
+        )
+
+    _guard(debug, go)
+
+
+@app.command()
+def status(config: ConfigOpt = None, debug: DebugOpt = False) -> None:
+    """Show the slot (active, confirmed flush LSN, retained WAL, lag) and topic end offsets."""
+
+    def go() -> None:
+        settings = _settings(config, {})
+        _setup_logging("WARNING", debug)
+        from cdc.status import gather_status
+
+        typer.echo(json.dumps(gather_status(settings), indent=2))
+
+    _guard(debug, go)
+
+
+@app.command("reset-state")
+def reset_state(
+    config: ConfigOpt = None,
+    drop_slot: Annotated[
+        bool, typer.Option("--drop-slot", help="Also drop the replication slot.")
+    ] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Forget the reader's state for this slot, so the next run takes a new snapshot."""
+
+    def go() -> None:
+        settings = _settings(config, {})
+        _setup_logging("INFO", debug)
+        from cdc.pipeline import connect
+        from cdc.slots import drop_slot as drop
+        from cdc.state import StateStore
+
+        with connect(settings.postgres.dsn.get_secret_value()) as conn:
+            row = conn.execute("SELECT current_database()").fetchone()
+            database = str(row[0]) if row else ""
+            if drop_slot:
+                drop(conn, settings.postgres.slot_name)
+        StateStore(settings.kafka.bootstrap_servers, settings.kafka.topic_prefix).reset(
+            database, settings.postgres.slot_name
+        )
+        typer.echo(f"state of slot {settings.postgres.slot_name} reset")
+
+    _guard(debug, go)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

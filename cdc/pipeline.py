@@ -1,0 +1,471 @@
+"""The one place that wires the reader together.
+
+replication → pgoutput decode → table schemas (catalog) → event encoding → Kafka → slot ack.
+
+Order of a checkpoint: records are produced as they are decoded (a transaction is never
+buffered); delivery reports mark transactions complete; the slot's flush LSN then advances to
+the end of the last transaction that is complete together with all before it
+(:meth:`cdc.publisher.Publisher.acked_lsn`). When nothing is pending, a keepalive's position is
+acknowledged too, so an idle slot (or one whose changes are all filtered out) keeps advancing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import psycopg
+
+from cdc import pgoutput
+from cdc.catalog_adapter import SchemaCatalog
+from cdc.config import Settings
+from cdc.errors import ConnectionFailed, SlotError
+from cdc.lsn import Lsn
+from cdc.metrics import ReaderMetrics
+from cdc.publisher import Publisher, TxnTracker
+
+try:
+    from cdc.replication import Keepalive, ReplicationConnection, XLogData
+except ImportError:  # cdc/replication.py not there yet: use the reader's stand-in
+    from cdc.replication_fallback import (
+        Keepalive,
+        ReplicationConnection,
+        XLogData,
+    )
+from cdc.slots import (
+    Action,
+    check_wal_level,
+    drop_slot,
+    ensure_publication,
+    plan_start,
+    slot_info,
+)
+from cdc.snapshot import Snapshotter
+from cdc.state import Phase, ReaderState, StateStore
+from cdc.values import RawValue
+from schemas.envelope import EventEncoder
+from schemas.model import SourceInfo, TableSchema, TransactionInfo
+
+log = logging.getLogger(__name__)
+
+ACK_INTERVAL_S = 0.2  # how often at most a new flush position is sent to the server
+STATE_INTERVAL_S = 10.0  # how often the acked LSN is written to the state topic
+
+
+@dataclass
+class RunResult:
+    """What a run did; the CLI prints it and tests read it."""
+
+    action: str
+    snapshot_rows: int = 0
+    events: int = 0
+    acked_lsn: Lsn | None = None
+    target_lsn: Lsn | None = None
+
+
+def describe_dsn(dsn: str) -> str:
+    """host:port/db of a DSN, without credentials, for error messages."""
+    try:
+        parts = urlsplit(dsn)
+        if parts.scheme.startswith("postgres"):
+            return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+    except ValueError:
+        pass
+    return "the configured server"
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A regular connection; an unreachable server becomes one clear ConnectionFailed."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=5, **kwargs)
+    except psycopg.OperationalError as e:
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ConnectionFailed(f"PostgreSQL at {describe_dsn(dsn)} is unreachable: {first}") from e
+
+
+class Pipeline:
+    """Snapshot if needed, then stream changes to Kafka until stopped (or caught up)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        until_current: bool = False,
+        stop: threading.Event | None = None,
+        metrics: ReaderMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.until_current = until_current
+        self.stop = stop or threading.Event()
+        self.metrics = metrics
+        self._dsn = settings.postgres.dsn.get_secret_value()
+        self._slot = settings.postgres.slot_name
+
+    # --- startup ------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Run the reader; returns when stopped, caught up (``until_current``) or done."""
+        pg = self.settings.postgres
+        admin = connect(self._dsn)
+        with admin:
+            check_wal_level(admin)
+            row = admin.execute("SELECT current_database()").fetchone()
+            database = str(row[0]) if row else "postgres"
+            publisher = Publisher(self.settings.kafka)
+            publisher.probe(timeout_s=5.0)
+            if self.metrics is not None:
+                publisher.latency_observer = self.metrics.delivery_latency.observe
+            store = StateStore(
+                self.settings.kafka.bootstrap_servers,
+                self.settings.kafka.topic_prefix,
+                self.settings.kafka.replication_factor,
+            )
+            store.ensure_topic()
+            state = store.load(database, self._slot)
+            tables = ensure_publication(admin, pg.publication_name, pg.tables)
+            target = self._current_lsn(admin) if self.until_current else None
+            plan = plan_start(pg.snapshot_mode, self._slot, slot_info(admin, self._slot), state)
+            if plan.reason:
+                log.warning(plan.reason, extra={"slot": self._slot})
+            catalog = SchemaCatalog(admin)
+            encoder = EventEncoder(
+                self.settings.schema_, self.settings.kafka.topic_prefix, database
+            )
+            result = RunResult(plan.action.value, target_lsn=target)
+
+            def snapshotter() -> Snapshotter:
+                return Snapshotter(
+                    self._dsn,
+                    encoder=encoder,
+                    publisher=publisher,
+                    load_schema=catalog.load_table_in,
+                    workers=pg.snapshot_workers,
+                    chunk_rows=pg.snapshot_chunk_rows,
+                    stop=self.stop,
+                )
+
+            if plan.action is Action.NOTHING:
+                log.info("nothing to do: %s", plan.reason)
+                return result
+            if plan.action is Action.SNAPSHOT_ONLY:
+                snap = snapshotter().run(tables, None, None)
+                store.save(
+                    ReaderState(
+                        self._slot,
+                        database,
+                        Phase.SNAPSHOT_ONLY_DONE,
+                        snap.position,
+                        None,
+                        time.time(),
+                    )
+                )
+                result.snapshot_rows = snap.rows
+                return result
+
+            repl = ReplicationConnection(
+                self._dsn, application_name="cdc", status_interval_s=pg.status_interval_s
+            )
+            try:
+                if plan.drop_existing_slot:
+                    drop_slot(admin, self._slot)
+                if plan.action is Action.SNAPSHOT:
+                    created = repl.create_slot(self._slot, export_snapshot=True)
+                    start = created.consistent_point
+                    store.save(
+                        ReaderState(self._slot, database, Phase.SNAPSHOT, start, None, time.time())
+                    )
+                    snap = snapshotter().run(tables, created.snapshot_name, start)
+                    result.snapshot_rows = snap.rows
+                    store.save(
+                        ReaderState(
+                            self._slot, database, Phase.STREAMING, start, start, time.time()
+                        )
+                    )
+                elif plan.action is Action.NEW_SLOT:
+                    created = repl.create_slot(self._slot, export_snapshot=False)
+                    start = created.consistent_point
+                    store.save(
+                        ReaderState(
+                            self._slot, database, Phase.STREAMING, start, start, time.time()
+                        )
+                    )
+                else:
+                    info = slot_info(admin, self._slot)
+                    if info is None:
+                        raise SlotError(f"replication slot {self._slot} disappeared at startup")
+                    start = info.confirmed_flush_lsn or Lsn(0)
+                    if state is None:
+                        store.save(
+                            ReaderState(
+                                self._slot, database, Phase.STREAMING, None, start, time.time()
+                            )
+                        )
+                streamer = _Streamer(
+                    self, repl, publisher, encoder, catalog, store, database, target
+                )
+                repl.start(self._slot, pg.publication_name, start, proto_version=pg.proto_version)
+                streamer.run(start)
+                result.events = streamer.events
+                result.acked_lsn = streamer.last_ack
+                store.save(
+                    ReaderState(
+                        self._slot, database, Phase.STREAMING, None, streamer.last_ack, time.time()
+                    )
+                )
+            finally:
+                repl.close()
+                if pg.drop_slot_on_exit:
+                    drop_slot(admin, self._slot)
+                    store.reset(database, self._slot)
+                store.close()
+            return result
+
+    @staticmethod
+    def _current_lsn(conn: psycopg.Connection[Any]) -> Lsn:
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return Lsn.parse(row[0])
+
+
+class _Streamer:
+    """The streaming loop: one decoded message at a time, acknowledging as Kafka confirms."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        repl: ReplicationConnection,
+        publisher: Publisher,
+        encoder: EventEncoder,
+        catalog: SchemaCatalog,
+        store: StateStore,
+        database: str,
+        target: Lsn | None,
+    ) -> None:
+        self.p = pipeline
+        self.repl = repl
+        self.publisher = publisher
+        self.encoder = encoder
+        self.catalog = catalog
+        self.store = store
+        self.database = database
+        self.target = target
+        self.proto = pipeline.settings.postgres.proto_version
+        self.tx_metadata = pipeline.settings.schema_.provide_transaction_metadata
+        self.relations: dict[int, TableSchema] = {}
+        self.topics: dict[int, str] = {}
+        self.txn: TxnTracker | None = None
+        self.order = 0
+        self.xid: int | None = None
+        self.commit_ts_us = 0
+        self.commit_lsn_header = b"0"
+        self.last_commit_lsn: int | None = None
+        self.per_table: dict[int, int] = {}
+        self.idle_lsn: Lsn | None = None
+        self.last_ack: Lsn | None = None
+        self.events = 0
+        hb = pipeline.settings.kafka.heartbeat_topic
+        self.heartbeat_topic = hb
+        if hb:
+            publisher.ensure_topics([hb])
+
+    def run(self, start: Lsn) -> None:
+        self.last_ack = start
+        last_ack_sent = 0.0
+        last_state = time.monotonic()
+        last_heartbeat = 0.0
+        last_lag = 0.0
+        interval = self.p.settings.postgres.status_interval_s
+        while True:
+            if self.p.stop.is_set():
+                log.info("stop requested: flushing and acknowledging")
+                # An open transaction stays unacknowledged: the next run replays all of it.
+                self.publisher.flush(timeout_s=60)
+                self._acknowledge(force=True)
+                break
+            msg = self.repl.read(0.1)
+            if isinstance(msg, XLogData):
+                self._handle(msg)
+            elif isinstance(msg, Keepalive) and self.txn is None and self.publisher.idle():
+                # Everything before wal_end has reached us and is in Kafka: safe to confirm.
+                self.idle_lsn = msg.wal_end
+            self.publisher.poll(0)
+            now = time.monotonic()
+            if now - last_ack_sent >= ACK_INTERVAL_S:
+                last_ack_sent = now
+                self._acknowledge()
+            if now - last_state >= STATE_INTERVAL_S:
+                last_state = now
+                self.store.save(
+                    ReaderState(
+                        self.p._slot,
+                        self.database,
+                        Phase.STREAMING,
+                        None,
+                        self.last_ack,
+                        time.time(),
+                    ),
+                    wait=False,
+                )
+            if self.heartbeat_topic and now - last_heartbeat >= interval:
+                last_heartbeat = now
+                self._heartbeat()
+            if self.p.metrics is not None and now - last_lag >= 5.0:
+                last_lag = now
+                self._update_lag()
+            if (
+                self.target is not None
+                and self.last_ack is not None
+                and self.last_ack >= self.target
+            ):
+                self.publisher.flush(timeout_s=60)
+                self._acknowledge(force=True)
+                log.info(
+                    "caught up with %s; stopping", self.target, extra={"lsn": str(self.last_ack)}
+                )
+                break
+
+    # --- acknowledgment -----------------------------------------------------------------
+
+    def _acknowledge(self, *, force: bool = False) -> None:
+        acked = self.publisher.acked_lsn()
+        candidate = self.last_ack
+        for lsn in (acked, self.idle_lsn if self.publisher.idle() and self.txn is None else None):
+            if lsn is not None and (candidate is None or lsn > candidate):
+                candidate = lsn
+        if candidate is not None and (force or candidate != self.last_ack):
+            self.repl.acknowledge(candidate)
+            self.last_ack = candidate
+            if self.p.metrics is not None:
+                self.p.metrics.acked_lsn.set(candidate.value)
+
+    def _update_lag(self) -> None:
+        assert self.p.metrics is not None
+        try:
+            row = self.catalog.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        except psycopg.Error as e:
+            log.warning("cannot read the server's WAL position: %s", e)
+            return
+        if row and self.last_ack is not None:
+            self.p.metrics.lag_bytes.set(max(0, Lsn.parse(row[0]) - self.last_ack))
+
+    def _heartbeat(self) -> None:
+        assert self.heartbeat_topic is not None
+        name = self.p.settings.kafka.topic_prefix
+        self.publisher.produce_plain(
+            self.heartbeat_topic,
+            orjson.dumps({"serverName": name}),
+            orjson.dumps(
+                {
+                    "ts_ms": int(time.time() * 1000),
+                    "lsn": self.last_ack.value if self.last_ack else None,
+                }
+            ),
+        )
+
+    # --- messages -----------------------------------------------------------------------
+
+    def _handle(self, frame: XLogData) -> None:
+        msg = pgoutput.decode(frame.payload, self.proto)
+        if isinstance(msg, pgoutput.Insert):
+            self._change(frame, msg.relation_id, "c", None, msg.new)
+        elif isinstance(msg, pgoutput.Update):
+            self._update(frame, msg)
+        elif isinstance(msg, pgoutput.Delete):
+            self._change(frame, msg.relation_id, "d", msg.old, None)
+        elif isinstance(msg, pgoutput.Begin):
+            self.txn = self.publisher.begin(msg.final_lsn)
+            self.order = 0
+            self.xid = msg.xid
+            self.commit_ts_us = msg.commit_ts_us
+            self.commit_lsn_header = str(msg.final_lsn.value).encode()
+            self.per_table.clear()
+        elif isinstance(msg, pgoutput.Commit):
+            if self.txn is not None:
+                self.publisher.close_txn(self.txn, msg.end_lsn)
+            self.txn = None
+            self.last_commit_lsn = msg.commit_lsn.value
+        elif isinstance(msg, pgoutput.Relation):
+            schema = self.catalog.from_relation(msg)
+            self.relations[msg.relation_id] = schema
+            topic = self.encoder.topic(schema)
+            self.publisher.ensure_topics([topic])
+            self.topics[msg.relation_id] = topic
+        elif isinstance(msg, pgoutput.Truncate):
+            for rid in msg.relation_ids:
+                table = self._table(rid)
+                self._send(rid, None, self.encoder.encode_truncate(table, self._source(frame)))
+                self._count("t")
+        # Origin, Type and logical messages carry nothing we publish.
+
+    def _table(self, relation_id: int) -> TableSchema:
+        try:
+            return self.relations[relation_id]
+        except KeyError as e:
+            raise SlotError(
+                f"change for relation {relation_id} arrived before its Relation message"
+            ) from e
+
+    def _source(self, frame: XLogData) -> SourceInfo:
+        return SourceInfo(
+            self.commit_ts_us, "false", self.xid, frame.wal_start.value, self.last_commit_lsn
+        )
+
+    def _transaction(self, relation_id: int) -> TransactionInfo | None:
+        if not self.tx_metadata:
+            return None
+        n = self.per_table.get(relation_id, 0) + 1
+        self.per_table[relation_id] = n
+        return TransactionInfo(f"{self.xid}:{self.commit_lsn_header.decode()}", self.order + 1, n)
+
+    def _send(self, relation_id: int, key: bytes | None, value: bytes | None) -> None:
+        if self.txn is None:
+            raise SlotError("a change arrived outside a transaction")
+        self.publisher.send(
+            self.txn,
+            self.topics[relation_id],
+            key,
+            value,
+            [("cdc.commit_lsn", self.commit_lsn_header), ("cdc.order", str(self.order).encode())],
+        )
+        self.order += 1
+
+    def _count(self, op: str) -> None:
+        self.events += 1
+        if self.p.metrics is not None:
+            self.p.metrics.events.labels(op).inc()
+
+    def _change(
+        self,
+        frame: XLogData,
+        relation_id: int,
+        op: str,
+        before: tuple[RawValue, ...] | None,
+        after: tuple[RawValue, ...] | None,
+    ) -> None:
+        table = self._table(relation_id)
+        key = self.encoder.encode_key(table, after if after is not None else before or ())
+        value = self.encoder.encode_value(
+            table, op, before, after, self._source(frame), self._transaction(relation_id)
+        )
+        self._send(relation_id, key, value)
+        self._count(op)
+        if op == "d" and key is not None:
+            self._send(relation_id, key, None)  # tombstone, so compaction drops the key
+
+    def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
+        table = self._table(msg.relation_id)
+        if msg.old is not None and table.key_columns:
+            old_key = self.encoder.encode_key(table, msg.old)
+            new_key = self.encoder.encode_key(table, msg.new)
+            if old_key != new_key:
+                # A primary-key change: Debezium emits a delete (+ tombstone) for the old key
+                # and a create for the new one.
+                self._change(frame, msg.relation_id, "d", msg.old, None)
+                self._change(frame, msg.relation_id, "c", None, msg.new)
+                return
+        self._change(frame, msg.relation_id, "u", msg.old, msg.new)

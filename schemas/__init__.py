@@ -1,0 +1,1 @@
+"""The event format: Debezium-compatible envelopes, Connect JSON and Avro, with no I/O."""

@@ -1,0 +1,314 @@
+"""Avro for the same events: schemas derived from the Connect schemas the way Confluent's
+AvroConverter does it (``connect.name``, ``connect.version``, ``connect.parameters``, the
+``decimal`` logical type), serialised with fastavro.
+
+Two wire forms: schemaless Avro binary, and Confluent's framing (magic byte 0, a 4-byte
+big-endian schema id, then the Avro binary) when a schema registry is configured.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import fastavro
+import orjson
+from fastavro.types import Schema as ParsedSchema
+
+from cdc.errors import SchemaError
+from schemas.typemap import ConnectSchema, NonFiniteFloat, bytes_to_unscaled, unscaled_bytes
+
+if TYPE_CHECKING:
+    from schemas.envelope import EventEncoder, TablePlan
+
+MAGIC_BYTE = 0
+_PRIMITIVE = {
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float32": "float",
+    "float64": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
+DECIMAL_NAME = "org.apache.kafka.connect.data.Decimal"
+# Confluent's AvroData uses this precision when a Decimal has no connect.decimal.precision.
+DEFAULT_DECIMAL_PRECISION = 64
+
+
+def to_avro(schema: ConnectSchema, defined: set[str] | None = None) -> Any:
+    """The Avro schema (JSON-like) of a Connect schema, nullable when it is optional."""
+    defined = set() if defined is None else defined
+    t = _to_avro_required(schema, defined)
+    return ["null", t] if schema.get("optional") else t
+
+
+def _to_avro_required(schema: ConnectSchema, defined: set[str]) -> Any:
+    ctype = schema["type"]
+    name = schema.get("name")
+    if ctype == "struct":
+        if name is None:
+            name = "ConnectDefault"
+        if name in defined:
+            return name  # Avro allows each named type once; later uses refer to it
+        defined.add(name)
+        namespace, _, simple = name.rpartition(".")
+        rec: dict[str, Any] = {"type": "record", "name": simple}
+        if namespace:
+            rec["namespace"] = namespace
+        rec["fields"] = [_field(f, defined) for f in schema["fields"]]
+        _connect_props(rec, schema)
+        return rec
+    if ctype == "array":
+        return {"type": "array", "items": to_avro(schema["items"], defined)}
+    prim = _PRIMITIVE.get(ctype)
+    if prim is None:
+        raise SchemaError(f"no Avro mapping for Connect type {ctype!r}")
+    if name is None and ctype not in ("int8", "int16") and "parameters" not in schema:
+        return prim
+    out: dict[str, Any] = {"type": prim}
+    if ctype in ("int8", "int16"):
+        out["connect.type"] = ctype
+    _connect_props(out, schema)
+    if name == DECIMAL_NAME:
+        params = schema.get("parameters", {})
+        out["logicalType"] = "decimal"
+        out["precision"] = int(params.get("connect.decimal.precision", DEFAULT_DECIMAL_PRECISION))
+        out["scale"] = int(params["scale"])
+    return out
+
+
+def _connect_props(out: dict[str, Any], schema: ConnectSchema) -> None:
+    if "doc" in schema:
+        out["connect.doc"] = schema["doc"]
+    if "version" in schema:
+        out["connect.version"] = schema["version"]
+    if "parameters" in schema:
+        out["connect.parameters"] = schema["parameters"]
+    if "name" in schema:
+        out["connect.name"] = schema["name"]
+
+
+def _field(f: ConnectSchema, defined: set[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": f["field"]}
+    t = _to_avro_required(f, defined)
+    if f.get("optional"):
+        default = f.get("default")
+        if default is None:
+            out["type"] = ["null", t]
+            out["default"] = None
+        else:  # a union's default must match its first branch
+            out["type"] = [t, "null"]
+            out["default"] = default
+    else:
+        out["type"] = t
+        if "default" in f:
+            out["default"] = f["default"]
+    return out
+
+
+def _value_fields_nullable(schema: ConnectSchema, key_names: tuple[str, ...]) -> ConnectSchema:
+    # A before image under REPLICA IDENTITY DEFAULT carries only the key columns, the others
+    # are null even when NOT NULL: in Avro every non-key column must therefore be nullable.
+    fields = [f if f["field"] in key_names else {**f, "optional": True} for f in schema["fields"]]
+    return {**schema, "fields": fields}
+
+
+@dataclass(slots=True)
+class AvroPlan:
+    """A table's Avro schemas, parsed once, and their registry ids once registered."""
+
+    key: dict[str, Any] | None
+    envelope: dict[str, Any]
+    value: dict[str, Any]
+    key_parsed: ParsedSchema | None
+    envelope_parsed: ParsedSchema
+    key_connect: ConnectSchema | None
+    envelope_connect: ConnectSchema
+    key_id: int | None = None
+    envelope_id: int | None = None
+
+
+def avro_plan(plan: TablePlan) -> AvroPlan:
+    """Build (once) and return the Avro schemas of a table's events."""
+    existing = plan.avro
+    if isinstance(existing, AvroPlan):
+        return existing
+    value_connect = _value_fields_nullable(plan.value_schema, plan.key_names)
+    envelope_connect = dict(plan.envelope_schema)
+    envelope_connect["fields"] = [
+        {**value_connect, "field": f["field"]} if f["field"] in ("before", "after") else f
+        for f in plan.envelope_schema["fields"]
+    ]
+    envelope = to_avro(envelope_connect)
+    value = to_avro({**value_connect, "optional": False})
+    key = None if plan.key_schema is None else to_avro(plan.key_schema)
+    try:
+        envelope_parsed = fastavro.parse_schema(envelope)
+        fastavro.parse_schema(value)
+        key_parsed = None if key is None else fastavro.parse_schema(key)
+    except fastavro.schema.SchemaParseException as e:
+        raise SchemaError(
+            f"table {plan.table.schema}.{plan.table.table}: invalid Avro schema: {e}"
+        ) from e
+    built = AvroPlan(
+        key, envelope, value, key_parsed, envelope_parsed, plan.key_schema, envelope_connect
+    )
+    plan.avro = built
+    return built
+
+
+def avsc_documents(plan: TablePlan) -> dict[str, str]:
+    """The ``.avsc`` texts of a table's key, value and envelope, by file name."""
+    ap = avro_plan(plan)
+    docs = {
+        f"{plan.value_name}.avsc": ap.value,
+        f"{plan.envelope_name}.avsc": ap.envelope,
+    }
+    if ap.key is not None:
+        docs[f"{plan.key_name}.avsc"] = ap.key
+    return {
+        name: orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+        for name, doc in docs.items()
+    }
+
+
+def write_avsc(plan: TablePlan, directory: str | Path) -> list[Path]:
+    """Write the table's ``.avsc`` files into ``directory``; return their paths."""
+    out = []
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in avsc_documents(plan).items():
+        p = d / name
+        p.write_text(text)
+        out.append(p)
+    return out
+
+
+def serialize(parsed: ParsedSchema, datum: Any) -> bytes:
+    """Schemaless Avro binary of one datum."""
+    buf = io.BytesIO()
+    try:
+        fastavro.schemaless_writer(buf, parsed, datum)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise SchemaError(f"value does not fit its Avro schema: {e}") from e
+    return buf.getvalue()
+
+
+def deserialize(parsed: ParsedSchema, data: bytes) -> Any:
+    """Read one schemaless Avro datum."""
+    try:
+        return fastavro.schemaless_reader(io.BytesIO(data), parsed, None)
+    except (EOFError, ValueError, TypeError, struct.error) as e:
+        raise SchemaError(f"not a valid Avro datum for this schema: {e}") from e
+
+
+def frame(schema_id: int, body: bytes) -> bytes:
+    """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro binary."""
+    if not 0 <= schema_id < 2**31:
+        raise SchemaError(f"schema id {schema_id} out of range")
+    return struct.pack(">bI", MAGIC_BYTE, schema_id) + body
+
+
+def unframe(data: bytes) -> tuple[int, bytes]:
+    """Split Confluent wire format into (schema id, Avro binary)."""
+    if len(data) < 5 or data[0] != MAGIC_BYTE:
+        raise SchemaError(
+            "not Confluent wire format (magic byte 0 and a 4-byte schema id expected)"
+        )
+    (schema_id,) = struct.unpack_from(">I", data, 1)
+    return schema_id, data[5:]
+
+
+def _register(encoder: EventEncoder, subject: str, schema: Any) -> int:
+    registry = encoder._registry
+    register: Callable[[str, Any], int] = registry.register
+    return register(subject, schema)
+
+
+def encode_key(encoder: EventEncoder, plan: TablePlan, payload: Any) -> bytes:
+    """Avro key bytes (framed when a registry is configured)."""
+    ap = avro_plan(plan)
+    assert ap.key_parsed is not None
+    body = serialize(ap.key_parsed, payload)
+    if encoder._registry is None:
+        return body
+    if ap.key_id is None:
+        ap.key_id = _register(encoder, f"{plan.topic}-key", ap.key)
+    return frame(ap.key_id, body)
+
+
+def encode_value(encoder: EventEncoder, plan: TablePlan, payload: Any) -> bytes:
+    """Avro envelope bytes (framed when a registry is configured)."""
+    ap = avro_plan(plan)
+    body = serialize(ap.envelope_parsed, payload)
+    if encoder._registry is None:
+        return body
+    if ap.envelope_id is None:
+        ap.envelope_id = _register(encoder, f"{plan.topic}-value", ap.envelope)
+    return frame(ap.envelope_id, body)
+
+
+def decode_value(plan: TablePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
+    """Avro envelope bytes → the envelope as Connect values (bytes for decimals)."""
+    ap = avro_plan(plan)
+    if framed:
+        _, data = unframe(data)
+    result: dict[str, Any] = from_avro_value(
+        ap.envelope_connect, deserialize(ap.envelope_parsed, data)
+    )
+    return result
+
+
+def decode_key(plan: TablePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
+    """Avro key bytes → the key as Connect values."""
+    ap = avro_plan(plan)
+    if ap.key_parsed is None or ap.key_connect is None:
+        raise SchemaError(f"table {plan.table.schema}.{plan.table.table} has no key")
+    if framed:
+        _, data = unframe(data)
+    result: dict[str, Any] = from_avro_value(ap.key_connect, deserialize(ap.key_parsed, data))
+    return result
+
+
+def shortest_float32(x: float) -> float:
+    """The float32 ``x`` as the shortest decimal that reads back to it (Java Float.toString)."""
+    if x != x or x in (float("inf"), float("-inf")):
+        return NonFiniteFloat(x)
+    target = struct.pack("<f", x)
+    for digits in range(1, 10):
+        candidate = float(f"{x:.{digits}g}")
+        if struct.pack("<f", candidate) == target:
+            return candidate
+    return x
+
+
+def from_avro_value(schema: ConnectSchema, value: Any) -> Any:
+    """Undo fastavro's logical-type decoding so values equal the Connect values we wrote."""
+    if value is None:
+        return None
+    t = schema["type"]
+    if t == "struct":
+        return {f["field"]: from_avro_value(f, value.get(f["field"])) for f in schema["fields"]}
+    if t == "array":
+        return [from_avro_value(schema["items"], v) for v in value]
+    if isinstance(value, Decimal):
+        scale = int(schema.get("parameters", {}).get("scale", 0))
+        return unscaled_bytes(int(value.scaleb(scale)))
+    if t == "float32":
+        return shortest_float32(value)
+    if (t == "float64" and value != value) or value in (float("inf"), float("-inf")):
+        return NonFiniteFloat(value)
+    return value
+
+
+def decimal_from_bytes(data: bytes, scale: int) -> Decimal:
+    """A Connect Decimal's bytes and scale → the number."""
+    return Decimal(bytes_to_unscaled(data)).scaleb(-scale)

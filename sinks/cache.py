@@ -283,11 +283,17 @@ class CacheSink:
         for _, change in merges:
             pipe.get(self.row_key(change.table, change.key))
             pipe.get(self.version_key(change.table, change.key))
-        held_state = self._execute(pipe)
+        held_state = self._execute(pipe, raise_on_error=False)
         calls: list[tuple[int, Change, list[str], list[str]]] = []
         for n, (slot, change) in enumerate(merges):
             row_raw, held_version = held_state[2 * n], held_state[2 * n + 1]
             values, held = split_unchanged(change)
+            for reply in (row_raw, held_version):
+                if isinstance(reply, Exception):
+                    results[slot] = _result(change, FAILED, f"Redis refused the read: {reply}")
+                    break
+            if results[slot] is not None:
+                continue
             try:
                 held_row = orjson.loads(row_raw) if row_raw is not None else {}
                 merged = dict(values)

@@ -1,0 +1,239 @@
+"""The Redis follower's writer against the real Redis: versions, tombstones, TOAST, watermarks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from sinks.base import Change
+from sinks.cache import CacheSink, version_string
+from tests.conftest import Endpoints
+
+pytestmark = pytest.mark.integration
+
+T = "public.orders"
+
+
+@pytest.fixture(params=["hash", "json"])
+def sink(
+    request: pytest.FixtureRequest, endpoints: Endpoints, key_prefix: str
+) -> Iterator[CacheSink]:
+    s = CacheSink(endpoints.redis_url, key_prefix, value_mode=request.param, tombstone_ttl_s=600)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def raw(endpoints: Endpoints) -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(endpoints.redis_url)
+    yield r
+    r.close()
+
+
+def _outcomes(results: list[Any]) -> list[str]:
+    return [r.outcome for r in results]
+
+
+def _snapshot(raw: redis.Redis, prefix: str) -> dict[bytes, Any]:
+    """Every key under the prefix with its type and contents."""
+    out: dict[bytes, Any] = {}
+    for k in sorted(raw.scan_iter(match=f"{prefix}*")):
+        kind = raw.type(k)
+        out[k] = (kind, raw.hgetall(k) if kind == b"hash" else raw.get(k))
+    return out
+
+
+def test_creates_updates_and_deletes(sink: CacheSink) -> None:
+    results = sink.apply(
+        [
+            Change(
+                T, "1", 100, 0, {"id": 1, "status": "new", "total": 9007199254740993, "note": None}
+            ),
+            Change(T, "2", 100, 1, {"id": 2, "status": "new", "total": 1.5, "note": "x"}),
+        ]
+    )
+    assert _outcomes(results) == ["applied", "applied"]
+    # Types, NULL and an integer beyond 2**53 round-trip exactly.
+    assert sink.read_row(T, "1") == {
+        "id": 1,
+        "status": "new",
+        "total": 9007199254740993,
+        "note": None,
+    }
+    assert sink.read_row(T, "2") == {"id": 2, "status": "new", "total": 1.5, "note": "x"}
+
+    assert _outcomes(
+        sink.apply([Change(T, "1", 200, 0, {"id": 1, "status": "paid", "total": 3, "note": None})])
+    ) == ["applied"]
+    assert sink.read_row(T, "1") == {"id": 1, "status": "paid", "total": 3, "note": None}
+    assert sink.read_version(T, "1") == (200, 0)
+
+    assert _outcomes(sink.apply([Change(T, "2", 300, 0, None)])) == ["applied"]
+    assert sink.read_row(T, "2") is None
+    assert sink.read_version(T, "2") == (300, 0)  # the tombstone
+
+
+def test_stale_write_is_skipped_and_changes_nothing(sink: CacheSink, raw: redis.Redis) -> None:
+    sink.apply([Change(T, "1", 0x2_0000_0000, 5, {"id": 1, "status": "newer"})])
+    before = _snapshot(raw, sink.key_prefix)
+    # Same LSN, lower ordinal; then a lower LSN with a higher ordinal.
+    results = sink.apply(
+        [Change(T, "1", 0x2_0000_0000, 4, {"id": 1, "status": "older"})]
+    ) + sink.apply([Change(T, "1", 0x1_FFFF_FFFF, 99, {"id": 1, "status": "oldest"})])
+    assert _outcomes(results) == ["skipped", "skipped"]
+    assert all(r.reason for r in results)
+    assert _snapshot(raw, sink.key_prefix) == before
+
+
+def test_versions_beyond_53_bits_compare_exactly(sink: CacheSink) -> None:
+    # Two LSNs that are equal as doubles: only an exact comparison tells them apart.
+    low, high = 2**60, 2**60 + 1
+    assert float(low) == float(high)
+    assert _outcomes(sink.apply([Change(T, "9", high, 0, {"v": "high"})])) == ["applied"]
+    assert _outcomes(sink.apply([Change(T, "9", low, 0, {"v": "low"})])) == ["skipped"]
+    assert sink.read_row(T, "9") == {"v": "high"}
+
+
+def test_replaying_a_batch_skips_everything(sink: CacheSink, raw: redis.Redis) -> None:
+    batch = [Change(T, str(i), 500, i, {"id": i, "n": i * 2}) for i in range(50)]
+    batch.append(Change(T, "7", 501, 0, None))
+    first = sink.apply(batch)
+    assert _outcomes(first).count("applied") == 50  # key 7's insert is superseded by its delete
+    before = _snapshot(raw, sink.key_prefix)
+    again = sink.apply(batch)
+    assert set(_outcomes(again)) == {"skipped"}
+    assert _snapshot(raw, sink.key_prefix) == before
+    assert sink.read_row(T, "7") is None
+    assert sink.read_row(T, "8") == {"id": 8, "n": 16}
+
+
+def test_same_key_twice_in_a_batch_the_higher_version_wins(sink: CacheSink) -> None:
+    results = sink.apply([Change(T, "1", 20, 0, {"v": "new"}), Change(T, "1", 10, 0, {"v": "old"})])
+    assert _outcomes(results) == ["applied", "skipped"]
+    assert sink.read_row(T, "1") == {"v": "new"}
+
+
+def test_delete_then_late_older_insert_stays_deleted(sink: CacheSink, raw: redis.Redis) -> None:
+    sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+    assert _outcomes(sink.apply([Change(T, "1", 30, 0, None)])) == ["applied"]
+    # The insert was committed before the delete but arrives after it.
+    assert _outcomes(sink.apply([Change(T, "1", 20, 0, {"id": 1, "late": True})])) == ["skipped"]
+    assert sink.read_row(T, "1") is None
+    ttl = raw.ttl(sink.version_key(T, "1"))
+    assert 0 < ttl <= 600  # the tombstone expires on its own
+    # A newer insert (the key re-used) does come back, and its version loses the TTL.
+    assert _outcomes(sink.apply([Change(T, "1", 40, 0, {"id": 1, "again": True})])) == ["applied"]
+    assert sink.read_row(T, "1") == {"id": 1, "again": True}
+    assert raw.ttl(sink.version_key(T, "1")) == -1
+
+
+def test_delete_of_a_row_never_seen_leaves_a_tombstone(sink: CacheSink) -> None:
+    assert _outcomes(sink.apply([Change(T, "5", 50, 0, None)])) == ["applied"]
+    assert _outcomes(sink.apply([Change(T, "5", 40, 0, {"id": 5})])) == ["skipped"]
+    assert sink.read_row(T, "5") is None
+
+
+def test_unchanged_toast_keeps_the_held_value(sink: CacheSink, raw: redis.Redis) -> None:
+    body = "b" * 100_000
+    sink.apply([Change(T, "1", 10, 0, {"id": 1, "body": body, "n": 1, "big": 2**62 + 1})])
+    update = Change(
+        T,
+        "1",
+        11,
+        0,
+        {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 2, "big": 2**62 + 1},
+        frozenset({"body"}),
+    )
+    assert _outcomes(sink.apply([update])) == ["applied"]
+    assert sink.read_row(T, "1") == {"id": 1, "body": body, "n": 2, "big": 2**62 + 1}
+    for _, (_, contents) in _snapshot(raw, sink.key_prefix).items():
+        assert UNAVAILABLE_VALUE_PLACEHOLDER.encode() not in repr(contents).encode()
+
+
+def test_unchanged_toast_without_a_held_row_leaves_the_column_out(
+    sink: CacheSink, raw: redis.Redis
+) -> None:
+    update = Change(
+        T, "3", 11, 0, {"id": 3, "body": UNAVAILABLE_VALUE_PLACEHOLDER}, frozenset({"body"})
+    )
+    (result,) = sink.apply([update])
+    assert result.outcome == "applied"
+    assert result.reason and "body" in result.reason
+    assert sink.read_row(T, "3") == {"id": 3}
+    assert all(
+        UNAVAILABLE_VALUE_PLACEHOLDER.encode() not in repr(v).encode()
+        for v in _snapshot(raw, sink.key_prefix).values()
+    )
+
+
+def test_json_merge_refuses_to_write_over_a_concurrent_write(
+    endpoints: Endpoints, key_prefix: str
+) -> None:
+    """The JSON merge writes only if the held version is still the one it read."""
+    sink = CacheSink(endpoints.redis_url, key_prefix, value_mode="json")
+    try:
+        sink.apply([Change(T, "1", 10, 0, {"id": 1, "body": "old", "n": 0})])
+        # A merge built on "no row held" ('') while version 10 is held: another writer
+        # landed between the read and the write. The script must answer "conflict" (3),
+        # which makes apply() read and merge again, rather than write stale data.
+        keys = [sink.row_key(T, "1"), sink.version_key(T, "1")]
+        stale_merge = sink._args("jp", version_string(12, 0), "", '{"id":1}')
+        reply = sink.client.evalsha(sink._script_sha(), 2, *keys, *stale_merge)
+        assert reply == 3
+        assert sink.read_row(T, "1") == {"id": 1, "body": "old", "n": 0}
+    finally:
+        sink.close()
+
+
+def test_a_refused_write_fails_alone(sink: CacheSink, raw: redis.Redis) -> None:
+    # Something else put a list where a row belongs: a partial update of it is refused.
+    raw.rpush(sink.row_key(T, "bad"), "x")
+    partial = {"id": "bad", "body": UNAVAILABLE_VALUE_PLACEHOLDER}
+    results = sink.apply(
+        [
+            Change(T, "ok", 10, 0, {"id": "ok"}),
+            Change(T, "bad", 10, 1, partial, frozenset({"body"})),
+            Change(T, "nojson", 10, 2, {"id": object()}),
+            Change("public:odd.t", "1", 10, 3, {"id": 1}),
+        ]
+    )
+    assert _outcomes(results) == ["applied", "failed", "failed", "failed"]
+    assert sink.read_row(T, "ok") == {"id": "ok"}
+    assert results[1].reason and "WRONGTYPE" in results[1].reason
+    assert "not JSON" in (results[2].reason or "") or "serializable" in (results[2].reason or "")
+    assert "schema.table" in (results[3].reason or "")
+    assert not any(r.retryable for r in results)
+    assert raw.lrange(sink.row_key(T, "bad"), 0, -1) == [b"x"]
+
+
+def test_ttl_applies_to_row_and_version(
+    endpoints: Endpoints, key_prefix: str, raw: redis.Redis
+) -> None:
+    sink = CacheSink(endpoints.redis_url, key_prefix, ttl_s=120)
+    try:
+        sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        assert 0 < raw.ttl(sink.row_key(T, "1")) <= 120
+        assert 0 < raw.ttl(sink.version_key(T, "1")) <= 120
+    finally:
+        sink.close()
+
+
+def test_watermark_only_increases(sink: CacheSink) -> None:
+    assert sink.read_watermark("job") is None
+    sink.record_watermark("job", 2**60 + 1)
+    sink.record_watermark("job", 2**60)  # equal as a double, smaller exactly
+    assert sink.read_watermark("job") == 2**60 + 1
+    sink.record_watermark("job", 2**61)
+    assert sink.read_watermark("job") == 2**61
+    assert sink.read_watermark("other") is None
+
+
+def test_script_is_reloaded_after_script_flush(sink: CacheSink, raw: redis.Redis) -> None:
+    sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+    raw.script_flush()
+    assert _outcomes(sink.apply([Change(T, "1", 11, 0, {"id": 1, "n": 2})])) == ["applied"]
+    assert sink.read_row(T, "1") == {"id": 1, "n": 2}

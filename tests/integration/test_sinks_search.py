@@ -1,0 +1,272 @@
+"""The OpenSearch follower's writer against the real OpenSearch: external versions,
+tombstones, unchanged TOAST, dead-letter outcomes, watermarks, search."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opensearchpy.exceptions import NotFoundError
+
+from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from sinks.base import Change
+from sinks.search import SearchSink
+from tests.conftest import Endpoints, wait_until
+
+pytestmark = pytest.mark.integration
+
+T = "public.orders"
+
+
+@pytest.fixture
+def sink(endpoints: Endpoints, index_prefix: str) -> Iterator[SearchSink]:
+    s = SearchSink(endpoints.search_url, index_prefix)
+    yield s
+    s.close()
+
+
+def _outcomes(results: list[Any]) -> list[str]:
+    return [r.outcome for r in results]
+
+
+def _doc(sink: SearchSink, key: str, table: str = T) -> dict[str, Any] | None:
+    """The held document (a realtime get) with its version, or None."""
+    try:
+        got = sink.client.get(index=sink.index_for(table), id=key)
+    except NotFoundError:
+        return None
+    return {"version": got["_version"], "source": got["_source"]}
+
+
+def _all_docs(sink: SearchSink, table: str = T) -> dict[str, Any]:
+    sink.refresh_indices(table)
+    hits = sink.client.search(
+        index=sink.index_for(table),
+        body={"query": {"match_all": {}}, "size": 1000, "version": True},
+    )["hits"]["hits"]
+    return {h["_id"]: (h["_version"], h["_source"]) for h in hits}
+
+
+def test_creates_updates_and_deletes(sink: SearchSink) -> None:
+    results = sink.apply(
+        [
+            Change(T, "1", 100, 0, {"id": 1, "status": "new", "note": None}),
+            Change(T, "2", 100, 1, {"id": 2, "status": "new", "note": "x"}),
+        ]
+    )
+    assert _outcomes(results) == ["applied", "applied"]
+    assert _doc(sink, "1") == {
+        "version": Change(T, "1", 100, 0, None).version,
+        "source": {"id": 1, "status": "new", "note": None},
+    }
+    assert _outcomes(sink.apply([Change(T, "1", 200, 0, {"id": 1, "status": "paid"})])) == [
+        "applied"
+    ]
+    assert _doc(sink, "1") == {"version": 200 << 16, "source": {"id": 1, "status": "paid"}}
+    assert _outcomes(sink.apply([Change(T, "2", 300, 0, None)])) == ["applied"]
+    assert _doc(sink, "2") is None
+    settings = sink.client.indices.get_settings(index=sink.index_for(T))
+    index = settings[sink.index_for(T)]["settings"]["index"]
+    assert (index["number_of_shards"], index["number_of_replicas"], index["gc_deletes"]) == (
+        "1",
+        "0",
+        "24h",
+    )
+
+
+def test_stale_write_is_skipped_and_changes_nothing(sink: SearchSink) -> None:
+    sink.apply([Change(T, "1", 0x2_0000_0000, 5, {"id": 1, "status": "newer"})])
+    before = _doc(sink, "1")
+    results = sink.apply([Change(T, "1", 0x2_0000_0000, 4, {"id": 1, "status": "older"})])
+    results += sink.apply([Change(T, "1", 0x1_FFFF_FFFF, 99, {"id": 1, "status": "oldest"})])
+    assert _outcomes(results) == ["skipped", "skipped"]
+    assert _doc(sink, "1") == before
+
+
+def test_replaying_a_batch_skips_everything(sink: SearchSink) -> None:
+    batch = [Change(T, str(i), 500, i, {"id": i, "n": i * 2}) for i in range(50)]
+    batch.append(Change(T, "7", 501, 0, None))
+    assert _outcomes(sink.apply(batch)).count("applied") == 50
+    before = _all_docs(sink)
+    assert len(before) == 49 and "7" not in before
+    again = sink.apply(batch)
+    assert set(_outcomes(again)) == {"skipped"}
+    assert _all_docs(sink) == before
+
+
+def test_same_key_twice_in_a_batch_the_higher_version_wins(sink: SearchSink) -> None:
+    results = sink.apply([Change(T, "1", 20, 0, {"v": "new"}), Change(T, "1", 10, 0, {"v": "old"})])
+    assert _outcomes(results) == ["applied", "skipped"]
+    doc = _doc(sink, "1")
+    assert doc is not None and doc["source"] == {"v": "new"}
+
+
+def test_delete_then_late_older_insert_stays_deleted(sink: SearchSink) -> None:
+    sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+    assert _outcomes(sink.apply([Change(T, "1", 30, 0, None)])) == ["applied"]
+    # The insert was committed before the delete but arrives after it: the tombstone's
+    # version (kept for index.gc_deletes) refuses it.
+    assert _outcomes(sink.apply([Change(T, "1", 20, 0, {"id": 1, "late": True})])) == ["skipped"]
+    assert _doc(sink, "1") is None
+    # A delete of a document never held still leaves a tombstone.
+    assert _outcomes(sink.apply([Change(T, "5", 50, 0, None)])) == ["applied"]
+    assert _outcomes(sink.apply([Change(T, "5", 40, 0, {"id": 5})])) == ["skipped"]
+    assert _doc(sink, "5") is None
+    # A newer insert (the key re-used) does come back.
+    assert _outcomes(sink.apply([Change(T, "1", 40, 0, {"id": 1, "again": True})])) == ["applied"]
+    assert _doc(sink, "1") == {"version": 40 << 16, "source": {"id": 1, "again": True}}
+
+
+def test_unchanged_toast_keeps_the_held_value(sink: SearchSink) -> None:
+    body = "word " * 20_000
+    sink.apply([Change(T, "1", 10, 0, {"id": 1, "body": body, "n": 1})])
+    update = Change(
+        T, "1", 11, 0, {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 2}, frozenset({"body"})
+    )
+    (result,) = sink.apply([update])
+    assert (result.outcome, result.reason) == ("applied", None)
+    assert _doc(sink, "1") == {"version": 11 << 16, "source": {"id": 1, "body": body, "n": 2}}
+    # A stale partial change is skipped before anything is written.
+    stale = Change(
+        T, "1", 10, 5, {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 0}, frozenset({"body"})
+    )
+    assert _outcomes(sink.apply([stale])) == ["skipped"]
+    assert _doc(sink, "1") == {"version": 11 << 16, "source": {"id": 1, "body": body, "n": 2}}
+    sink.refresh_indices(T)
+    found = sink.client.count(
+        index=sink.index_for(T), body={"query": {"term": {"body": UNAVAILABLE_VALUE_PLACEHOLDER}}}
+    )
+    assert found["count"] == 0
+
+
+def test_unchanged_toast_without_a_held_doc_leaves_the_column_out(sink: SearchSink) -> None:
+    update = Change(
+        T, "3", 11, 0, {"id": 3, "body": UNAVAILABLE_VALUE_PLACEHOLDER}, frozenset({"body"})
+    )
+    (result,) = sink.apply([update])
+    assert result.outcome == "applied"
+    assert result.reason and "body" in result.reason
+    assert _doc(sink, "3") == {"version": 11 << 16, "source": {"id": 3}}
+
+
+def test_a_refused_document_fails_alone(sink: SearchSink) -> None:
+    sink.apply([Change(T, "1", 10, 0, {"id": 1, "qty": 3})])  # qty is mapped as a number
+    results = sink.apply(
+        [
+            Change(T, "2", 20, 0, {"id": 2, "qty": 5}),
+            Change(T, "3", 20, 1, {"id": 3, "qty": "three"}),
+            Change(T, "4", 20, 2, {"id": 4, "qty": 7}),
+            Change(T, "x" * 600, 20, 3, {"id": 5}),
+            Change("public.bad name", "1", 20, 4, {"id": 6}),
+            Change(T, "6", 20, 5, {"id": object()}),
+        ]
+    )
+    assert _outcomes(results) == ["applied", "failed", "applied", "failed", "failed", "failed"]
+    reason = results[1].reason or ""
+    assert "mapper_parsing_exception" in reason and "qty" in reason
+    assert "512 bytes" in (results[3].reason or "")
+    assert "forbidden" in (results[4].reason or "")
+    assert not any(r.retryable for r in results)
+    assert _doc(sink, "3") is None
+    assert [_doc(sink, k)["source"]["qty"] for k in ("2", "4")] == [5, 7]  # type: ignore[index]
+
+
+def test_full_text_search_finds_an_indexed_doc(sink: SearchSink) -> None:
+    sink.apply(
+        [
+            Change(T, "1", 10, 0, {"id": 1, "title": "Quick brown fox jumps"}),
+            Change(T, "2", 10, 1, {"id": 2, "title": "Lazy dog sleeps"}),
+        ]
+    )
+
+    def hits() -> list[str]:
+        res = sink.client.search(
+            index=sink.index_for(T), body={"query": {"match": {"title": "FOX"}}}
+        )
+        return [h["_id"] for h in res["hits"]["hits"]]
+
+    # refresh=false: the write becomes searchable at the next periodic refresh.
+    assert wait_until(hits, timeout=30, what="the fox document to be searchable") == ["1"]
+
+
+def test_typed_mapping_from_the_connect_schema(endpoints: Endpoints, index_prefix: str) -> None:
+    fields = [
+        {"type": "int64", "optional": False, "field": "id"},
+        {"type": "string", "optional": True, "field": "title"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.time.ZonedTimestamp",
+            "field": "at",
+        },
+        {"type": "int64", "optional": True, "name": "io.debezium.time.Timestamp", "field": "at_ms"},
+        {"type": "string", "optional": True, "name": "io.debezium.data.Json", "field": "meta"},
+        {
+            "type": "string",
+            "optional": True,
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "field": "price",
+        },
+    ]
+    sink = SearchSink(endpoints.search_url, index_prefix, schemas={T: fields}, refresh=True)
+    try:
+        results = sink.apply(
+            [
+                Change(
+                    T,
+                    "1",
+                    10,
+                    0,
+                    {
+                        "id": 1,
+                        "title": "a",
+                        "at": "2024-05-01T10:20:30.123456Z",
+                        "at_ms": 1714558830123,
+                        "meta": '{"k": "v"}',
+                        "price": "12.50",
+                    },
+                ),
+                # PostgreSQL's 'infinity' timestamp is kept in _source, not indexed.
+                Change(
+                    T,
+                    "2",
+                    10,
+                    1,
+                    {
+                        "id": 2,
+                        "title": "b",
+                        "at": "infinity",
+                        "at_ms": 0,
+                        "meta": "[]",
+                        "price": "0.01",
+                    },
+                ),
+            ]
+        )
+        assert _outcomes(results) == ["applied", "applied"]
+        props = sink.client.indices.get_mapping(index=sink.index_for(T))[sink.index_for(T)][
+            "mappings"
+        ]["properties"]
+        assert props["at"]["type"] == "date" and props["price"]["type"] == "keyword"
+        res = sink.client.search(
+            index=sink.index_for(T),
+            body={"query": {"range": {"at": {"gte": "2024-05-01", "lt": "2024-05-02"}}}},
+        )
+        assert [h["_id"] for h in res["hits"]["hits"]] == ["1"]
+        res = sink.client.search(
+            index=sink.index_for(T), body={"query": {"term": {"price": "12.50"}}}
+        )
+        assert [h["_source"]["price"] for h in res["hits"]["hits"]] == ["12.50"]
+    finally:
+        sink.close()
+
+
+def test_watermark_only_increases(sink: SearchSink) -> None:
+    assert sink.read_watermark("job") is None
+    sink.record_watermark("job", 0x16_B374_D848)
+    sink.record_watermark("job", 0x16_B374_D847)
+    assert sink.read_watermark("job") == 0x16_B374_D848
+    sink.record_watermark("job", 0x17_0000_0000)
+    assert sink.read_watermark("job") == 0x17_0000_0000
+    assert sink.read_watermark("other") is None

@@ -7,6 +7,7 @@ import socket
 import struct
 import uuid
 from pathlib import Path
+from typing import ClassVar
 
 from stacklib import common
 from stacklib.ports import HOST, KAFKA_CONTROLLER_PORT
@@ -54,7 +55,7 @@ logger.cleaner.level = INFO
 
 class Kafka(Service):
     name = "kafka"
-    packages = {"openjdk-17-jre-headless": "java17", "maven": "mvn"}
+    packages: ClassVar[dict[str, str]] = {"openjdk-17-jre-headless": "java17", "maven": "mvn"}
     start_deadline_s = 120
 
     @property
@@ -186,6 +187,6 @@ def probe_kafka(host: str, port: int, timeout: float = 3) -> bool:
             # Metadata v4: topics=null (all), allow_auto_topic_creation=false.
             meta = _request(s, 3, 4, 2, struct.pack(">i?", -1, False))
             _throttle, brokers = struct.unpack(">ii", meta[:8])
-            return brokers >= 1
+            return bool(brokers >= 1)
     except (OSError, struct.error):
         return False

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import ClassVar
 
 from stacklib import common
 from stacklib.ports import HOST, OPENSEARCH_TRANSPORT_PORT
@@ -22,7 +23,7 @@ HEAP = "-Xms256m -Xmx512m"
 
 class OpenSearch(Service):
     name = "opensearch"
-    packages = {"openjdk-17-jre-headless": "java17"}
+    packages: ClassVar[dict[str, str]] = {"openjdk-17-jre-headless": "java17"}
     start_deadline_s = 180
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import ClassVar
 
 from stacklib import common
 from stacklib.ports import HOST
@@ -15,7 +16,7 @@ OS_USER = "postgres"  # initdb and postgres refuse to run as root
 
 class Postgres(Service):
     name = "postgres"
-    packages = {"postgresql-15": str(BIN / "postgres")}
+    packages: ClassVar[dict[str, str]] = {"postgresql-15": str(BIN / "postgres")}
     start_deadline_s = 60
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back sessions, checkpoint, exit
 
@@ -76,18 +77,23 @@ class Postgres(Service):
         return common.spawn([BIN / "postgres", "-D", self.data], log=self.log, user=OS_USER,
                             cwd=self.home)
 
-    def _psql(self, sql: str, *, local: bool, db: str = "postgres") -> str | None:
-        """Run one statement; return its unaligned output, or None if it failed."""
+    def _psql_run(self, sql: str, *, local: bool, db: str, check: bool) -> tuple[int, str]:
+        """Run one statement with psql: as postgres on the socket, or as cdc over TCP."""
         if local:
-            cmd = [BIN / "psql", "-h", self.sockdir, "-p", str(self.port), "-U", "postgres"]
-            env = {}
+            cmd = [str(BIN / "psql"), "-h", str(self.sockdir), "-p", str(self.port), "-U", "postgres"]
+            env: dict[str, str] = {}
         else:
-            cmd = [BIN / "psql", "-h", HOST, "-p", str(self.port), "-U", "cdc"]
+            cmd = [str(BIN / "psql"), "-h", HOST, "-p", str(self.port), "-U", "cdc"]
             env = {"PGPASSWORD": "cdc"}
         cmd += ["-d", db, "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql]
         env["PGCONNECT_TIMEOUT"] = "3"
-        proc = common.run(cmd, env=env, user=OS_USER if local else None, timeout=20, check=False)
-        return proc.stdout.strip() if proc.returncode == 0 else None
+        proc = common.run(cmd, env=env, user=OS_USER if local else None, timeout=20, check=check)
+        return proc.returncode, proc.stdout.strip()
+
+    def _psql(self, sql: str, *, local: bool, db: str = "postgres") -> str | None:
+        """Run one statement; return its unaligned output, or None if it failed."""
+        rc, out = self._psql_run(sql, local=local, db=db, check=False)
+        return out if rc == 0 else None
 
     def probe(self) -> bool:
         return self._psql("SELECT 1", local=False, db="cdc") == "1"
@@ -109,7 +115,6 @@ class Postgres(Service):
             self._must("CREATE DATABASE cdc OWNER cdc")
 
     def _must(self, sql: str) -> None:
-        if self._psql(sql, local=True) is None:
-            raise common.StackError(f"postgres: '{sql}' failed; see {self.log}")
+        self._psql_run(sql, local=True, db="postgres", check=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from typing import ClassVar
 
 from stacklib import common
 from stacklib.ports import HOST
@@ -12,7 +13,7 @@ from stacklib.service import Service
 
 class Redis(Service):
     name = "redis"
-    packages = {"redis-server": "redis-server"}
+    packages: ClassVar[dict[str, str]] = {"redis-server": "redis-server"}
     start_deadline_s = 20
 
     def owns(self, cmdline: str) -> bool:

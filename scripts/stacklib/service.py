@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import ClassVar
 
 from stacklib import common
 from stacklib.ports import HOST, PORTS
@@ -15,7 +16,7 @@ class Service(ABC):
 
     name: str
     # Apt packages this service needs, each with the path or command that proves it is there.
-    packages: dict[str, str] = {}
+    packages: ClassVar[dict[str, str]] = {}
     # How long ``up`` waits for a real answer after starting it.
     start_deadline_s: float = 60
     stop_signal: int = signal.SIGTERM
@@ -70,6 +71,7 @@ class Service(ABC):
 
     def after_ready(self) -> None:
         """Work that needs the server up (e.g. creating a role); idempotent."""
+        return None
 
     def start(self) -> bool:
         """Start the server unless ours is already running; return True if it was started."""

@@ -76,13 +76,17 @@ def _retryable_status(status: object) -> bool:
     return not isinstance(status, int) or status == 429 or status >= 500
 
 
+_RETRY: Final = "retry"
+
+
 @dataclass(slots=True)
 class _Op:
-    """One bulk action waiting to be sent, and the input indexes it answers for."""
+    """One bulk action waiting to be sent, and the input index it answers for."""
 
     slot: int  # index into the input batch
     action: bytes  # the bulk action line and, for index, the source line
     note: str | None = None  # reported with an applied outcome
+    last_error: str | None = None  # why the last attempt was refused, if it was
 
 
 class SearchSink:
@@ -324,8 +328,9 @@ class SearchSink:
             again: list[_Op] = []
             for op, item in zip(pending, response["items"], strict=True):
                 change = changes[op.slot]
-                outcome = _item_outcome(next(iter(item.values())))
-                if outcome is None:
+                outcome = item_outcome(next(iter(item.values())))
+                if outcome[0] == _RETRY:
+                    op.last_error = outcome[1]
                     again.append(op)
                 elif outcome[0] == APPLIED:
                     results[op.slot] = _result(change, APPLIED, op.note)
@@ -341,9 +346,8 @@ class SearchSink:
                 return
             if last:
                 for op in again:
-                    results[op.slot] = _result(
-                        changes[op.slot], FAILED, "still throttled or failing after retries", True
-                    )
+                    reason = f"refused after {self.max_attempts} attempts: {op.last_error}"
+                    results[op.slot] = _result(changes[op.slot], FAILED, reason, True)
                 return
             pending = again
             self._backoff(attempt)
@@ -424,8 +428,8 @@ def _action(kind: str, index: str, change: Change) -> bytes:
     return orjson.dumps(meta) + b"\n"
 
 
-def _item_outcome(item: Mapping[str, Any]) -> tuple[str, str | None] | None:
-    """``(outcome, reason)`` of one bulk item, or None if it is worth sending again."""
+def item_outcome(item: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(outcome, reason)`` of one bulk response item; outcome ``"retry"`` for 429/5xx."""
     status = int(item.get("status", 500))
     if 200 <= status < 300:
         return (APPLIED, None)
@@ -434,8 +438,6 @@ def _item_outcome(item: Mapping[str, Any]) -> tuple[str, str | None] | None:
         return (APPLIED, None)
     if status == 409:
         return (SKIPPED, "a newer version is held")
-    if _retryable_status(status):
-        return None
     error = item.get("error") or {}
     if isinstance(error, Mapping):
         reason = f"{error.get('type', 'error')}: {error.get('reason', '')}"
@@ -444,7 +446,7 @@ def _item_outcome(item: Mapping[str, Any]) -> tuple[str, str | None] | None:
             reason += f" ({cause.get('type', '')}: {cause.get('reason', '')})"
     else:
         reason = str(error)
-    return (FAILED, reason)
+    return (_RETRY if _retryable_status(status) else FAILED, reason)
 
 
 def _error_type(e: TransportError) -> str | None:

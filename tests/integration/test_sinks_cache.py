@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import redis
 
+from cdc.errors import RetryableSinkError
 from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
 from sinks.base import Change
 from sinks.cache import CacheSink, version_string
@@ -237,3 +238,15 @@ def test_script_is_reloaded_after_script_flush(sink: CacheSink, raw: redis.Redis
     raw.script_flush()
     assert _outcomes(sink.apply([Change(T, "1", 11, 0, {"id": 1, "n": 2})])) == ["applied"]
     assert sink.read_row(T, "1") == {"id": 1, "n": 2}
+
+
+def test_an_unreachable_redis_raises_retryable() -> None:
+    # Nothing listens on port 1: the client retries with backoff, then the sink says so.
+    sink = CacheSink("redis://127.0.0.1:1/0", "cdc", retries=2, backoff_s=0.01)
+    try:
+        with pytest.raises(RetryableSinkError):
+            sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        with pytest.raises(RetryableSinkError):
+            sink.read_watermark("job")
+    finally:
+        sink.close()

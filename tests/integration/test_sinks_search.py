@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from opensearchpy.exceptions import NotFoundError
 
+from cdc.errors import RetryableSinkError
 from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
 from sinks.base import Change
 from sinks.search import SearchSink
@@ -270,3 +271,71 @@ def test_watermark_only_increases(sink: SearchSink) -> None:
     sink.record_watermark("job", 0x17_0000_0000)
     assert sink.read_watermark("job") == 0x17_0000_0000
     assert sink.read_watermark("other") is None
+
+
+def _block_writes(sink: SearchSink, blocked: bool) -> None:
+    # OpenSearch answers writes to an index with this block with 429, as when its disk fills.
+    sink.client.indices.put_settings(
+        index=sink.index_for(T),
+        body={"index.blocks.read_only_allow_delete": True if blocked else None},
+    )
+
+
+def test_throttled_documents_are_retried_with_backoff(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    delays: list[float] = []
+    sink_ref: list[SearchSink] = []
+
+    def sleep(delay: float) -> None:
+        # The block is lifted during the first backoff: the retry must then succeed.
+        delays.append(delay)
+        if len(delays) == 1:
+            _block_writes(sink_ref[0], False)
+
+    sink = SearchSink(endpoints.search_url, index_prefix, sleep=sleep, backoff_s=0.01)
+    sink_ref.append(sink)
+    try:
+        sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        _block_writes(sink, True)
+        results = sink.apply(
+            [Change(T, "1", 20, 0, {"id": 1, "n": 2}), Change(T, "2", 20, 1, {"id": 2})]
+        )
+        assert _outcomes(results) == ["applied", "applied"]
+        assert len(delays) == 1
+        assert _doc(sink, "1") == {"version": 20 << 16, "source": {"id": 1, "n": 2}}
+    finally:
+        _block_writes(sink, False)
+        sink.close()
+
+
+def test_documents_still_throttled_after_every_retry_fail_retryable(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    delays: list[float] = []
+    sink = SearchSink(
+        endpoints.search_url, index_prefix, max_attempts=3, backoff_s=0.01, sleep=delays.append
+    )
+    try:
+        sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        _block_writes(sink, True)
+        (result,) = sink.apply([Change(T, "1", 20, 0, {"id": 1, "n": 2})])
+        assert (result.outcome, result.retryable) == ("failed", True)
+        assert result.reason and "cluster_block_exception" in result.reason
+        assert len(delays) == 2 and delays[1] > delays[0] / 2  # exponential, with jitter
+    finally:
+        _block_writes(sink, False)
+        sink.close()
+    assert _doc(sink, "1") == {"version": 10 << 16, "source": {"id": 1}}
+
+
+def test_an_unreachable_cluster_raises_retryable() -> None:
+    delays: list[float] = []
+    # Nothing listens on port 1: every attempt is refused at connect.
+    sink = SearchSink("http://127.0.0.1:1", "cdc", max_attempts=3, sleep=delays.append)
+    try:
+        with pytest.raises(RetryableSinkError):
+            sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        assert len(delays) == 2
+    finally:
+        sink.close()

@@ -117,13 +117,16 @@ class TablePlan:
     """Everything about one table's events that does not change from row to row."""
 
     __slots__ = (
+        "_fast_row",
         "avro",
         "binary",
         "codecs",
+        "convert_items",
         "converters",
         "envelope_name",
         "envelope_schema",
         "envelope_schema_json",
+        "identity_indexes",
         "key_indexes",
         "key_name",
         "key_names",
@@ -144,6 +147,11 @@ class TablePlan:
         self.names = tuple(c.name for c in table.columns)
         self.converters = tuple(c.convert for c in self.codecs)
         self.placeholders = tuple(c.placeholder for c in self.codecs)
+        self.convert_items = tuple(
+            (i, conv) for i, conv in enumerate(self.converters) if conv is not None
+        )
+        self.identity_indexes = tuple(i for i, conv in enumerate(self.converters) if conv is None)
+        self._fast_row = self._compile_row()
         self.binary = tuple(
             _binary_converter(c.type.oid, c.type_modifier, settings, codec)
             for c, codec in zip(table.columns, self.codecs, strict=True)
@@ -198,27 +206,75 @@ class TablePlan:
                 f"table {self.table.schema}.{self.table.table}: row has {len(values)} values "
                 f"for {len(self.names)} columns"
             )
-        out: list[Any] = []
-        append = out.append
         try:
-            for conv, ph, binary, v in zip(
-                self.converters, self.placeholders, self.binary, values, strict=False
-            ):
+            return self._fast_row(values)
+        except (SchemaError, ValueError, TypeError, ArithmeticError, IndexError):
+            pass  # redo slowly to say which column failed
+        vals = list(values)
+        i = -1
+        try:
+            for i, conv in self.convert_items:
+                v = vals[i]
                 if v.__class__ is str:
-                    append(v if conv is None else conv(v))
-                elif v is None:
-                    append(None)
-                elif v is UNCHANGED_TOAST:
-                    append(ph)
-                else:
-                    append(binary(v))
+                    vals[i] = conv(v)
+                elif v is not None:
+                    vals[i] = self._special(i, v)
+            for i in self.identity_indexes:
+                v = vals[i]
+                if v.__class__ is not str and v is not None:
+                    vals[i] = self._special(i, v)
         except SchemaError as e:
-            raise SchemaError(f"{self._where(len(out))}: {e}") from e
+            raise SchemaError(f"{self._where(i)}: {e}") from e
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
-            raise SchemaError(
-                f"{self._where(len(out))}: cannot convert {values[len(out)]!r}: {e}"
-            ) from e
-        return dict(zip(self.names, out, strict=True))
+            raise SchemaError(f"{self._where(i)}: cannot convert {values[i]!r}: {e}") from e
+        return dict(zip(self.names, vals, strict=True))
+
+    def _compile_row(self) -> Callable[[Sequence[RawValue]], dict[str, Any]]:
+        """A function made for this table: unpack the row, build the dict in one expression."""
+        n = len(self.names)
+        if n == 0:
+            return lambda values: {}
+        env: dict[str, Any] = {"S": self._special}
+        items = []
+        for i, (name, conv) in enumerate(zip(self.names, self.converters, strict=True)):
+            v = f"v{i}"
+            if conv is None:
+                expr = f"{v} if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
+            else:
+                env[f"c{i}"] = conv
+                expr = (
+                    f"c{i}({v}) if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
+                )
+            items.append(f"{name!r}: ({expr})")
+        unpack = ", ".join(f"v{i}" for i in range(n))
+        src = f"def row(values):\n    {unpack}, = values\n    return {{{', '.join(items)}}}\n"
+        exec(compile(src, f"<row {self.topic}>", "exec"), env)  # names are repr()-quoted
+        fn: Callable[[Sequence[RawValue]], dict[str, Any]] = env["row"]
+        return fn
+
+    def key(self, values: Sequence[RawValue]) -> dict[str, Any]:
+        """The key columns' Connect values (only those are converted)."""
+        out: dict[str, Any] = {}
+        for i in self.key_indexes:
+            v = values[i]
+            conv = self.converters[i]
+            try:
+                if v.__class__ is str:
+                    out[self.names[i]] = v if conv is None else conv(v)
+                elif v is None:
+                    raise SchemaError("a key column is null")
+                else:
+                    out[self.names[i]] = self._special(i, v)
+            except SchemaError as e:
+                raise SchemaError(f"{self._where(i)}: {e}") from e
+            except (ValueError, TypeError, ArithmeticError, IndexError) as e:
+                raise SchemaError(f"{self._where(i)}: cannot convert {v!r}: {e}") from e
+        return out
+
+    def _special(self, i: int, v: Any) -> Any:
+        if v is UNCHANGED_TOAST:
+            return self.placeholders[i]
+        return self.binary[i](v)
 
     def _where(self, i: int) -> str:
         c = self.table.columns[i]
@@ -289,15 +345,14 @@ class EventEncoder:
         plan = self.plan(table)
         if not plan.key_indexes:
             return None
-        full = plan.row(row)
-        return {plan.names[i]: full[plan.names[i]] for i in plan.key_indexes}
+        return plan.key(row)
 
     def encode_key(self, table: TableSchema, row: Sequence[RawValue]) -> bytes | None:
         """The record key; ``row`` is aligned with ``table.columns``."""
         plan = self.plan(table)
         if not plan.key_indexes:
             return None
-        payload = self.key_payload(table, row)
+        payload = plan.key(row)
         if self._avro:
             from schemas import avro
 

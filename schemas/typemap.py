@@ -14,6 +14,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -229,6 +230,11 @@ def _digits(text: str) -> tuple[int, str, int]:
 
 def scaled_integer(text: str, scale: int) -> int:
     """The unscaled integer of a decimal's text at ``scale``, rounding half up if needed."""
+    dot = text.find(".")
+    if scale > 0 and dot > 0 and len(text) - dot - 1 == scale and "e" not in text:
+        return int(text[:dot] + text[dot + 1 :])  # PostgreSQL renders exactly `scale` digits
+    if scale == 0 and dot < 0 and "e" not in text:
+        return int(text)
     sign, digits, exp = _digits(text)
     shift = exp + scale
     if shift >= 0:
@@ -305,11 +311,21 @@ def _date(text: str) -> int:
     return parse_date(text)
 
 
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def _timestamp_micros(text: str) -> int:
     if text == "infinity":
         return TIMESTAMP_POSITIVE_INFINITY_MICROS
     if text == "-infinity":
         return TIMESTAMP_NEGATIVE_INFINITY_MICROS
+    if len(text) < 27 and text[4] == "-":  # common case: the C parser
+        try:
+            return (datetime.fromisoformat(text) - _EPOCH) // _MICROSECOND
+        except ValueError:
+            pass
     return parse_timestamp(text)
 
 
@@ -319,6 +335,15 @@ def _timestamp_millis(text: str) -> int:
 
 def _timestamptz(width: int) -> Converter:
     def convert(text: str) -> str:
+        n = len(text)
+        if text.endswith("+00") and n >= 22 and text[4] == "-" and text[10] == " ":
+            # Already UTC (the session's TimeZone): only the layout changes.
+            frac = text[20:-3] if n > 22 else ""
+            if width > 0:
+                frac = "." + (frac + "000000")[:width]
+            elif frac:
+                frac = "." + frac
+            return f"{text[:10]}T{text[11:19]}{frac}Z"
         if text == "infinity" or text == "-infinity":
             return text
         return format_utc_timestamp(parse_timestamp(text), width)

@@ -250,3 +250,44 @@ def test_an_unreachable_redis_raises_retryable() -> None:
             sink.read_watermark("job")
     finally:
         sink.close()
+
+
+class _RacingSink(CacheSink):
+    """Lets another writer change the row right after the JSON merge has read it, once."""
+
+    def __init__(self, *args: Any, other: CacheSink, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.other = other
+        self.raced = False
+
+    def _execute(self, pipe: Any, raise_on_error: bool = True) -> list[Any]:
+        replies = super()._execute(pipe, raise_on_error)
+        is_merge_read = all(r is None or isinstance(r, bytes) for r in replies)
+        if is_merge_read and not self.raced:
+            self.raced = True
+            self.other.apply([Change(T, "1", 15, 0, {"id": 1, "body": "racer", "n": 15})])
+        return replies
+
+
+def test_json_merge_is_redone_when_another_write_lands_in_between(
+    endpoints: Endpoints, key_prefix: str
+) -> None:
+    other = CacheSink(endpoints.redis_url, key_prefix, value_mode="json")
+    sink = _RacingSink(endpoints.redis_url, key_prefix, value_mode="json", other=other)
+    try:
+        sink.apply([Change(T, "1", 10, 0, {"id": 1, "body": "first", "n": 10})])
+        partial = Change(
+            T,
+            "1",
+            20,
+            0,
+            {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 20},
+            frozenset({"body"}),
+        )
+        assert _outcomes(sink.apply([partial])) == ["applied"]
+        assert sink.raced
+        # The merge used the racer's body (version 15), not the one it first read (10).
+        assert sink.read_row(T, "1") == {"id": 1, "body": "racer", "n": 20}
+    finally:
+        sink.close()
+        other.close()

@@ -161,9 +161,12 @@ def test_a_refused_document_fails_alone(sink: SearchSink) -> None:
             Change(T, "x" * 600, 20, 3, {"id": 5}),
             Change("public.bad name", "1", 20, 4, {"id": 6}),
             Change(T, "6", 20, 5, {"id": object()}),
+            Change(T, "7", 2**47, 0, {"id": 7}),  # an LSN too large for a 64-bit version
         ]
     )
-    assert _outcomes(results) == ["applied", "failed", "applied", "failed", "failed", "failed"]
+    outcomes = _outcomes(results)
+    assert outcomes == ["applied", "failed", "applied", "failed", "failed", "failed", "failed"]
+    assert "too large" in (results[6].reason or "")
     reason = results[1].reason or ""
     assert "mapper_parsing_exception" in reason and "qty" in reason
     assert "512 bytes" in (results[3].reason or "")

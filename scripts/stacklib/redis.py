@@ -17,7 +17,8 @@ class Redis(Service):
     start_deadline_s = 20
 
     def owns(self, cmdline: str) -> bool:
-        return "redis-server" in cmdline and f":{self.port}" in cmdline
+        # Redis retitles itself from "... --port N ..." to "redis-server 127.0.0.1:N".
+        return "redis-server" in cmdline and str(self.port) in cmdline
 
     def prepare(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,114 @@
+"""scripts/stack against the real machine: status, idempotent up, recovery of a killed service.
+
+`down` is not tested here: it would stop the servers every other test is using.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = ROOT / "scripts" / "stack"
+
+
+def _stacklib(module: str) -> ModuleType:
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module(f"stacklib.{module}")
+
+
+def stack(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(STACK), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def status_lines() -> tuple[int, dict[str, str]]:
+    """Exit code of `status`, and each service's up/down word."""
+    proc = stack("status", timeout=60)
+    words = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines() if line.strip()}
+    return proc.returncode, words
+
+
+def cache_snapshot(cache: Path) -> dict[str, tuple[int, int]]:
+    """Every file under the cache with its size and mtime: any download would change it."""
+    return {
+        str(p.relative_to(cache)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in cache.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def running() -> None:
+    up = stack("up")
+    assert up.returncode == 0, f"scripts/stack up failed:\n{up.stdout}\n{up.stderr}"
+
+
+def test_status_reports_every_service_up(running: None) -> None:
+    code, words = status_lines()
+    services = _stacklib("ports").SERVICES
+    assert words == dict.fromkeys(services, "up")
+    assert code == 0
+
+
+def test_second_up_downloads_nothing_and_is_quick(running: None) -> None:
+    cache = _stacklib("common").paths().cache
+    before = cache_snapshot(cache)
+    assert before, f"{cache} should hold the downloads of the first up"
+    t0 = time.monotonic()
+    up = stack("up", timeout=120)
+    elapsed = time.monotonic() - t0
+    assert up.returncode == 0, up.stderr
+    assert "downloading" not in up.stderr and "apt-get" not in up.stderr
+    assert all("already running" in line for line in up.stdout.splitlines()), up.stdout
+    assert cache_snapshot(cache) == before
+    assert elapsed < 30, f"an up with everything running took {elapsed:.1f}s"
+
+
+def _gone(pid: int) -> bool:
+    return not _stacklib("common").pid_alive(pid)
+
+
+def test_killed_redis_is_reported_down_and_restarted_alone(running: None) -> None:
+    common = _stacklib("common")
+    pidfile = common.paths().pidfile("redis")
+    pid = common.read_pid(pidfile)
+    assert pid is not None and common.pid_alive(pid)
+    others = {
+        s: common.read_pid(common.paths().pidfile(s)) for s in ("postgres", "kafka", "opensearch")
+    }
+
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not _gone(pid):
+        assert time.monotonic() < deadline, f"redis pid {pid} survived SIGKILL"
+        time.sleep(0.05)
+
+    code, words = status_lines()
+    assert code == 1
+    assert words["redis"] == "down"
+    assert {s: words[s] for s in others} == dict.fromkeys(others, "up")
+
+    up = stack("up", "redis", timeout=120)
+    assert up.returncode == 0, up.stderr
+    assert "redis" in up.stdout and "started" in up.stdout
+    new_pid = common.read_pid(pidfile)
+    assert new_pid is not None and new_pid != pid
+
+    code, words = status_lines()
+    assert code == 0, words
+    # Only redis was restarted: every other service kept its process.
+    assert {s: common.read_pid(common.paths().pidfile(s)) for s in others} == others

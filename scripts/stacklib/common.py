@@ -115,6 +115,13 @@ def ensure_system_user(name: str) -> None:
         run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
 
 
+def check_reachable(user: str, path: Path) -> None:
+    """Fail clearly if ``user`` cannot enter ``path`` (e.g. a repo under a 0700 home folder)."""
+    if run(["test", "-x", path], user=user, check=False).returncode != 0:
+        raise StackError(f"user {user} cannot reach {path}; make its parent folders "
+                         "world-searchable (chmod o+x) or point STACK_DIR/CACHE_DIR elsewhere")
+
+
 def pid_alive(pid: int) -> bool:
     """True if ``pid`` is a live process (zombies count as dead)."""
     try:

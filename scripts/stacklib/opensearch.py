@@ -83,6 +83,8 @@ class OpenSearch(Service):
         self.paths.stack.chmod(0o755)
         self.home.chmod(0o755)
         common.chown(self.home, OS_USER, recursive=True)
+        for needed in (self.home, self.dist / "bin"):
+            common.check_reachable(OS_USER, needed)
 
     def launch(self) -> int:
         env = {

@@ -40,6 +40,7 @@ class Postgres(Service):
         self.sockdir.chmod(0o700)  # local "trust" below is then only for postgres (and root)
         common.chown(self.home, OS_USER)
         common.chown(self.sockdir, OS_USER)
+        common.check_reachable(OS_USER, self.home)
         if not (self.data / "PG_VERSION").exists():
             common.say(f"initdb {self.data}")
             common.run([BIN / "initdb", "-D", self.data, "-U", "postgres", "-E", "UTF8",

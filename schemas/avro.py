@@ -77,7 +77,8 @@ def _to_avro_required(schema: ConnectSchema, defined: set[str]) -> Any:
     if ctype in ("int8", "int16"):
         out["connect.type"] = ctype
     _connect_props(out, schema)
-    if name == DECIMAL_NAME:
+    # Avro's decimal has no negative scale (numeric(5,-2)): such values stay plain bytes.
+    if name == DECIMAL_NAME and int(schema.get("parameters", {}).get("scale", 0)) >= 0:
         params = schema.get("parameters", {})
         out["logicalType"] = "decimal"
         out["precision"] = int(params.get("connect.decimal.precision", DEFAULT_DECIMAL_PRECISION))

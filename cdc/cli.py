@@ -62,7 +62,13 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
 
 
 def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
-    return load_settings(config, overrides)
+    from pydantic_settings import SettingsError
+
+    try:
+        return load_settings(config, overrides)
+    except SettingsError as e:  # e.g. an environment variable that is not valid JSON
+        cause = f" ({e.__cause__})" if e.__cause__ else ""
+        raise ConfigError(f"{e}{cause}") from e
 
 
 @app.command()

@@ -16,7 +16,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -136,6 +144,55 @@ class Publisher:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise PublishError(f"cannot create topic {topic}: {e.args[0].str()}") from e
             self._known_topics.add(topic)
+
+    def live_keys(self, topic: str, timeout_s: float = 300.0) -> set[bytes]:
+        """Keys whose latest record in ``topic`` is not a tombstone (reads the whole topic)."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.bootstrap_servers,
+                "group.id": "cdc-live-keys",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.max.bytes": 16 * 1024 * 1024,
+                "logger": rdkafka_log,
+            }
+        )
+        try:
+            md = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if md is None or md.error is not None:
+                return set()
+            ends: dict[int, int] = {}
+            for p in md.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high > low:
+                    ends[p] = high
+            live: set[bytes] = set()
+            if not ends:
+                return live
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+            done: set[int] = set()
+            deadline = time.monotonic() + timeout_s
+            while len(done) < len(ends):
+                if time.monotonic() > deadline:
+                    raise PublishError(f"timed out reading the keys of {topic}")
+                for msg in consumer.consume(10_000, 0.5):
+                    part, offset, err = msg.partition(), msg.offset(), msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF and part is not None:
+                            done.add(part)
+                            continue
+                        raise PublishError(f"cannot read {topic}: {err.str()}")
+                    key = msg.key()
+                    if key is not None:
+                        if msg.value() is None:
+                            live.discard(key)
+                        else:
+                            live.add(key)
+                    if part is not None and offset is not None and offset + 1 >= ends[part]:
+                        done.add(part)
+            return live
+        finally:
+            consumer.close()
 
     # --- records ------------------------------------------------------------------------
 

@@ -280,6 +280,10 @@ class Snapshotter:
     def _copy_all(self, plans: list[TablePlan], snapshot_name: str, position: Lsn) -> int:
         topics = [self._encoder.topic(p.schema) for p in plans]
         self._publisher.ensure_topics(topics)
+        # Keys already live in the topics (an earlier, interrupted snapshot, or a re-snapshot
+        # after the slot was lost). Those the new snapshot does not contain were deleted in
+        # between: they get tombstones, or the topic would keep rows the table no longer has.
+        stale = [self._publisher.live_keys(t) for t in topics]
         txn = self._publisher.begin(position)
         headers_lsn = str(position.value).encode()
         progress = _Progress(plans, self._progress)
@@ -292,10 +296,13 @@ class Snapshotter:
             plan = plans[index]
             marker = snapshot_marker(counter == 0, last_overall, first_in, last_in)
             source = SourceInfo(ts_us, marker, None, position.value, None)
+            key = self._encoder.encode_key(plan.schema, row)
+            if stale[index] and key is not None:
+                stale[index].discard(key)
             self._publisher.send(
                 txn,
                 topics[index],
-                self._encoder.encode_key(plan.schema, row),
+                key,
                 self._encoder.encode_value(plan.schema, "r", None, row, source),
                 [("cdc.commit_lsn", headers_lsn), ("cdc.order", str(counter).encode())],
             )
@@ -318,6 +325,23 @@ class Snapshotter:
                 progress.update(plan)
             if held is not None:
                 emit(held[0], held[1], held[2], True, True)
+            for index, keys in enumerate(stale):
+                if keys:
+                    log.info(
+                        "%d keys in %s are gone since an earlier snapshot: tombstones",
+                        len(keys),
+                        topics[index],
+                        extra={"topic": topics[index]},
+                    )
+                for key in keys:
+                    self._publisher.send(
+                        txn,
+                        topics[index],
+                        key,
+                        None,
+                        [("cdc.commit_lsn", headers_lsn), ("cdc.order", str(counter).encode())],
+                    )
+                    counter += 1
         finally:
             progress.close()
         self._publisher.close_txn(txn, position)

@@ -94,7 +94,8 @@ class StateStore:
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
-        admin = AdminClient({"bootstrap.servers": self._bootstrap, "logger": rdkafka_log})
+        conf: dict[str, Any] = {"bootstrap.servers": self._bootstrap, "logger": rdkafka_log}
+        admin = AdminClient(conf)
         if self.topic in admin.list_topics(timeout=10).topics:
             return
         new = NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})

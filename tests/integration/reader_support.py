@@ -1,0 +1,226 @@
+"""Helpers for the reader's integration tests: run ``cdc`` as a subprocess, read topics back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from workload import Change, Workload  # noqa: E402
+
+__all__ = ["Change", "ReaderEnv", "Record", "Workload", "read_topic", "reduce_latest"]
+
+
+@dataclass(frozen=True)
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    commit_lsn: int
+    order: int
+
+    @property
+    def payload(self) -> dict[str, Any] | None:
+        if self.value is None:
+            return None
+        d: dict[str, Any] = orjson.loads(self.value)
+        return d.get("payload", d)
+
+    @property
+    def key_id(self) -> Any:
+        assert self.key is not None
+        d: dict[str, Any] = orjson.loads(self.key)
+        return d.get("payload", d)["id"]
+
+
+@dataclass
+class ReaderEnv:
+    """Environment for a ``cdc`` subprocess against one test's own resources."""
+
+    dsn: str
+    bootstrap: str
+    prefix: str
+    slot: str
+    extra: dict[str, str] | None = None
+
+    def env(self, **more: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+        env.update(
+            CDC_POSTGRES__DSN=self.dsn,
+            CDC_POSTGRES__SLOT_NAME=self.slot,
+            CDC_POSTGRES__PUBLICATION_NAME=self.slot,
+            CDC_KAFKA__BOOTSTRAP_SERVERS=self.bootstrap,
+            CDC_KAFKA__TOPIC_PREFIX=self.prefix,
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.extra or {})
+        env.update(more)
+        return env
+
+    def cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "cdc", *args]
+
+    def run(
+        self, *args: str, timeout: float = 300, **more: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.cmd(*args),
+            env=self.env(**more),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def catch_up(self, timeout: float = 300, **more: str) -> subprocess.CompletedProcess[str]:
+        """``cdc run --until current``; fails the test unless it exits 0."""
+        done = self.run("run", "--until", "current", timeout=timeout, **more)
+        assert done.returncode == 0, f"cdc run failed ({done.returncode}):\n{done.stderr[-3000:]}"
+        return done
+
+    def start(self, *args: str, **more: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.cmd("run", *args),
+            env=self.env(**more),
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 120) -> list[Record]:
+    """Every record of ``topic`` from offset 0 up to its end offsets at call time."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "reader-tests",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        ends = {}
+        for p in md.partitions:
+            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high > low:
+                ends[p] = high
+        out: list[Record] = []
+        if not ends:
+            return out
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        done: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(done) < len(ends):
+            assert time.monotonic() < deadline, f"timed out reading {topic}"
+            for m in c.consume(10_000, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition())
+                        continue
+                    raise AssertionError(str(err))
+                h = dict(m.headers() or [])
+                out.append(
+                    Record(
+                        m.partition(),
+                        m.offset(),
+                        m.key(),
+                        m.value(),
+                        int(h["cdc.commit_lsn"]),
+                        int(h["cdc.order"]),
+                    )
+                )
+                if m.offset() + 1 >= ends[m.partition()]:
+                    done.add(m.partition())
+        out.sort(key=lambda r: (r.partition, r.offset))
+        return out
+    finally:
+        c.close()
+
+
+def reduce_latest(records: list[Record]) -> dict[Any, dict[str, Any] | None]:
+    """Latest state per key id: the ``after`` image, or None after a delete/tombstone."""
+    state: dict[Any, dict[str, Any] | None] = {}
+    for r in records:
+        if r.key is None:
+            continue
+        p = r.payload
+        state[r.key_id] = None if p is None or p["op"] == "d" else p["after"]
+    return state
+
+
+def table_rows(dsn: str, table: str = "items") -> dict[int, dict[str, Any]]:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(dsn, row_factory=dict_row) as conn:
+        return {r["id"]: dict(r) for r in conn.execute(f"SELECT * FROM {table}")}
+
+
+def assert_topic_equals_table(records: list[Record], dsn: str, table: str = "items") -> None:
+    """Reduce the topic to the latest event per key; it must equal the table, value by value."""
+    state = {k: v for k, v in reduce_latest(records).items() if v is not None}
+    rows = table_rows(dsn, table)
+    missing = rows.keys() - state.keys()
+    extra = state.keys() - rows.keys()
+    assert not missing, f"{len(missing)} rows never reached Kafka, e.g. {sorted(missing)[:5]}"
+    assert not extra, (
+        f"{len(extra)} keys live in Kafka but not in the table, e.g. {sorted(extra)[:5]}"
+    )
+    diff = [k for k, row in rows.items() if state[k] != row]
+    assert not diff, f"{len(diff)} rows differ, e.g. {diff[0]}: {state[diff[0]]} != {rows[diff[0]]}"
+
+
+def assert_key_order(records: list[Record]) -> None:
+    """Per key, events appear in (commit LSN, order) order."""
+    last: dict[tuple[int, bytes], tuple[int, int]] = {}
+    for r in records:
+        if r.key is None:
+            continue
+        k = (r.partition, r.key)
+        v = (r.commit_lsn, r.order)
+        assert k not in last or last[k] <= v, f"key {r.key!r} went back from {last[k]} to {v}"
+        last[k] = v
+
+
+def assert_no_change_missing(records: list[Record], log: list[Change]) -> None:
+    """Every committed change after a writer's first streamed one reached Kafka.
+
+    A writer commits serially, so once one of its changes is in the stream (after the
+    consistent point) all later ones are too; earlier ones may have been folded into the
+    snapshot, which the table comparison checks.
+    """
+    streamed: set[str] = set()
+    for r in records:
+        p = r.payload
+        if p is not None and p["op"] in ("c", "u") and p["source"]["snapshot"] == "false":
+            streamed.add(p["after"]["marker"])
+    by_writer: dict[int, list[Change]] = {}
+    for c in log:
+        if c.marker is not None:
+            by_writer.setdefault(c.writer, []).append(c)
+    checked = 0
+    for changes in by_writer.values():
+        changes.sort(key=lambda c: c.seq)
+        first = next((i for i, c in enumerate(changes) if c.marker in streamed), None)
+        if first is None:
+            continue
+        lost = [c for c in changes[first:] if c.marker not in streamed]
+        assert not lost, f"{len(lost)} committed changes missing from Kafka, e.g. {lost[0]}"
+        checked += len(changes) - first
+    assert checked > 0, "no streamed change to check"

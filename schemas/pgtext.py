@@ -18,7 +18,7 @@ def days_from_civil(year: int, month: int, day: int) -> int:
     """Days since 1970-01-01 of a proleptic Gregorian date (astronomical year numbering)."""
     # Howard Hinnant's algorithm: exact for any year, including far negative ones.
     y = year - (month <= 2)
-    era = (y if y >= 0 else y - 399) // 400
+    era = y // 400  # floor division, so no C-style adjustment
     yoe = y - era * 400
     mp = (month + 9) % 12
     doy = (153 * mp + 2) // 5 + day - 1
@@ -29,7 +29,7 @@ def days_from_civil(year: int, month: int, day: int) -> int:
 def civil_from_days(days: int) -> tuple[int, int, int]:
     """Inverse of :func:`days_from_civil`."""
     z = days + 719468
-    era = (z if z >= 0 else z - 146096) // 146097
+    era = z // 146097
     doe = z - era * 146097
     yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
     y = yoe + era * 400

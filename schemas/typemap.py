@@ -124,9 +124,9 @@ def _float(text: str) -> float:
 
 
 def _bool(text: str) -> bool:
-    if text == "t":
+    if text == "t" or text == "true":  # output function, or a ::text cast
         return True
-    if text == "f":
+    if text == "f" or text == "false":
         return False
     raise SchemaError(f"not a boolean: {text!r}")
 

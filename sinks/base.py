@@ -29,10 +29,11 @@ FAILED: Final = "failed"
 
 # Debezium writes the placeholder as text, as one-element arrays for array columns, and as
 # the placeholder's bytes (base64 in JSON) for bytea columns.
-_PLACEHOLDER_FORMS: Final[tuple[object, ...]] = (
-    UNAVAILABLE_VALUE_PLACEHOLDER,
-    [UNAVAILABLE_VALUE_PLACEHOLDER],
-    base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode(),
+_PLACEHOLDER_TEXTS: Final = frozenset(
+    {
+        UNAVAILABLE_VALUE_PLACEHOLDER,
+        base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode(),
+    }
 )
 
 
@@ -158,7 +159,11 @@ def _jsonable(value: Any) -> Any:
 
 def is_placeholder(value: Any) -> bool:
     """True if ``value`` is Debezium's unchanged-TOAST placeholder in any of its forms."""
-    return any(value == form for form in _PLACEHOLDER_FORMS)
+    if isinstance(value, str):
+        return value in _PLACEHOLDER_TEXTS
+    if isinstance(value, list) and len(value) == 1:
+        return bool(value[0] == UNAVAILABLE_VALUE_PLACEHOLDER)
+    return False
 
 
 def split_unchanged(change: Change) -> tuple[dict[str, Any], frozenset[str]]:

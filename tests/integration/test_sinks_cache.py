@@ -291,3 +291,22 @@ def test_json_merge_is_redone_when_another_write_lands_in_between(
     finally:
         sink.close()
         other.close()
+
+
+def test_awkward_names_and_values_round_trip(sink: CacheSink) -> None:
+    doc = {
+        'quote"d': 'say "hi"\n',
+        "ünïcødé ✓": "日本語 \u0000 nul",
+        "": "empty column name",
+        "nested": {"a": [1, 2.5, None, True]},
+        "max_i64": 2**63 - 1,
+    }
+    assert _outcomes(sink.apply([Change(T, "k:with:colons", 10, 0, doc)])) == ["applied"]
+    assert sink.read_row(T, "k:with:colons") == doc
+
+
+def test_the_widest_postgresql_row(sink: CacheSink) -> None:
+    # PostgreSQL allows 1600 columns; the script unpacks them all into one HSET.
+    doc = {f"c{i}": i for i in range(1600)}
+    assert _outcomes(sink.apply([Change(T, "wide", 10, 0, doc)])) == ["applied"]
+    assert sink.read_row(T, "wide") == doc

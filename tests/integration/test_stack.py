@@ -43,10 +43,21 @@ def status_lines() -> tuple[int, dict[str, str]]:
 
 
 def cache_snapshot(cache: Path) -> dict[str, tuple[int, int]]:
-    """Every file under the cache with its size and mtime: any download would change it."""
+    """Every file the stack keeps in the cache, with size and mtime: a download changes it.
+
+    Only the stack's own folders: other tools share .cache/ and may write there meanwhile.
+    """
+    owned = [
+        "downloads",
+        "m2",
+        "spark-jars",
+        f"kafka-{_stacklib('kafka').KAFKA_VERSION}",
+        f"opensearch-{_stacklib('opensearch').VERSION}",
+    ]
     return {
         str(p.relative_to(cache)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in cache.rglob("*")
+        for name in owned
+        for p in (cache / name).rglob("*")
         if p.is_file()
     }
 

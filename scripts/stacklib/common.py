@@ -165,22 +165,21 @@ def wait_until(what: str, probe: Callable[[], bool], deadline_s: float,
         delay = min(delay * 1.5, 1.0)
 
 
-def terminate(pid: int, *, sig: int = signal.SIGTERM, grace_s: float = 60) -> None:
-    """Send ``sig`` to ``pid``, wait for it to exit, and SIGKILL it after ``grace_s``."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return
-    end = time.monotonic() + grace_s
-    while pid_alive(pid):
-        if time.monotonic() > end:
-            say(f"pid {pid} ignored signal {sig} for {grace_s:.0f}s; killing it")
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            end = time.monotonic() + 10
-        time.sleep(0.1)
+def terminate(pid: int, *, sig: int = signal.SIGTERM, grace_s: float = 60,
+              escalate: int = signal.SIGKILL) -> None:
+    """Send ``sig``, wait up to ``grace_s`` for exit, then ``escalate``, then SIGKILL."""
+    for signum, wait_s in ((sig, grace_s), (escalate, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + wait_s
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        if not pid_alive(pid):
+            return
+        say(f"pid {pid} still running {wait_s:.0f}s after signal {signum}; escalating")
+    raise StackError(f"pid {pid} survived SIGKILL")
 
 
 def download(url: str, dest: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import ClassVar
@@ -74,7 +75,39 @@ class Postgres(Service):
         path.write_text(text)
         common.chown(path, OS_USER)
 
+    def server_processes(self) -> list[int]:
+        """Every process of our cluster, orphans included: they all run inside the data dir."""
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if Path(os.readlink(proc / "cwd")) == self.data:
+                        found.append(int(proc.name))
+                except OSError:
+                    continue
+        return [pid for pid in found if common.pid_alive(pid)]
+
+    def _kill_leftovers(self) -> None:
+        """Children that outlived a killed postmaster hold its shared memory; end them."""
+        leftovers = self.server_processes()
+        if leftovers:
+            common.say(f"postgres: ending leftover server processes {leftovers}")
+            for pid in leftovers:
+                common.terminate(pid, sig=signal.SIGQUIT, grace_s=5)
+
+    def stop(self) -> bool:
+        pid = self.pid()
+        if pid is not None:
+            common.say(f"stopping postgres (pid {pid})")
+            # Fast shutdown can wait forever on a walsender whose client stopped reading;
+            # then immediate shutdown (SIGQUIT), as pg_ctl -m immediate does.
+            common.terminate(pid, sig=signal.SIGINT, grace_s=15, escalate=signal.SIGQUIT)
+        self._kill_leftovers()
+        self.pidfile.unlink(missing_ok=True)
+        return pid is not None
+
     def launch(self) -> int:
+        self._kill_leftovers()
         return common.spawn([BIN / "postgres", "-D", self.data], log=self.log, user=OS_USER,
                             cwd=self.home)
 

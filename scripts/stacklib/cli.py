@@ -11,20 +11,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from stacklib import common, prereqs
-from stacklib.ports import SERVICES, env_vars
+from stacklib.ports import HOST, KAFKA_CONTROLLER_PORT, PORTS, SERVICES, env_vars
 from stacklib.service import Service
 
-HELP = """\
-Run the project's servers natively on 127.0.0.1 (no Docker):
+HELP = f"""\
+Run the project's servers natively on {HOST} (no Docker):
 
-  postgres    PostgreSQL 15 (Debian postgresql-15), wal_level=logical   port 55432
-  redis       Redis (Debian redis-server), no persistence               port 56379
-  kafka       Kafka 4.x KRaft (Maven Central jars), one broker+controller port 19092 (controller 19093)
-  opensearch  OpenSearch 2.19 integ-test zip (Maven Central) on JDK 17  port 19200
+  postgres    PostgreSQL 15 (Debian postgresql-15), wal_level=logical  port {PORTS["postgres"]}
+  redis       Redis (Debian redis-server), no persistence              port {PORTS["redis"]}
+  kafka       Kafka 4.x KRaft (Maven Central jars), broker+controller  port {PORTS["kafka"]} (controller {KAFKA_CONTROLLER_PORT})
+  opensearch  OpenSearch 2.19 integ-test zip (Maven Central), JDK 17   port {PORTS["opensearch"]}
 
 State lives in .stack/ (STACK_DIR), downloads in .cache/ (CACHE_DIR); both are gitignored,
 so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles:
 .stack/run/<service>.pid. Missing Debian packages are installed with apt-get (needs root).
+`jars` prints the Spark Kafka connector jars (comma-separated) for spark.jars / --jars.
 """
 
 
@@ -55,8 +56,8 @@ def _lock() -> Iterator[None]:
 def cmd_up(names: list[str]) -> int:
     t0 = time.monotonic()
     services = _services(names)
-    prereqs.ensure([prereqs.BASE, *(s.packages for s in services)])
-    with _lock():
+    with _lock():  # also keeps two first-time callers from running apt-get at once
+        prereqs.ensure([prereqs.BASE, *(s.packages for s in services)])
         common.paths().logs.mkdir(parents=True, exist_ok=True)
         started = [s for s in services if s.start()]
         for s in services:

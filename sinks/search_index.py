@@ -52,36 +52,33 @@ _ISO_DATE: Final[dict[str, Any]] = {
     "ignore_malformed": True,
 }
 
-# Debezium and Connect semantic types (the field's "name"), as Debezium writes them with
-# time.precision.mode=adaptive and any decimal.handling.mode.
+# Debezium and Connect semantic types (the field's "name"). The sync jobs hand the sinks
+# natural values (spark_jobs/convert.py), not Debezium's compact encodings: dates and
+# timestamps as ISO-8601 text, times of day as "HH:MM:SS.ffffff", decimals as exact text.
+_NUMBER_FROM_TEXT: Final[dict[str, Any]] = {"type": "double", "ignore_malformed": True}
 _SEMANTIC_TYPES: Final[dict[str, dict[str, Any]]] = {
-    # Days since the epoch: OpenSearch has no epoch-day format, so keep the number.
-    "io.debezium.time.Date": {"type": "integer"},
-    "org.apache.kafka.connect.data.Date": {"type": "integer"},
-    # Milliseconds since the epoch: a real date.
-    "io.debezium.time.Timestamp": {"type": "date", "format": "epoch_millis"},
-    "org.apache.kafka.connect.data.Timestamp": {"type": "date", "format": "epoch_millis"},
-    # Micro/nanoseconds since the epoch or since midnight: exact numbers, no epoch_micros
-    # format exists and date_nanos cannot hold dates before 1970.
-    "io.debezium.time.MicroTimestamp": {"type": "long"},
-    "io.debezium.time.NanoTimestamp": {"type": "long"},
-    "io.debezium.time.Time": {"type": "integer"},
-    "org.apache.kafka.connect.data.Time": {"type": "integer"},
-    "io.debezium.time.MicroTime": {"type": "long"},
-    "io.debezium.time.NanoTime": {"type": "long"},
-    "io.debezium.time.MicroDuration": {"type": "long"},
+    "io.debezium.time.Date": _ISO_DATE,
+    "org.apache.kafka.connect.data.Date": _ISO_DATE,
+    "io.debezium.time.Timestamp": _ISO_DATE,
+    "org.apache.kafka.connect.data.Timestamp": _ISO_DATE,
+    "io.debezium.time.MicroTimestamp": _ISO_DATE,
+    "io.debezium.time.NanoTimestamp": _ISO_DATE,
     "io.debezium.time.ZonedTimestamp": _ISO_DATE,
     "io.debezium.time.IsoTimestamp": _ISO_DATE,
+    "io.debezium.time.Time": {"type": "keyword"},
+    "org.apache.kafka.connect.data.Time": {"type": "keyword"},
+    "io.debezium.time.MicroTime": {"type": "keyword"},
+    "io.debezium.time.NanoTime": {"type": "keyword"},
+    "io.debezium.time.MicroDuration": {"type": "long"},
     # Times of day with a zone, intervals as ISO durations: exact terms.
     "io.debezium.time.ZonedTime": {"type": "keyword"},
     "io.debezium.time.IsoTime": {"type": "keyword"},
     "io.debezium.time.IsoDate": {"type": "keyword"},
     "io.debezium.time.Interval": {"type": "keyword"},
-    # A decimal is kept as its exact text (decimal.handling.mode=string); a scaled_float
-    # would round. With mode=double the field is float64 and maps to double above; the
-    # precise mode's base64 bytes are not searchable, so callers send strings.
-    "org.apache.kafka.connect.data.Decimal": {"type": "keyword"},
-    "io.debezium.data.VariableScaleDecimal": {"type": "object", "enabled": False},
+    # Decimals arrive as exact text: _source keeps it exact, the index holds a double for
+    # range queries and sorting ("NaN" and other non-numbers stay out of the index).
+    "org.apache.kafka.connect.data.Decimal": _NUMBER_FROM_TEXT,
+    "io.debezium.data.VariableScaleDecimal": _NUMBER_FROM_TEXT,
     # JSON documents arrive as text: full-text searchable, no mapping explosion from their
     # keys, and any shape is accepted.
     "io.debezium.data.Json": {"type": "text"},

@@ -124,23 +124,45 @@ class BatchStats:
     max_commit_lsn: int = 0
 
 
-def to_changes(rows: Iterable[Any], converters: dict[str | None, Any]) -> Iterator[Any]:
+class ChangeBuilder:
     """Reduced rows → sink Changes, decoding Debezium values with the events' own schema."""
-    from sinks.base import Change, key_id
-    from spark_jobs.convert import RowConverter, after_schema
 
-    for r in rows:
-        key = key_id(orjson.loads(r["key_json"]))
-        if r["is_delete"]:
-            yield Change(r["table"], key, r["commit_lsn"], r["tx_order"], None)
-            continue
-        schema_json = r["value_schema_json"]
-        conv = converters.get(schema_json)
+    def __init__(self, on_new_schema: Callable[[str, Any], None] | None = None) -> None:
+        self._converters: dict[str | None, Any] = {}
+        self._on_new_schema = on_new_schema
+
+    def _converter(self, table: str, schema_json: str | None) -> Any:
+        from spark_jobs.convert import RowConverter, after_schema
+
+        conv = self._converters.get(schema_json)
         if conv is None:
             schema = orjson.loads(schema_json) if schema_json else None
-            conv = converters[schema_json] = RowConverter(after_schema(schema))
-        doc, unchanged = conv(orjson.loads(r["after_json"]))
-        yield Change(r["table"], key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+            conv = self._converters[schema_json] = RowConverter(after_schema(schema))
+            if schema is not None and self._on_new_schema is not None:
+                self._on_new_schema(table, schema)
+        return conv
+
+    def __call__(self, r: Any) -> Any:
+        from sinks.base import Change, key_id, reduce_batch
+
+        key = key_id(orjson.loads(r["key_json"]))
+        table = r["table"]
+        if r["is_delete"]:
+            return Change(table, key, r["commit_lsn"], r["tx_order"], None)
+        conv = self._converter(table, r["value_schema_json"])
+        if not r["history"]:
+            doc, unchanged = conv(orjson.loads(r["after_json"]))
+            return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+        # The newest event left TOASTed columns out: fold the batch's older events in, so a
+        # value written earlier in the same batch is not lost.
+        changes = []
+        for h in sorted(r["history"], key=lambda h: (h["commit_lsn"], h["tx_order"], h["offset"])):
+            if h["is_delete"] or h["after_json"] is None:
+                changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
+            else:
+                doc, unchanged = conv(orjson.loads(h["after_json"]))
+                changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged))
+        return reduce_batch(changes).winners[0]
 
 
 def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]]) -> int:
@@ -176,10 +198,14 @@ def apply_partition(
 ) -> Iterator[BatchStats]:
     """Apply one partition of reduced changes; yields its stats. Retryable failures raise."""
     from cdc.errors import RetryableSinkError
+    from sinks.search_index import row_fields
 
     stats = BatchStats()
     sink = make_sink(settings)
-    converters: dict[str | None, Any] = {}
+    register = getattr(sink, "register_schema", None)
+    build = ChangeBuilder(
+        None if register is None else lambda table, schema: register(table, row_fields(schema))
+    )
     try:
         chunk: list[Any] = []
         refused: list[dict[str, Any]] = []
@@ -206,8 +232,8 @@ def apply_partition(
                 stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
             chunk.clear()
 
-        for change in to_changes(rows, converters):
-            chunk.append(change)
+        for row in rows:
+            chunk.append(build(row))
             if len(chunk) >= 2000:
                 flush()
         if chunk:

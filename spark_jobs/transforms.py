@@ -18,6 +18,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from spark_jobs.convert import PLACEHOLDER, PLACEHOLDER_B64
+
 # The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
 # decode them per table, and Spark does not have to know every table's columns.
 _ENVELOPE = StructType([StructField("schema", StringType()), StructField("payload", StringType())])
@@ -101,13 +103,17 @@ def parse_events(df: DataFrame, topic_prefix: str) -> DataFrame:
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
-    """Keep the newest event per (topic, key) by (commit LSN, order, offset)."""
+    """Keep the newest event per (topic, key) by (commit LSN, order, offset).
+
+    When the newest event leaves a TOASTed column unchanged (Debezium's placeholder), the
+    older events of the batch for that key ride along in ``history``: one of them may hold
+    the value, which a follower that never saw the row would otherwise miss.
+    """
     good = events.where(F.col("parse_error").isNull() & F.col("key_json").isNotNull())
+    order = ["commit_lsn", "tx_order", "offset"]
     newest = F.max(
         F.struct(
-            "commit_lsn",
-            "tx_order",
-            "offset",
+            *order,
             "is_delete",
             "op",
             "after_json",
@@ -116,10 +122,19 @@ def latest_per_key(events: DataFrame) -> DataFrame:
             "partition",
         )
     ).alias("e")
+    history = F.collect_list(F.struct(*order, "is_delete", "after_json")).alias("history")
+    after = F.col("e.after_json")
+    has_placeholder = after.contains(PLACEHOLDER) | after.contains(PLACEHOLDER_B64)
     return (
         good.groupBy("topic", "table", "key_json")
-        .agg(newest)
-        .select("topic", "table", "key_json", "e.*")
+        .agg(newest, history)
+        .select(
+            "topic",
+            "table",
+            "key_json",
+            "e.*",
+            F.when(has_placeholder & (F.size("history") > 1), F.col("history")).alias("history"),
+        )
     )
 
 

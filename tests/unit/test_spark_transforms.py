@@ -91,3 +91,31 @@ def test_topic_pattern_matches_table_topics_only() -> None:
     assert not pat.fullmatch("shop.dlq")
     assert not pat.fullmatch("shopx.public.items")
     assert not pat.fullmatch("shop.__cdc_state")
+
+
+def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: Any) -> None:
+    from spark_jobs.common import ChangeBuilder
+    from spark_jobs.convert import PLACEHOLDER
+    from spark_jobs.transforms import latest_per_key, parse_events
+
+    big = "x" * 9000
+    df = _frame(
+        spark,
+        [
+            (_key(5), _event("c", {"id": 5, "body": big, "n": 1}, 100), _headers(200, 0)),
+            (_key(5), _event("u", {"id": 5, "body": PLACEHOLDER, "n": 2}, 110), _headers(300, 0)),
+            (_key(6), _event("u", {"id": 6, "body": PLACEHOLDER, "n": 3}, 120), _headers(300, 1)),
+        ],
+    )
+    rows = {
+        orjson.loads(r["key_json"])["id"]: r
+        for r in latest_per_key(parse_events(df, PREFIX)).collect()
+    }
+    build = ChangeBuilder()
+    five = build(rows[5])
+    assert five.doc == {"id": 5, "body": big, "n": 2}
+    assert five.unchanged == frozenset()
+    assert (five.commit_lsn, five.order) == (300, 0)
+    # Nothing older in the batch: the follower must keep what it holds.
+    six = build(rows[6])
+    assert six.doc == {"id": 6, "n": 3} and six.unchanged == frozenset({"body"})

@@ -128,14 +128,16 @@ def test_mapping_types_every_column() -> None:
     assert p["title"]["type"] == "text"
     assert p["title"]["fields"]["keyword"]["type"] == "keyword"
     assert p["blob"] == {"type": "binary"}
-    assert p["born"] == {"type": "integer"}
-    assert p["seen"] == {"type": "long"}
-    assert p["at_ms"] == {"type": "date", "format": "epoch_millis"}
-    assert p["at"]["type"] == "date" and p["at"]["ignore_malformed"] is True
-    assert p["t"] == {"type": "long"}
+    # Dates, timestamps and times arrive as ISO text from spark_jobs/convert.py.
+    iso = {"type": "date", "format": "strict_date_optional_time", "ignore_malformed": True}
+    assert p["born"] == iso
+    assert p["seen"] == iso
+    assert p["at_ms"] == iso
+    assert p["at"] == iso
+    assert p["t"] == {"type": "keyword"}
     assert p["meta"] == {"type": "text"}
     assert p["uid"] == {"type": "keyword"}
-    assert p["price"] == {"type": "keyword"}
+    assert p["price"] == {"type": "double", "ignore_malformed": True}  # exact text in _source
     assert p["tags"]["type"] == "text"  # arrays map as their items
     assert p["where"]["type"] == "object"
     assert p["where"]["properties"]["x"] == {"type": "double"}

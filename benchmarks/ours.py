@@ -1,0 +1,89 @@
+"""Our reader (``python -m cdc run``), launched the way a user would, on this run's resources."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+from benchmarks.env import ROOT, BenchEnv
+from benchmarks.proc import Measured
+
+log = logging.getLogger(__name__)
+
+
+class OursReader:
+    """One reader identity for this run: its own slot, publication and topic prefix."""
+
+    name = "ours"
+
+    def __init__(self, env: BenchEnv, tables: list[str], *, role: str = "ours") -> None:
+        self.env = env
+        self.tables = tables
+        self.role = role
+        self.slot = env.register_slot(env.name(role))
+        self.publication = env.name(role) + "_pub"
+        self.prefix = env.register_prefix(env.name(role))
+        self.workdir = env.run_dir / role
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def topic(self, table: str) -> str:
+        """Our topic for ``schema.table``."""
+        return f"{self.prefix}.{table}"
+
+    def available(self) -> str | None:
+        """None when ``cdc run`` is there; otherwise the reason."""
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc", "run", "--help"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0 or "--until" not in done.stdout:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            return f"`python -m cdc run` is not usable yet ({tail[0]})"
+        return None
+
+    def prepare(self) -> None:
+        """Create our topics up front with the bench topic settings (LogAppendTime)."""
+        self.env.create_topics([self.topic(t) for t in self.tables])
+
+    def environ(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["CDC_POSTGRES__DSN"] = self.env.dsn
+        env["CDC_KAFKA__BOOTSTRAP_SERVERS"] = self.env.bootstrap
+        return env
+
+    def launch(
+        self, *, until_current: bool, snapshot_mode: str = "no_data", drop_slot: bool = False
+    ) -> Measured:
+        """Start ``cdc run`` (``--until current`` exits once caught up)."""
+        cmd = [
+            sys.executable, "-m", "cdc", "run",
+            "--slot", self.slot, "--publication", self.publication,
+            "--topic-prefix", self.prefix, "--tables", ",".join(self.tables),
+            "--snapshot-mode", snapshot_mode,
+        ]  # fmt: skip
+        if until_current:
+            cmd += ["--until", "current"]
+        if drop_slot:
+            cmd.append("--drop-slot-on-exit")
+        return Measured(
+            cmd, env=self.environ(), cwd=ROOT, log_path=self.workdir / "reader.log"
+        )
+
+    def finish(self, m: Measured, timeout_s: float = 600.0) -> None:
+        """Wait for ``--until current`` to end, or stop a streaming reader; raise on failure."""
+        st = m.wait(timeout_s) if "--until" in m.cmd else m.stop(60)
+        ok = (0,) if "--until" in m.cmd else (0, -15, 143)
+        if st.returncode not in ok:
+            raise RuntimeError(f"cdc run exited {st.returncode}: {self.log_tail(3)}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        p = self.workdir / "reader.log"
+        if not p.exists():
+            return ""
+        return "\n".join(p.read_text(errors="replace").splitlines()[-lines:])

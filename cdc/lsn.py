@@ -25,10 +25,12 @@ class Lsn:
     value: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, int) or isinstance(self.value, bool):
-            raise TypeError(f"Lsn value must be an int, not {type(self.value).__name__}")
-        if not 0 <= self.value < _MAX:
-            raise ValueError(f"Lsn value {self.value} is outside 0 .. 2**64-1")
+        # Built for every replicated frame: keep the check to one cheap test.
+        v = self.value
+        if type(v) is not int or not 0 <= v < _MAX:
+            if type(v) is not int:
+                raise TypeError(f"Lsn value must be an int, not {type(v).__name__}")
+            raise ValueError(f"Lsn value {v} is outside 0 .. 2**64-1")
 
     @classmethod
     def parse(cls, text: str) -> Lsn:

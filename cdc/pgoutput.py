@@ -40,11 +40,6 @@ _BEGIN_PREPARE = struct.Struct("!QQqI")  # prepare lsn, end lsn, prepare ts, xid
 _PREPARE = struct.Struct("!BQQqI")  # flags, prepare/commit lsn, end lsn, ts, xid
 _ROLLBACK_PREPARED = struct.Struct("!BQQqqI")  # flags, prepare end, rollback end, 2 ts, xid
 
-# Tuple column kinds.
-_NULL: Final = 0x6E  # 'n'
-_TOAST: Final = 0x75  # 'u'
-_TEXT: Final = 0x74  # 't'
-_BINARY: Final = 0x62  # 'b'
 
 _REPLICA_IDENTITIES: Final = frozenset("dnfi")
 
@@ -301,38 +296,38 @@ def _tuple(data: bytes, pos: int) -> tuple[tuple[RawValue, ...], int]:
     size = len(data)
     if pos + 2 > size:
         raise _Malformed("tuple data truncated before its column count", pos)
-    (ncols,) = _I16.unpack_from(data, pos)
+    ncols = (data[pos] << 8) | data[pos + 1]
     pos += 2
-    values: list[RawValue] = []
-    append = values.append
+    # Hot loop: preallocated list, literal kind bytes, one bound unpack.
+    values: list[RawValue] = [None] * ncols
     unpack_len = _I32.unpack_from
     col = 0
     try:
         for col in range(ncols):  # col is also read by the error path
             kind = data[pos]
-            pos += 1
-            if kind == _TEXT:
-                (n,) = unpack_len(data, pos)
-                pos += 4
+            if kind == 0x74:  # 't' text
+                (n,) = unpack_len(data, pos + 1)
+                pos += 5
                 end = pos + n
                 if end > size:
                     raise _Malformed(f"column {col} text value of {n} bytes is truncated", pos)
-                append(data[pos:end].decode())
+                values[col] = data[pos:end].decode()
                 pos = end
-            elif kind == _NULL:
-                append(None)
-            elif kind == _TOAST:
-                append(UNCHANGED_TOAST)
-            elif kind == _BINARY:
-                (n,) = unpack_len(data, pos)
-                pos += 4
+            elif kind == 0x6E:  # 'n' null
+                pos += 1
+            elif kind == 0x75:  # 'u' unchanged TOAST
+                values[col] = UNCHANGED_TOAST
+                pos += 1
+            elif kind == 0x62:  # 'b' binary
+                (n,) = unpack_len(data, pos + 1)
+                pos += 5
                 end = pos + n
                 if end > size:
                     raise _Malformed(f"column {col} binary value of {n} bytes is truncated", pos)
-                append(data[pos:end])
+                values[col] = data[pos:end]
                 pos = end
             else:
-                raise _Malformed(f"column {col} has unknown kind {kind:#04x}", pos - 1)
+                raise _Malformed(f"column {col} has unknown kind {kind:#04x}", pos)
     except (IndexError, struct.error) as e:
         raise _Malformed(f"tuple data truncated in column {col} of {ncols}", pos) from e
     except UnicodeDecodeError as e:
@@ -613,8 +608,9 @@ class Decoder:
     def decode(self, data: bytes | bytearray | memoryview) -> PgOutputMessage:
         """Decode one message; Stream Start/Stop switch the xid-carrying stream state."""
         message = decode(data, self.proto_version, self.in_stream)
-        if isinstance(message, StreamStart):
+        kind = type(message)
+        if kind is StreamStart:
             self.in_stream = True
-        elif isinstance(message, StreamStop):
+        elif kind is StreamStop:
             self.in_stream = False
         return message

@@ -258,8 +258,11 @@ class ReplicationConnection:
         """
         if not self._streaming or self._selector is None:
             raise SlotError("read() before start(): the connection is not streaming")
-        deadline = time.monotonic() + timeout_s
+        # The deadline is only computed once we have to wait: frames already buffered are
+        # returned with one clock read each.
         pgconn = self._pgconn
+        selector = self._selector
+        deadline: float | None = None
         while True:
             now = time.monotonic()
             if now - self._last_status >= self.status_interval_s:
@@ -277,11 +280,13 @@ class ReplicationConnection:
                 raise self._stream_ended()
             # Nothing buffered: wait for the socket, but not past the deadline or the next
             # status update.
+            if deadline is None:
+                deadline = now + timeout_s
             remaining = deadline - now
             if remaining <= 0:
                 return None
             wait = min(remaining, max(0.0, self._last_status + self.status_interval_s - now))
-            if self._selector.select(wait):
+            if selector.select(wait):
                 try:
                     pgconn.consume_input()
                 except psycopg.Error as e:

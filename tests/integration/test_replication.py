@@ -6,6 +6,7 @@ also drops the slots left in it).
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -150,6 +151,41 @@ def test_keepalive_replies_keep_an_idle_session_alive(db: tuple[str, psycopg.Con
         conn.execute("INSERT INTO items VALUES (10, 'still here')")
         got = read_until(repl, po.Decoder(1), lambda m: isinstance(m, po.Insert))
         assert isinstance(got[-1], po.Insert) and got[-1].new == ("10", "still here")
+
+
+def test_waiting_for_frames_does_not_starve_other_threads(
+    db: tuple[str, psycopg.Connection],
+) -> None:
+    """read() waits on the socket without holding the GIL (the blocking libpq read did)."""
+    dsn, _ = db
+    slot = _slot()
+    ticks = 0
+    stop = threading.Event()
+
+    def spin() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    with ReplicationConnection(dsn, status_interval_s=3600) as repl:
+        created = repl.create_slot(slot, export_snapshot=False)
+        repl.start(slot, "pub", created.consistent_point)
+        worker = threading.Thread(target=spin)
+        worker.start()
+        try:
+            started = time.monotonic()
+            while time.monotonic() - started < 2.0:
+                frame = repl.read(0.5)
+                # Nothing is written to this database: at most keepalives arrive.
+                assert frame is None or isinstance(frame, Keepalive)
+            waited = time.monotonic() - started
+        finally:
+            stop.set()
+            worker.join()
+    assert waited >= 2.0
+    # A starved thread would tick a handful of times; a free one hundreds (1 ms sleeps).
+    assert ticks > 200, f"the other thread ran only {ticks} times in {waited:.1f}s"
 
 
 def test_silent_client_is_dropped_control(db: tuple[str, psycopg.Connection]) -> None:

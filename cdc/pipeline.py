@@ -28,15 +28,7 @@ from cdc.errors import ConnectionFailed, SlotError
 from cdc.lsn import Lsn
 from cdc.metrics import ReaderMetrics
 from cdc.publisher import Publisher, TxnTracker
-
-try:
-    from cdc.replication import Keepalive, ReplicationConnection, XLogData
-except ImportError:  # cdc/replication.py not there yet: use the reader's stand-in
-    from cdc.replication_fallback import (
-        Keepalive,
-        ReplicationConnection,
-        XLogData,
-    )
+from cdc.replication import Keepalive, ReplicationConnection, XLogData
 from cdc.slots import (
     Action,
     check_wal_level,

@@ -258,3 +258,16 @@ def test_garbage_decodes_or_raises_decode_error(data: bytes, version: int, in_st
     # Passing means no exception other than DecodeError escaped.
     with contextlib.suppress(DecodeError):
         po.decode(data, version, in_stream)
+
+
+def test_stream_abort_with_parallel_streaming_fields() -> None:
+    # PostgreSQL 16+ adds the abort LSN and time under streaming=parallel (protocol 4); our
+    # capture server (15) cannot produce it, so these bytes follow the documented layout.
+    data = b"A" + struct.pack("!IIQq", 700, 701, 0x16_B374D848, 5_000_000)
+    message = po.decode(data, 4)
+    assert message == po.StreamAbort(
+        700, 701, Lsn.parse("16/B374D848"), 5_000_000 + 946_684_800_000_000
+    )
+    assert po.decode(data[:9], 2) == po.StreamAbort(700, 701)
+    with pytest.raises(DecodeError):
+        po.decode(data[:17], 4)

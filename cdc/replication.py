@@ -43,6 +43,8 @@ _NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 _UNDEFINED_OBJECT: Final = "42704"
 _DUPLICATE_OBJECT: Final = "42710"
 _OBJECT_IN_USE: Final = "55006"
+_INVALID_PARAMETER_VALUE: Final = "22023"
+_FEATURE_NOT_SUPPORTED: Final = "0A000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,11 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _redact(text: str) -> str:
+    """Drop quoted fragments, which may hold parts of a DSN (and so a password)."""
+    return re.sub(r"\"[^\"]*\"", '"…"', text)
+
+
 def _check_name(kind: str, name: str) -> None:
     if not _NAME.match(name):
         raise ConfigError(
@@ -107,6 +114,9 @@ def classify(e: psycopg.Error, action: str) -> CdcError:
     if "wal_level" in lowered:
         return ConfigError(f"{action}: {msg} (set wal_level = logical and restart PostgreSQL)")
     if "max_wal_senders" in lowered or "max_replication_slots" in lowered:
+        return ConfigError(f"{action}: {msg}")
+    if sqlstate in (_INVALID_PARAMETER_VALUE, _FEATURE_NOT_SUPPORTED):
+        # An option START_REPLICATION or the plugin refused (e.g. proto_version too high).
         return ConfigError(f"{action}: {msg}")
     if sqlstate == _OBJECT_IN_USE or "is active for pid" in lowered:
         return SlotError(f"{action}: {msg} (another reader is using this slot; stop it first)")
@@ -157,6 +167,9 @@ class ReplicationConnection:
                 application_name=application_name,
                 connect_timeout=connect_timeout_s,
             )
+        except psycopg.ProgrammingError as e:
+            # libpq could not parse the DSN; its message may quote parts of it, so redact.
+            raise ConfigError(f"invalid PostgreSQL DSN: {_redact(_first_line(e))}") from e
         except psycopg.Error as e:
             raise classify(e, f"cannot open a replication connection to {self._where}") from e
         self._pgconn = self._conn.pgconn

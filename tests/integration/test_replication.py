@@ -294,6 +294,23 @@ def test_unreachable_server_is_retryable() -> None:
     assert "127.0.0.1:1/cdc" in str(err.value) and "cdc:cdc" not in str(err.value)
 
 
+def test_malformed_dsn_is_a_config_error_without_the_password() -> None:
+    with pytest.raises(ConfigError, match="invalid PostgreSQL DSN") as err:
+        ReplicationConnection("host=127.0.0.1 password=s3cret nonsense_option=1")
+    assert "s3cret" not in str(err.value)
+
+
+def test_unsupported_protocol_version_is_a_config_error(
+    db: tuple[str, psycopg.Connection],
+) -> None:
+    dsn, _ = db
+    slot = _slot()
+    with ReplicationConnection(dsn) as repl:
+        created = repl.create_slot(slot, export_snapshot=False)
+        with pytest.raises(ConfigError, match="proto"):
+            repl.start(slot, "pub", created.consistent_point, proto_version=99)
+
+
 def test_missing_database_fails_fast(db: tuple[str, psycopg.Connection]) -> None:
     dsn, _ = db
     base, _, _ = dsn.rpartition("/")

@@ -80,7 +80,9 @@ class OursReader:
         st = m.wait(timeout_s) if "--until" in m.cmd else m.stop(60)
         ok = (0,) if "--until" in m.cmd else (0, -15, 143)
         if st.returncode not in ok:
-            raise RuntimeError(f"cdc run exited {st.returncode}: {self.log_tail(3)}")
+            errors = [x for x in self.log_tail(200).splitlines() if x.startswith("error:")]
+            why = errors[-1] if errors else self.log_tail(1)
+            raise RuntimeError(f"cdc run exited {st.returncode}: {why}")
 
     def log_tail(self, lines: int = 15) -> str:
         p = self.workdir / "reader.log"

@@ -66,7 +66,7 @@ def main() -> None:
                 "val text, payload text)"
             )
             conn.execute(
-                "INSERT INTO items SELECT g, 'm' || g, g % 1000, md5(g::text), "
+                "INSERT INTO items SELECT g, 'm' || g, g %% 1000, md5(g::text), "
                 "repeat('x', 150) FROM generate_series(1, %s) g",
                 (a.rows,),
             )
@@ -85,7 +85,7 @@ def main() -> None:
             start = a.rows + 1
             for lo in range(start, start + a.stream_rows, a.txn_rows):
                 conn.execute(
-                    "INSERT INTO items SELECT g, 'm' || g, g % 1000, md5(g::text), "
+                    "INSERT INTO items SELECT g, 'm' || g, g %% 1000, md5(g::text), "
                     "repeat('x', 150) FROM generate_series(%s, %s) g",
                     (lo, min(lo + a.txn_rows, start + a.stream_rows) - 1),
                 )

@@ -13,10 +13,10 @@ import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdc.errors import ConfigError
 
@@ -59,7 +59,7 @@ class PostgresSettings(BaseModel):
     slot_name: str = "cdc_slot"
     publication_name: str = "cdc_pub"
     # Include list of "schema.table"; empty means every table.
-    tables: tuple[str, ...] = ()
+    tables: Annotated[tuple[str, ...], NoDecode] = ()
     snapshot_mode: SnapshotMode = SnapshotMode.INITIAL
     snapshot_workers: int = Field(default=2, ge=1, le=64)
     snapshot_chunk_rows: int = Field(default=50_000, ge=100)

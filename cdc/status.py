@@ -104,6 +104,10 @@ def gather_status(settings: Settings) -> dict[str, Any]:
         },
         "topics": topics,
     }
+    if "followers" not in _HOOKS:
+        from sinks.status import status_hook
+
+        register_status_hook("followers", status_hook)
     for name, hook in _HOOKS.items():
         out[name] = hook(settings)
     return out

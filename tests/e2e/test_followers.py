@@ -1,0 +1,427 @@
+"""The followers converge to the database: real PostgreSQL, reader, Kafka, Spark, OpenSearch, Redis.
+
+One module-scoped pipeline carries a workload of more than 50k changes over three tables,
+with primary-key updates and 9 kB out-of-line TOASTed text that later updates leave untouched.
+The tests then check convergence, a kill -9 of the jobs mid-batch plus a replay from offset 0,
+a rebuild from the compacted topics, and read-your-writes through the followers' watermarks.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from tests.conftest import Endpoints, unique, wait_until
+from tests.e2e.pipeline import (
+    Pipeline,
+    cache_state,
+    diff,
+    kill_group,
+    leader_state,
+    run_jobs_available_now,
+    run_reader_until_current,
+    search_state,
+    start_job,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
+
+TABLES = ("public.customers", "public.products", "public.orders")
+JOBS = ("cache_sync", "search_sync")
+
+SCHEMA = """
+CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text,
+                        balance numeric(12,2), updated_at timestamptz DEFAULT now());
+CREATE TABLE products (id int PRIMARY KEY, sku text NOT NULL, title text NOT NULL,
+                       description text, price numeric(10,2), in_stock boolean);
+-- EXTERNAL: stored out of line without compression, so updates that leave it alone send
+-- pgoutput's "unchanged TOAST" marker instead of the value.
+ALTER TABLE products ALTER COLUMN description SET STORAGE EXTERNAL;
+CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int, total numeric(12,2),
+                     status text, note text);
+"""
+
+
+def _text(rnd: random.Random, n: int) -> str:
+    return "".join(rnd.choices(string.ascii_letters + " ", k=n))
+
+
+def run_workload(dsn: str, seed: int, changes_wanted: int) -> int:
+    """Inserts, updates, deletes and primary-key updates over three tables; returns the count."""
+    rnd = random.Random(seed)
+    done = 0
+    with psycopg.connect(dsn) as conn:
+        # Carry on from what is there: earlier workloads may have run on the same tables.
+        live = {t: {r[0] for r in conn.execute(f"SELECT id FROM {t}")} for t in TABLES}
+        next_id = {t: max(live[t], default=0) + 1_000_000 for t in TABLES}
+        conn.commit()
+        while done < changes_wanted:
+            with conn.transaction(), conn.cursor() as cur:
+                for _ in range(100):
+                    table = rnd.choice(TABLES)
+                    ids = live[table]
+                    op = rnd.choices(("i", "u", "d", "k"), weights=(5, 4, 1, 1))[0] if ids else "i"
+                    if op == "i":
+                        i = next_id[table]
+                        next_id[table] += 1
+                        if table == "public.customers":
+                            cur.execute(
+                                "INSERT INTO customers (id, name, email, balance) "
+                                "VALUES (%s, %s, %s, %s)",
+                                (
+                                    i,
+                                    _text(rnd, 12),
+                                    f"c{i}@example.com",
+                                    rnd.randint(0, 10**6) / 100,
+                                ),
+                            )
+                        elif table == "public.products":
+                            cur.execute(
+                                "INSERT INTO products VALUES (%s, %s, %s, %s, %s, %s)",
+                                (
+                                    i,
+                                    f"SKU-{i}",
+                                    _text(rnd, 20),
+                                    _text(rnd, 9000) if i % 3 == 0 else _text(rnd, 50),
+                                    rnd.randint(100, 99999) / 100,
+                                    rnd.random() < 0.8,
+                                ),
+                            )
+                        else:
+                            cur.execute(
+                                "INSERT INTO orders VALUES (%s, %s, %s, %s, %s)",
+                                (
+                                    i,
+                                    rnd.randint(1, 1000),
+                                    rnd.randint(100, 10**6) / 100,
+                                    "new",
+                                    _text(rnd, 30),
+                                ),
+                            )
+                        ids.add(i)
+                    else:
+                        i = rnd.choice(tuple(ids))
+                        if op == "u":
+                            if table == "public.customers":
+                                cur.execute(
+                                    "UPDATE customers SET balance = balance + 1, updated_at = now() "
+                                    "WHERE id = %s",
+                                    (i,),
+                                )
+                            elif table == "public.products":
+                                if rnd.random() < 0.2:  # a new large description
+                                    cur.execute(
+                                        "UPDATE products SET description = %s WHERE id = %s",
+                                        (_text(rnd, 9000), i),
+                                    )
+                                else:  # leaves the TOASTed description untouched
+                                    cur.execute(
+                                        "UPDATE products SET price = price + 0.01, "
+                                        "in_stock = NOT in_stock WHERE id = %s",
+                                        (i,),
+                                    )
+                            else:
+                                cur.execute(
+                                    "UPDATE orders SET status = %s WHERE id = %s",
+                                    (rnd.choice(("paid", "shipped", "done")), i),
+                                )
+                        elif op == "d":
+                            cur.execute(f"DELETE FROM {table} WHERE id = %s", (i,))
+                            ids.discard(i)
+                        else:  # the primary key itself changes
+                            new = next_id[table]
+                            next_id[table] += 1
+                            cur.execute(f"UPDATE {table} SET id = %s WHERE id = %s", (new, i))
+                            ids.discard(i)
+                            ids.add(new)
+                    done += 1
+    return done
+
+
+@pytest.fixture(scope="module")
+def pipeline(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    name = unique("e2e")
+    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = endpoints.postgres_dsn_for(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    p = Pipeline(
+        endpoints=endpoints,
+        dsn=dsn,
+        name=name,
+        index_prefix=name.lower(),
+        key_prefix=name,
+        checkpoint_dir=tmp_path_factory.mktemp("ckpt"),
+    )
+    try:
+        yield p
+    finally:
+        _cleanup(p)
+
+
+def _cleanup(p: Pipeline) -> None:
+    from opensearchpy import OpenSearch
+
+    ep = p.endpoints
+    with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            (p.name,),
+        )
+        wait_until(
+            lambda: (
+                not conn.execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE database = %s AND active", (p.name,)
+                ).fetchone()
+            ),
+            timeout=30,
+            what="slots to be released",
+        )
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE database = %s",
+            (p.name,),
+        )
+        conn.execute(f'DROP DATABASE IF EXISTS "{p.name}" WITH (FORCE)')
+    admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(p.name)]
+    if topics:
+        for fut in admin.delete_topics(topics, operation_timeout=30).values():
+            fut.result()
+    client = OpenSearch(ep.search_url)
+    client.indices.delete(
+        index=f"{p.index_prefix}*", ignore_unavailable=True, expand_wildcards="all"
+    )
+    client.close()
+    r = redis.Redis.from_url(ep.redis_url)
+    for k in r.scan_iter(match=f"{p.key_prefix}*", count=5000):
+        r.delete(k)
+    r.close()
+
+
+def assert_followers_equal_leader(p: Pipeline) -> None:
+    for table in TABLES:
+        leader = leader_state(p.dsn, table)
+        assert leader, f"{table} is empty: the workload did nothing"
+        problems = diff(leader, cache_state(p, table))
+        assert not problems, f"Redis differs from {table}:\n{problems}"
+        problems = diff(leader, search_state(p, table))
+        assert not problems, f"OpenSearch differs from {table}:\n{problems}"
+
+
+@pytest.fixture(scope="module")
+def converged(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
+    """Snapshot some rows, stream a 50k-change workload, run both jobs to the end."""
+    run_workload(pipeline.dsn, seed=1, changes_wanted=5_000)  # present before the snapshot
+    run_reader_until_current(pipeline)
+    n = run_workload(pipeline.dsn, seed=2, changes_wanted=50_000)
+    assert n >= 50_000
+    run_reader_until_current(pipeline)
+    run_jobs_available_now(pipeline, JOBS, tmp_path_factory.mktemp("logs"))
+    return pipeline
+
+
+def test_followers_converge_to_the_database(converged: Pipeline) -> None:
+    # The workload really produced unchanged-TOAST events (else this test proves little).
+    assert_followers_equal_leader(converged)
+    big = leader_state(converged.dsn, "public.products")
+    assert any(len(r["description"] or "") >= 8000 for r in big.values())
+
+
+def _watermark(p: Pipeline, job: str) -> int | None:
+    r = redis.Redis.from_url(p.endpoints.redis_url)
+    try:
+        raw = r.get(f"{p.key_prefix}:__watermark__:{job}")
+    finally:
+        r.close()
+    return int(raw) if raw else None
+
+
+def test_kill_mid_batch_then_restart_and_replay_from_zero(
+    converged: Pipeline, tmp_path: Path
+) -> None:
+    # More changes, so the killed jobs have something to be in the middle of.
+    run_workload(converged.dsn, seed=3, changes_wanted=10_000)
+    run_reader_until_current(converged)
+
+    fresh = converged.with_follower("k")
+    procs = {
+        job: start_job(
+            fresh,
+            job,
+            "--max-offsets-per-trigger",
+            "3000",
+            "--trigger-interval",
+            "100 milliseconds",
+            log=tmp_path / f"{job}.log",
+        )
+        for job in JOBS
+    }
+    # Wait until the cache job has applied at least one batch, then kill both mid-stream.
+    wait_until(
+        lambda: _watermark(fresh, "cache_sync"),
+        timeout=600,
+        interval=0.5,
+        what="a first applied batch",
+    )
+    for proc in procs.values():
+        kill_group(proc)
+    partial = cache_state(fresh, "public.orders")
+    # Restart from the checkpoints: the killed batch is replayed; versions make it harmless.
+    run_jobs_available_now(fresh, JOBS, tmp_path)
+    assert partial is not None
+    assert_followers_equal_leader(fresh)
+
+    # Replay everything from offset 0 into the same followers with new checkpoints.
+    replay = Pipeline(
+        fresh.endpoints,
+        fresh.dsn,
+        fresh.name,
+        fresh.index_prefix,
+        fresh.key_prefix,
+        tmp_path / "replay-ckpt",
+    )
+    run_jobs_available_now(replay, JOBS, tmp_path)
+    assert_followers_equal_leader(fresh)
+
+
+def _force_compaction(p: Pipeline) -> None:
+    """Make the cleaner compact our topics soon: tiny segments, any dirt is enough."""
+    admin = AdminClient({"bootstrap.servers": p.endpoints.kafka_bootstrap})
+    topics = [f"{p.name}.{t}" for t in TABLES]
+    for t in topics:
+        res = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            t,
+            set_config={
+                "cleanup.policy": "compact",
+                "segment.ms": "100",
+                "min.cleanable.dirty.ratio": "0.01",
+                "delete.retention.ms": "100",
+                "min.compaction.lag.ms": "0",
+            },
+        )
+        for fut in admin.alter_configs([res]).values():
+            fut.result(timeout=30)
+
+
+def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    _force_compaction(converged)
+    # New writes (more than segment.ms later) roll the active segment, which the cleaner
+    # never touches, so the older segments become cleanable.
+    run_workload(converged.dsn, seed=4, changes_wanted=300)
+    run_reader_until_current(converged)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": converged.endpoints.kafka_bootstrap,
+            "group.id": unique("c"),
+            "enable.auto.commit": False,
+        }
+    )
+
+    def compacted() -> bool:
+        t = f"{converged.name}.public.orders"
+        lo, hi = consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)
+        # Count what is left by reading it: compaction removes records below the end.
+        consumer.assign([TopicPartition(t, 0, lo)])
+        seen = 0
+        while True:
+            msgs = consumer.consume(5000, timeout=2)
+            if not msgs:
+                break
+            seen += len(msgs)
+        live = len(leader_state(converged.dsn, "public.orders"))
+        return seen < (hi - lo) or seen <= live * 1.5
+
+    wait_until(compacted, timeout=300, interval=2, what="the cleaner to compact the orders topic")
+    consumer.close()
+
+    fresh = converged.with_follower("r")
+    run_jobs_available_now(fresh, JOBS, tmp_path)
+    assert_followers_equal_leader(fresh)
+
+
+def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from opensearchpy import OpenSearch
+
+    fresh = converged.with_follower("w")
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "cdc", "run"],
+        env=fresh.env(),
+        stdout=(tmp_path / "reader.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    jobs = [
+        start_job(fresh, job, "--trigger-interval", "200 milliseconds", log=tmp_path / f"{job}.log")
+        for job in JOBS
+    ]
+    try:
+        marker = unique("ryw")
+        with psycopg.connect(converged.dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO customers (id, name, email, balance) VALUES (%s, %s, %s, 1)",
+                (10_000_000, marker, f"{marker}@example.com"),
+            )
+            # After COMMIT, the server's WAL position is past our commit record: once a
+            # follower's watermark reaches it, our row must be there.
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        hi, lo = (int(x, 16) for x in row[0].split("/"))
+        my_lsn = hi << 32 | lo
+
+        def passed(job: str) -> bool:
+            w = _watermark_any(fresh, job)
+            return w is not None and w >= my_lsn
+
+        wait_until(
+            lambda: passed("cache_sync") and passed("search_sync"),
+            timeout=600,
+            interval=0.2,
+            what="both watermarks to pass the commit LSN",
+        )
+        r = redis.Redis.from_url(fresh.endpoints.redis_url)
+        assert (
+            r.hget(f"{fresh.key_prefix}:public.customers:10000000", "name")
+            == f'"{marker}"'.encode()
+        )
+        r.close()
+        client = OpenSearch(fresh.endpoints.search_url)
+        client.indices.refresh(index=f"{fresh.index_prefix}-public.customers")
+        hits = client.search(
+            index=f"{fresh.index_prefix}-public.customers",
+            body={"query": {"match": {"name": marker}}},
+        )["hits"]["hits"]
+        client.close()
+        assert [h["_id"] for h in hits] == ["10000000"]
+    finally:
+        for j in jobs:
+            kill_group(j)
+        reader.terminate()
+        reader.wait(60)
+
+
+def _watermark_any(p: Pipeline, job: str) -> int | None:
+    if job == "cache_sync":
+        return _watermark(p, job)
+    from sinks.search import SearchSink
+
+    sink = SearchSink(p.endpoints.search_url, p.index_prefix)
+    try:
+        return sink.read_watermark(job)
+    finally:
+        sink.close()

@@ -90,3 +90,16 @@ def test_images_match_native_versions(compose: dict[str, Any]) -> None:
     assert services["opensearch"]["image"] == (
         f"opensearchproject/opensearch:{_stacklib('opensearch').VERSION}")
     assert services["opensearch"]["environment"]["DISABLE_SECURITY_PLUGIN"] == "true"
+
+
+def test_pipeline_services_run_the_reader_and_both_jobs(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["reader"]["command"] == ["cdc", "run"]
+    assert services["search-sync"]["command"][-1] == "spark_jobs/search_sync.py"
+    assert services["cache-sync"]["command"][-1] == "spark_jobs/cache_sync.py"
+    for name in ("reader", "search-sync", "cache-sync"):
+        env = services[name]["environment"]
+        # Inside the compose network the services are reached by name, not host ports.
+        assert env["CDC_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
+        assert "@postgres:5432/" in env["CDC_POSTGRES__DSN"]
+        assert "kafka" in services[name]["depends_on"]

@@ -29,6 +29,7 @@ PLACEHOLDER = "__debezium_unavailable_value"
 @dataclass(frozen=True)
 class JobOptions:
     name: str
+    heartbeat_topic: str | None
     topics: tuple[str, ...]
     topic_pattern: str | None
     starting_offsets: str
@@ -52,6 +53,12 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         "--topics", help="comma-separated topics (default: every table topic under the prefix)"
     )
     p.add_argument("--topic-pattern", help="regex of topics to follow, instead of --topics")
+    p.add_argument(
+        "--no-heartbeats",
+        action="store_true",
+        help="do not follow the reader's heartbeat topic (watermarks then come from "
+        "the applied events' commit LSNs, which is approximate)",
+    )
     p.add_argument("--starting-offsets", help="earliest (a new follower) or latest")
     p.add_argument(
         "--checkpoint", help="checkpoint directory (default: <spark.checkpoint_dir>/<name>)"
@@ -66,8 +73,10 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
     topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
     from spark_jobs.transforms import topic_pattern
 
+    hb = None if a.no_heartbeats else heartbeat_topic(settings)
     opts = JobOptions(
         name=a.name,
+        heartbeat_topic=hb,
         topics=topics,
         topic_pattern=None
         if topics
@@ -79,6 +88,14 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
     )
     return settings, opts
+
+
+def heartbeat_topic(settings: Settings) -> str | None:
+    """The reader's heartbeat topic (Debezium's convention: ``<name>.<topic prefix>``)."""
+    k = settings.kafka
+    if not getattr(k, "heartbeat_enabled", True):
+        return None
+    return k.heartbeat_topic or f"__cdc-heartbeat.{k.topic_prefix}"
 
 
 def spark_session(settings: Settings, app_name: str) -> Any:
@@ -104,9 +121,15 @@ def kafka_stream(spark: Any, settings: Settings, opts: JobOptions) -> Any:
         .option("includeHeaders", "true")
     )
     if opts.topics:
-        reader = reader.option("subscribe", ",".join(opts.topics))
+        topics = [*opts.topics, *([opts.heartbeat_topic] if opts.heartbeat_topic else [])]
+        reader = reader.option("subscribe", ",".join(topics))
     else:
-        reader = reader.option("subscribePattern", opts.topic_pattern)
+        import re
+
+        pattern = opts.topic_pattern or ""
+        if opts.heartbeat_topic:
+            pattern = f"(?:{pattern})|{re.escape(opts.heartbeat_topic)}"
+        reader = reader.option("subscribePattern", pattern)
     if opts.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(opts.max_offsets_per_trigger))
     return reader.load()
@@ -247,7 +270,7 @@ def apply_partition(
 
 def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | None = None) -> int:
     """Entry point shared by the sync jobs."""
-    from spark_jobs.transforms import bad_events, latest_per_key, parse_events
+    from spark_jobs.transforms import latest_per_key, parse_events, side_records
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings, opts = parse_args(job, argv)
@@ -255,16 +278,17 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
     spark.sparkContext.setLogLevel("WARN")
     prefix = settings.kafka.topic_prefix
 
+    # With a rate limit a batch may stop short in some partitions, so a heartbeat in it does
+    # not prove that everything before its LSN was read: fall back to the events' own LSNs.
+    exact = opts.heartbeat_topic is not None and not opts.max_offsets_per_trigger
+
     def process(batch_df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        events = parse_events(batch_df, prefix).persist()
+        events = parse_events(batch_df, prefix, opts.heartbeat_topic).persist()
         try:
-            bad = [
-                r.asDict()
-                for r in bad_events(events)
-                .select("topic", "partition", "offset", "key_json", "raw_value", "parse_error")
-                .collect()
-            ]
+            side = [r.asDict() for r in side_records(events).collect()]
+            bad = [b for b in side if b["parse_error"] is not None]
+            heartbeat = max((b["heartbeat_lsn"] or 0 for b in side), default=0)
             dead = 0
             if bad:
                 dead = dead_letter(
@@ -295,10 +319,15 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
             total.failed += s.failed
             total.dead_lettered += s.dead_lettered
             total.max_commit_lsn = max(total.max_commit_lsn, s.max_commit_lsn)
-        if total.max_commit_lsn:
+        # The watermark: every change committed before it is applied. A heartbeat carries the
+        # reader's acknowledged LSN, and the reader sends it only after Kafka acknowledged
+        # everything before it, so this batch (planned after the heartbeat was visible) holds
+        # all of those changes, and they are applied by now.
+        watermark = heartbeat if exact else total.max_commit_lsn
+        if watermark:
             sink = make_sink(settings)
             try:
-                sink.record_watermark(opts.name, total.max_commit_lsn)
+                sink.record_watermark(opts.name, watermark)
             finally:
                 sink.close()
         if total.applied or total.skipped or total.failed or dead:
@@ -309,7 +338,7 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
                 total.skipped,
                 total.failed,
                 total.dead_lettered,
-                total.max_commit_lsn,
+                watermark,
                 (time.monotonic() - t0) * 1e3,
             )
 

@@ -4,7 +4,8 @@ Input: the Kafka source's columns (key, value, topic, partition, offset, timesta
 Output of :func:`parse_events`: one row per record with
 
     topic, partition, offset, kafka_ts, table, key_json, op, after_json, value_schema_json,
-    commit_lsn, tx_order, source_ts_ms, raw_value, is_delete, parse_error
+    commit_lsn, tx_order, source_ts_ms, raw_value, is_heartbeat, heartbeat_lsn, is_delete,
+    parse_error
 
 and :func:`latest_per_key` keeps, per (topic, key), the newest of them by
 (commit LSN, position in the transaction, Kafka offset): follower-side compaction.
@@ -54,9 +55,14 @@ def _header(name: str) -> Column:
     return F.try_element_at(matches, F.lit(1))["value"].cast("string")
 
 
-def parse_events(df: DataFrame, topic_prefix: str) -> DataFrame:
-    """Parse Kafka records holding Debezium JSON events (schemas on or off) and tombstones."""
+def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None = None) -> DataFrame:
+    """Parse Kafka records holding Debezium JSON events (schemas on or off) and tombstones.
+
+    Records of ``heartbeat_topic`` are the reader's progress marks, not events: they get
+    ``heartbeat_lsn`` (the reader's acknowledged LSN) and are left out of everything else.
+    """
     value = F.col("value").cast("string")
+    is_heartbeat = F.col("topic") == F.lit(heartbeat_topic) if heartbeat_topic else F.lit(False)
     env = F.from_json(value, _ENVELOPE)
     # With schemas on, the event is {"schema", "payload"}; with schemas off it is the payload.
     payload_json = F.when(env["payload"].isNotNull(), env["payload"]).otherwise(value)
@@ -75,6 +81,7 @@ def parse_events(df: DataFrame, topic_prefix: str) -> DataFrame:
         env["schema"].alias("value_schema_json"),
         F.col("value").isNull().alias("is_tombstone"),
         value.alias("raw_value"),
+        is_heartbeat.alias("is_heartbeat"),
         _header("cdc.commit_lsn").try_cast("long").alias("h_commit_lsn"),
         _header("cdc.order").try_cast("long").alias("h_order"),
     )
@@ -94,8 +101,12 @@ def parse_events(df: DataFrame, topic_prefix: str) -> DataFrame:
         F.coalesce("h_order", F.lit(0)).alias("tx_order"),
         F.col("p.source.ts_ms").alias("source_ts_ms"),
         "raw_value",
+        "is_heartbeat",
+        F.when(
+            F.col("is_heartbeat"), F.get_json_object("raw_value", "$.lsn").try_cast("long")
+        ).alias("heartbeat_lsn"),
         (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
-        F.when(F.col("is_tombstone"), F.lit(None))
+        F.when(F.col("is_tombstone") | F.col("is_heartbeat"), F.lit(None))
         .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit("value is not a Debezium event"))
         .when(F.col("key_json").isNull() & (F.col("p.op") != "t"), F.lit("record has no key"))
         .alias("parse_error"),
@@ -109,7 +120,9 @@ def latest_per_key(events: DataFrame) -> DataFrame:
     older events of the batch for that key ride along in ``history``: one of them may hold
     the value, which a follower that never saw the row would otherwise miss.
     """
-    good = events.where(F.col("parse_error").isNull() & F.col("key_json").isNotNull())
+    good = events.where(
+        F.col("parse_error").isNull() & F.col("key_json").isNotNull() & ~F.col("is_heartbeat")
+    )
     order = ["commit_lsn", "tx_order", "offset"]
     newest = F.max(
         F.struct(
@@ -138,6 +151,9 @@ def latest_per_key(events: DataFrame) -> DataFrame:
     )
 
 
-def bad_events(events: DataFrame) -> DataFrame:
-    """Records that cannot be parsed: they go to the dead-letter topic with the reason."""
-    return events.where(F.col("parse_error").isNotNull())
+def side_records(events: DataFrame) -> DataFrame:
+    """What the driver needs besides the changes: unparseable records (for the dead-letter
+    topic, with the reason) and heartbeats (for the watermark)."""
+    return events.where(F.col("parse_error").isNotNull() | F.col("is_heartbeat")).select(
+        "topic", "partition", "offset", "key_json", "raw_value", "parse_error", "heartbeat_lsn"
+    )

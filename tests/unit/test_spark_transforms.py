@@ -40,14 +40,14 @@ def _headers(commit_lsn: int, order: int) -> list[tuple[str, bytes]]:
 def _frame(spark: Any, records: list[tuple[Any, ...]]) -> Any:
     now = dt.datetime(2024, 1, 1)
     rows = [
-        (key, value, f"{PREFIX}.public.items", 0, off, now, headers)
-        for off, (key, value, headers) in enumerate(records)
+        (rec[0], rec[1], rec[3] if len(rec) > 3 else f"{PREFIX}.public.items", 0, off, now, rec[2])
+        for off, rec in enumerate(records)
     ]
     return spark.createDataFrame(rows, KAFKA_SCHEMA)
 
 
 def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
-    from spark_jobs.transforms import bad_events, latest_per_key, parse_events
+    from spark_jobs.transforms import latest_per_key, parse_events, side_records
 
     df = _frame(
         spark,
@@ -62,9 +62,11 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
             (_key(3), _event("d", None, 140), _headers(400, 0)),
             (_key(3), None, _headers(400, 0)),  # the tombstone after the delete
             (_key(4), b"not json at all", []),
+            (b'{"serverName":"shop"}', b'{"ts_ms":1,"lsn":500}', [], "__cdc-heartbeat.shop"),
+            (b'{"serverName":"shop"}', b'{"ts_ms":2,"lsn":900}', [], "__cdc-heartbeat.shop"),
         ],
     )
-    events = parse_events(df, PREFIX)
+    events = parse_events(df, PREFIX, heartbeat_topic="__cdc-heartbeat.shop")
     reduced = {
         orjson.loads(r["key_json"])["id"]: r.asDict() for r in latest_per_key(events).collect()
     }
@@ -75,10 +77,12 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
     assert reduced[3]["is_delete"] is True
     assert all(r["table"] == "public.items" for r in reduced.values())
 
-    bad = bad_events(events).collect()
+    side = side_records(events).collect()
+    bad = [b for b in side if b["parse_error"]]
     assert [(orjson.loads(b["key_json"])["id"], b["parse_error"]) for b in bad] == [
         (4, "value is not a Debezium event")
     ]
+    assert sorted(b["heartbeat_lsn"] for b in side if b["heartbeat_lsn"] is not None) == [500, 900]
 
 
 def test_topic_pattern_matches_table_topics_only() -> None:

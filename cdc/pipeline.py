@@ -36,6 +36,7 @@ from cdc.slots import (
     ensure_publication,
     plan_start,
     slot_info,
+    wait_slot_released,
 )
 from cdc.snapshot import Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ACK_INTERVAL_S = 0.2  # how often at most a new flush position is sent to the server
 STATE_INTERVAL_S = 10.0  # how often the acked LSN is written to the state topic
+SLOT_RELEASE_TIMEOUT_S = 15.0  # how long to wait for a slot held by a dead predecessor
 
 
 @dataclass
@@ -121,7 +123,10 @@ class Pipeline:
             state = store.load(database, self._slot)
             tables = ensure_publication(admin, pg.publication_name, pg.tables)
             target = self._current_lsn(admin) if self.until_current else None
-            plan = plan_start(pg.snapshot_mode, self._slot, slot_info(admin, self._slot), state)
+            # A predecessor killed a moment ago may still hold the slot: give its walsender
+            # time to notice, instead of failing with "in use".
+            info = wait_slot_released(admin, self._slot, SLOT_RELEASE_TIMEOUT_S)
+            plan = plan_start(pg.snapshot_mode, self._slot, info, state)
             if plan.reason:
                 log.warning(plan.reason, extra={"slot": self._slot})
             catalog = SchemaCatalog(admin)
@@ -212,7 +217,9 @@ class Pipeline:
             finally:
                 repl.close()
                 if pg.drop_slot_on_exit:
-                    drop_slot(admin, self._slot)
+                    # The walsender releases the slot only once it has seen our connection
+                    # close; drop_slot waits for that rather than failing with "in use".
+                    drop_slot(admin, self._slot, SLOT_RELEASE_TIMEOUT_S)
                     store.reset(database, self._slot)
                 store.close()
             return result

@@ -39,7 +39,10 @@ rdkafka_log = logging.getLogger("cdc.librdkafka")
 Headers = list[tuple[str, str | bytes | None]]
 
 # Topic settings for every table topic: compacted, so a replay from offset 0 rebuilds state.
-TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+# Rows may be large (PostgreSQL values reach 1 GB; TOASTed text of megabytes is common), and
+# Kafka's default limit is 1 MB: table topics and the producer allow 64 MiB records.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES)}
 
 
 def producer_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -53,6 +56,7 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "batch.size": 1_000_000,
         "batch.num.messages": 10_000,
         "compression.type": "lz4",
+        "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
         # Bounds memory: produce() blocks (we poll) once this many records are in flight.
         "queue.buffering.max.messages": 100_000,
         "queue.buffering.max.kbytes": 256 * 1024,
@@ -61,6 +65,34 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
     }
     conf.update(settings.producer)
     return conf
+
+
+# Answers a partition gives while its leader is still being elected (a topic created a moment
+# ago); they pass, so they are retried.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """(low, high) offsets of a partition, retrying while its leader is not yet known."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=5)
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.code() not in _TRANSIENT or time.monotonic() >= deadline:
+                raise PublishError(
+                    f"cannot read the offsets of {tp.topic} [{tp.partition}]: {err.str()}"
+                ) from e
+            time.sleep(0.1)
 
 
 class TxnTracker:
@@ -163,7 +195,7 @@ class Publisher:
                 return set()
             ends: dict[int, int] = {}
             for p in md.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                low, high = watermarks(consumer, TopicPartition(topic, p), timeout_s=30.0)
                 if high > low:
                     ends[p] = high
             live: set[bytes] = set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,13 +66,37 @@ def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
     return SlotInfo(row[0], row[1], row[2], bool(row[3]), row[4], _lsn(row[5]), _lsn(row[6]))
 
 
-def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
-    """Drop the slot if it exists and nobody streams from it; return whether it was dropped."""
-    info = slot_info(conn, slot)
+def wait_slot_released(
+    conn: psycopg.Connection[Any], slot: str, timeout_s: float = 15.0, poll_s: float = 0.1
+) -> SlotInfo | None:
+    """The slot once no process holds it (or None if it does not exist).
+
+    A walsender notices that its client is gone (closed, or killed with -9) only after a
+    moment; until then the slot stays ``active``. Raises SlotError if it is still held after
+    ``timeout_s`` (then another reader really is streaming from it).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = slot_info(conn, slot)
+        if info is None or not info.active:
+            return info
+        if time.monotonic() >= deadline:
+            raise SlotError(
+                f"replication slot {slot} is in use by process {info.active_pid}; "
+                "is another reader running?"
+            )
+        time.sleep(poll_s)
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str, timeout_s: float = 15.0) -> bool:
+    """Drop the slot if it exists, once nobody streams from it; return whether it was dropped.
+
+    Waits (up to ``timeout_s``) for a process that is just releasing it, e.g. our own
+    replication connection that was closed a moment ago.
+    """
+    info = wait_slot_released(conn, slot, timeout_s)
     if info is None:
         return False
-    if info.active:
-        raise SlotError(f"replication slot {slot} is in use by process {info.active_pid}")
     conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     log.info("dropped replication slot", extra={"slot": slot})
     return True

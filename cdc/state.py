@@ -26,7 +26,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from cdc.errors import PublishError
 from cdc.lsn import Lsn
-from cdc.publisher import rdkafka_log
+from cdc.publisher import rdkafka_log, watermarks
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,7 @@ class StateStore:
             parts = sorted(md.partitions)
             ends: dict[int, int] = {}
             for p in parts:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=10
-                )
+                low, high = watermarks(consumer, TopicPartition(self.topic, p), 30.0)
                 if high > low:
                     ends[p] = high
             if not ends:

@@ -145,6 +145,15 @@ class BatchStats:
     failed: int = 0
     dead_lettered: int = 0
     max_commit_lsn: int = 0
+    heartbeat_lsn: int = 0
+
+    def add(self, other: BatchStats) -> None:
+        self.applied += other.applied
+        self.skipped += other.skipped
+        self.failed += other.failed
+        self.dead_lettered += other.dead_lettered
+        self.max_commit_lsn = max(self.max_commit_lsn, other.max_commit_lsn)
+        self.heartbeat_lsn = max(self.heartbeat_lsn, other.heartbeat_lsn)
 
 
 class ChangeBuilder:
@@ -219,9 +228,15 @@ def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]])
 def apply_partition(
     settings: Settings, job: str, make_sink: Callable[[Settings], Any], rows: Iterable[Any]
 ) -> Iterator[BatchStats]:
-    """Apply one partition of reduced changes; yields its stats. Retryable failures raise."""
+    """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
+
+    Changes go to the sink in chunks; records nobody can apply (unparseable, refused by the
+    sink for good, truncates) go to the dead-letter topic with the reason; heartbeats only
+    raise the partition's heartbeat LSN.
+    """
     from cdc.errors import RetryableSinkError
     from sinks.search_index import row_fields
+    from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT
 
     stats = BatchStats()
     sink = make_sink(settings)
@@ -256,9 +271,29 @@ def apply_partition(
             chunk.clear()
 
         for row in rows:
-            chunk.append(build(row))
-            if len(chunk) >= 2000:
-                flush()
+            kind = row["kind"]
+            if kind == CHANGE:
+                chunk.append(build(row))
+                if len(chunk) >= 2000:
+                    flush()
+            elif kind == HEARTBEAT:
+                stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
+            else:
+                reason = (
+                    row["parse_error"]
+                    if kind == DEAD
+                    else "TRUNCATE is not applied by the followers; rebuild them after one"
+                )
+                refused.append(
+                    {
+                        "topic": row["topic"],
+                        "partition": row["partition"],
+                        "offset": row["offset"],
+                        "key": row["key_json"],
+                        "value": row["raw_value"],
+                        "reason": reason,
+                    }
+                )
         if chunk:
             flush()
         if refused:
@@ -270,7 +305,7 @@ def apply_partition(
 
 def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | None = None) -> int:
     """Entry point shared by the sync jobs."""
-    from spark_jobs.transforms import latest_per_key, parse_events, side_records
+    from spark_jobs.transforms import latest_per_key, parse_events
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings, opts = parse_args(job, argv)
@@ -284,53 +319,25 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
 
     def process(batch_df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        events = parse_events(batch_df, prefix, opts.heartbeat_topic).persist()
-        try:
-            side = [r.asDict() for r in side_records(events).collect()]
-            bad = [b for b in side if b["parse_error"] is not None]
-            heartbeat = max((b["heartbeat_lsn"] or 0 for b in side), default=0)
-            dead = 0
-            if bad:
-                dead = dead_letter(
-                    settings,
-                    opts.name,
-                    (
-                        {
-                            "topic": b["topic"],
-                            "partition": b["partition"],
-                            "offset": b["offset"],
-                            "key": b["key_json"],
-                            "value": b["raw_value"],
-                            "reason": b["parse_error"],
-                        }
-                        for b in bad
-                    ),
-                )
-            reduced = latest_per_key(events)
-            parts = reduced.rdd.mapPartitions(
-                lambda rows: apply_partition(settings, opts.name, make_sink, rows)
-            ).collect()
-        finally:
-            events.unpersist()
-        total = BatchStats(dead_lettered=dead)
+        reduced = latest_per_key(parse_events(batch_df, prefix, opts.heartbeat_topic))
+        parts = reduced.rdd.mapPartitions(
+            lambda rows: apply_partition(settings, opts.name, make_sink, rows)
+        ).collect()
+        total = BatchStats()
         for s in parts:
-            total.applied += s.applied
-            total.skipped += s.skipped
-            total.failed += s.failed
-            total.dead_lettered += s.dead_lettered
-            total.max_commit_lsn = max(total.max_commit_lsn, s.max_commit_lsn)
+            total.add(s)
         # The watermark: every change committed before it is applied. A heartbeat carries the
         # reader's acknowledged LSN, and the reader sends it only after Kafka acknowledged
         # everything before it, so this batch (planned after the heartbeat was visible) holds
         # all of those changes, and they are applied by now.
-        watermark = heartbeat if exact else total.max_commit_lsn
+        watermark = total.heartbeat_lsn if exact else total.max_commit_lsn
         if watermark:
             sink = make_sink(settings)
             try:
                 sink.record_watermark(opts.name, watermark)
             finally:
                 sink.close()
-        if total.applied or total.skipped or total.failed or dead:
+        if total.applied or total.skipped or total.failed or total.dead_lettered:
             log.info(
                 "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d watermark=%d (%.0f ms)",
                 batch_id,

@@ -113,47 +113,64 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
     )
 
 
-def latest_per_key(events: DataFrame) -> DataFrame:
-    """Keep the newest event per (topic, key) by (commit LSN, order, offset).
+CHANGE, DEAD, HEARTBEAT, TRUNCATE = "change", "dead", "heartbeat", "truncate"
 
-    When the newest event leaves a TOASTed column unchanged (Debezium's placeholder), the
+
+def latest_per_key(events: DataFrame) -> DataFrame:
+    """Keep the newest change per (topic, key) by (commit LSN, order, offset).
+
+    Every other record passes through untouched, with its ``kind``: ``dead`` (cannot be
+    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress) and ``truncate``.
+    One frame carries all of them so that a micro-batch costs a single Spark job.
+
+    When the newest change leaves a TOASTed column unchanged (Debezium's placeholder), the
     older events of the batch for that key ride along in ``history``: one of them may hold
     the value, which a follower that never saw the row would otherwise miss.
     """
-    good = events.where(
-        F.col("parse_error").isNull() & F.col("key_json").isNotNull() & ~F.col("is_heartbeat")
+    kind = (
+        F.when(F.col("is_heartbeat"), F.lit(HEARTBEAT))
+        .when(F.col("parse_error").isNotNull(), F.lit(DEAD))
+        .when(F.col("op") == "t", F.lit(TRUNCATE))
+        .when(F.col("key_json").isNull(), F.lit(DEAD))
+        .otherwise(F.lit(CHANGE))
+    )
+    with_kind = events.withColumn("kind", kind)
+    is_change = F.col("kind") == CHANGE
+    # Changes group by key; anything else is its own group (its Kafka position is unique).
+    group = F.when(is_change, F.col("key_json")).otherwise(
+        F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"))
     )
     order = ["commit_lsn", "tx_order", "offset"]
     newest = F.max(
         F.struct(
             *order,
+            "kind",
+            "key_json",
             "is_delete",
             "op",
             "after_json",
             "value_schema_json",
             "source_ts_ms",
             "partition",
+            F.when(~is_change, F.col("raw_value")).alias("raw_value"),
+            F.when(
+                F.col("kind") == DEAD, F.coalesce("parse_error", F.lit("record has no key"))
+            ).alias("parse_error"),
+            "heartbeat_lsn",
         )
     ).alias("e")
-    history = F.collect_list(F.struct(*order, "is_delete", "after_json")).alias("history")
+    history = F.collect_list(F.when(is_change, F.struct(*order, "is_delete", "after_json"))).alias(
+        "history"
+    )
     after = F.col("e.after_json")
     has_placeholder = after.contains(PLACEHOLDER) | after.contains(PLACEHOLDER_B64)
     return (
-        good.groupBy("topic", "table", "key_json")
+        with_kind.groupBy("topic", "table", group.alias("group"))
         .agg(newest, history)
         .select(
             "topic",
             "table",
-            "key_json",
             "e.*",
             F.when(has_placeholder & (F.size("history") > 1), F.col("history")).alias("history"),
         )
-    )
-
-
-def side_records(events: DataFrame) -> DataFrame:
-    """What the driver needs besides the changes: unparseable records (for the dead-letter
-    topic, with the reason) and heartbeats (for the watermark)."""
-    return events.where(F.col("parse_error").isNotNull() | F.col("is_heartbeat")).select(
-        "topic", "partition", "offset", "key_json", "raw_value", "parse_error", "heartbeat_lsn"
     )

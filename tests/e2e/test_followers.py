@@ -226,8 +226,48 @@ def converged(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> P
     n = run_workload(pipeline.dsn, seed=2, changes_wanted=50_000)
     assert n >= 50_000
     run_reader_until_current(pipeline)
+    _produce_poison(pipeline)
     run_jobs_available_now(pipeline, JOBS, tmp_path_factory.mktemp("logs"))
     return pipeline
+
+
+def _produce_poison(p: Pipeline) -> None:
+    """A record in a table topic that is not a Debezium event: it must be dead-lettered."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": p.endpoints.kafka_bootstrap})
+    producer.produce(f"{p.name}.public.orders", key=b'{"id": -1}', value=b"{not an event")
+    assert producer.flush(30) == 0
+
+
+def test_poison_message_goes_to_the_dead_letter_topic(converged: Pipeline) -> None:
+    import orjson
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": converged.endpoints.kafka_bootstrap,
+            "group.id": unique("dlq"),
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([f"{converged.name}.dlq"])
+    letters: list[dict[str, object]] = []
+
+    def both_jobs_reported() -> bool:
+        for m in consumer.consume(100, timeout=1):
+            if m.error() is None:
+                letters.append(orjson.loads(m.value()))
+        return {str(x["job"]) for x in letters} >= set(JOBS)
+
+    try:
+        wait_until(both_jobs_reported, timeout=120, interval=0, what="dead letters from both jobs")
+    finally:
+        consumer.close()
+    for letter in letters:
+        assert letter["value"] == "{not an event"
+        assert letter["reason"] == "value is not a Debezium event"
+        assert letter["topic"] == f"{converged.name}.public.orders"
 
 
 def test_followers_converge_to_the_database(converged: Pipeline) -> None:

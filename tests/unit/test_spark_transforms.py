@@ -47,7 +47,7 @@ def _frame(spark: Any, records: list[tuple[Any, ...]]) -> Any:
 
 
 def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
-    from spark_jobs.transforms import latest_per_key, parse_events, side_records
+    from spark_jobs.transforms import latest_per_key, parse_events
 
     df = _frame(
         spark,
@@ -67,22 +67,23 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
         ],
     )
     events = parse_events(df, PREFIX, heartbeat_topic="__cdc-heartbeat.shop")
-    reduced = {
-        orjson.loads(r["key_json"])["id"]: r.asDict() for r in latest_per_key(events).collect()
-    }
-    assert set(reduced) == {1, 2, 3}
-    assert orjson.loads(reduced[1]["after_json"]) == {"id": 1, "v": "b"}
-    assert (reduced[1]["commit_lsn"], reduced[1]["tx_order"]) == (200, 1)
-    assert orjson.loads(reduced[2]["after_json"]) == {"id": 2, "v": "x"}
-    assert reduced[3]["is_delete"] is True
-    assert all(r["table"] == "public.items" for r in reduced.values())
+    rows = [r.asDict() for r in latest_per_key(events).collect()]
+    changes = {orjson.loads(r["key_json"])["id"]: r for r in rows if r["kind"] == "change"}
+    assert set(changes) == {1, 2, 3}
+    assert orjson.loads(changes[1]["after_json"]) == {"id": 1, "v": "b"}
+    assert (changes[1]["commit_lsn"], changes[1]["tx_order"]) == (200, 1)
+    assert orjson.loads(changes[2]["after_json"]) == {"id": 2, "v": "x"}
+    assert changes[3]["is_delete"] is True
+    assert all(r["table"] == "public.items" for r in changes.values())
 
-    side = side_records(events).collect()
-    bad = [b for b in side if b["parse_error"]]
-    assert [(orjson.loads(b["key_json"])["id"], b["parse_error"]) for b in bad] == [
+    dead = [r for r in rows if r["kind"] == "dead"]
+    assert [(orjson.loads(d["key_json"])["id"], d["parse_error"]) for d in dead] == [
         (4, "value is not a Debezium event")
     ]
-    assert sorted(b["heartbeat_lsn"] for b in side if b["heartbeat_lsn"] is not None) == [500, 900]
+    assert dead[0]["raw_value"] == "not json at all"
+    beats = sorted(r["heartbeat_lsn"] for r in rows if r["kind"] == "heartbeat")
+    assert beats == [500, 900]
+    assert len(rows) == 3 + 1 + 2
 
 
 def test_topic_pattern_matches_table_topics_only() -> None:
@@ -114,6 +115,7 @@ def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: 
     rows = {
         orjson.loads(r["key_json"])["id"]: r
         for r in latest_per_key(parse_events(df, PREFIX)).collect()
+        if r["kind"] == "change"
     }
     build = ChangeBuilder()
     five = build(rows[5])

@@ -158,9 +158,12 @@ class LiveWorkload:
                         if not products:
                             continue
                         pid = rnd.choice(tuple(products))
-                        if kind == "product_key_change" and not self.toasted_key_changes:
-                            if pid in big:
-                                continue
+                        if (
+                            kind == "product_key_change"
+                            and pid in big
+                            and not self.toasted_key_changes
+                        ):
+                            continue
                         if kind == "price_update":
                             conn.execute(
                                 "UPDATE products SET price = price + 0.10, updated_at = now() "

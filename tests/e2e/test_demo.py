@@ -1,0 +1,77 @@
+"""`make demo` end to end (plain-line mode), and the demo's checkpoint reader on a real file.
+
+The demo uses fixed names (database ``demo``, topics ``demo.*``, …) and removes a previous
+run's leftovers first, so this test must not run while someone watches `make demo`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from demo.monitor import committed_offsets
+from tests.conftest import ROOT, Endpoints
+
+# An offsets file as Spark 4 wrote it in a demo checkpoint (metadata line shortened).
+OFFSETS_FILE = """v1
+{"batchWatermarkMs":0,"batchTimestampMs":1795309384342,"conf":{"spark.sql.shuffle.partitions":"2"}}
+{"demo.public.products":{"0":2336},"__cdc-heartbeat.demo":{"0":41},"demo.public.customers":{"0":2701}}
+"""
+
+
+@pytest.mark.unit
+def test_committed_offsets_reads_the_last_committed_batch(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    assert committed_offsets(tmp_path) is None  # nothing committed yet
+    (tmp_path / "offsets" / "7").write_text(OFFSETS_FILE)
+    (tmp_path / "offsets" / "8").write_text(OFFSETS_FILE.replace("2336", "9999"))
+    (tmp_path / "commits" / "7").write_text("v1\n{}\n")
+    (tmp_path / "commits" / ".7.crc").write_text("")
+    # Batch 8 is planned but not committed: its offsets do not count as applied.
+    assert committed_offsets(tmp_path) == {
+        "demo.public.products": 2336,
+        "__cdc-heartbeat.demo": 41,
+        "demo.public.customers": 2701,
+    }
+
+
+@pytest.mark.e2e
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_demo_runs_and_followers_equal_the_database(endpoints: Endpoints) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env.update(
+        CI="true",
+        CDC_POSTGRES__DSN=endpoints.postgres_dsn,
+        CDC_KAFKA__BOOTSTRAP_SERVERS=endpoints.kafka_bootstrap,
+        CDC_REDIS__URL=endpoints.redis_url,
+        CDC_SEARCH__URL=endpoints.search_url,
+    )
+    out = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--workload-seconds", "20"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        check=False,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-5000:]
+    # The verification table: every table with equal counts in all three stores.
+    for table in ("categories", "products", "stock_levels", "customers"):
+        row = re.search(rf"public\.{table}\s*│\s*([\d,]+)\s*│\s*([\d,]+)\s*│\s*([\d,]+)", text)
+        assert row, f"no verification row for {table}:\n{text[-3000:]}"
+        counts = {int(c.replace(",", "")) for c in row.groups()}
+        assert len(counts) == 1 and counts.pop() > 0, row.group(0)
+    assert "all followers equal PostgreSQL" in text
+    # The live workload really ran, and the plain lines showed the followers' watermarks.
+    assert re.search(r"workload done: [\d,]+ transactions", text), text[-3000:]
+    assert re.search(r"cache_sync: behind=0 wm=[0-9A-F]+/[0-9A-F]+", text), text[-3000:]

@@ -2,7 +2,10 @@
 
 ``load_table`` reads a table by name or relation OID; ``load_types`` resolves type OIDs,
 following array element types, domains down to their base and enum labels;
-``table_from_relation`` turns a pgoutput Relation message's columns into a TableSchema.
+``table_from_relation`` turns a pgoutput Relation message's columns into a TableSchema;
+:class:`SchemaCatalog` is what the reader uses: tables by name for the snapshot and by
+Relation message for the stream, with one key rule for both (the primary key, else the replica
+identity index, else no key). Generated columns are left out: pgoutput does not send them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 import psycopg
 
 from cdc.errors import SchemaError
+from cdc.pgoutput import Relation
 from schemas.model import Column, PgType, TableSchema
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,7 @@ WHERE {where}
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid::int8, a.atttypmod, NOT a.attnotnull
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
 """
 
@@ -167,3 +171,52 @@ def table_from_relation(
             Column(name, t, typmod, optional=not key and name not in not_null, part_of_key=key)
         )
     return TableSchema(schema, table, tuple(cols), tuple(keys), replica_identity)
+
+
+class SchemaCatalog:
+    """TableSchemas for the reader, with loaded types cached across tables."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self._types: dict[int, PgType] = {}
+
+    def load_table_in(self, conn: psycopg.Connection[Any], schema: str, table: str) -> TableSchema:
+        """The table as ``conn`` sees it (e.g. inside the snapshot's transaction)."""
+        return load_table(conn, table, schema)
+
+    def from_relation(self, rel: Relation) -> TableSchema:
+        """Schema for a Relation message (sent again after DDL, so called for each one).
+
+        Columns and types come from the message; keys and NOT NULL from pg_catalog, because the
+        message's key flags mark every column under REPLICA IDENTITY FULL, while the Kafka key
+        must be the primary key in the snapshot and the stream alike.
+        """
+        need = {c.type_oid for c in rel.columns} - self._types.keys()
+        if need:
+            self._types.update(load_types(self.conn, need))
+        try:
+            current = load_table(self.conn, rel.relation_id, types=self._types)
+            key_order = current.key_columns
+            not_null = frozenset(c.name for c in current.columns if not c.optional)
+        except SchemaError:
+            # Dropped since (a replay of its old changes): the message's flags are all we
+            # have; under REPLICA IDENTITY FULL they mark every column, which is no key.
+            log.warning("table of a Relation message no longer exists", extra={"table": rel.name})
+            full = rel.replica_identity == "f"
+            key_order = () if full else tuple(c.name for c in rel.columns if c.is_key)
+            not_null = frozenset()
+        keys = set(key_order)
+        table = table_from_relation(
+            rel.namespace,
+            rel.name,
+            rel.replica_identity,
+            [
+                (1 if c.name in keys else 0, c.name, c.type_oid, c.type_modifier)
+                for c in rel.columns
+            ],
+            self._types,
+            not_null,
+        )
+        # Key columns in index order (the Relation lists them in column order).
+        order = tuple(k for k in key_order if any(c.name == k for c in table.columns))
+        return TableSchema(table.schema, table.table, table.columns, order, table.replica_identity)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,7 +23,7 @@ import orjson
 import psycopg
 
 from cdc import pgoutput
-from cdc.catalog_adapter import SchemaCatalog
+from cdc.catalog import SchemaCatalog
 from cdc.config import Settings
 from cdc.errors import ConnectionFailed, SlotError
 from cdc.lsn import Lsn
@@ -40,11 +41,14 @@ from cdc.slots import (
 )
 from cdc.snapshot import Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
+from cdc.toast import fetch_current, fill_from_old, unchanged_columns
 from cdc.values import RawValue
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 
 log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, str | bytes | None]]
 
 ACK_INTERVAL_S = 0.2  # how often at most a new flush position is sent to the server
 STATE_INTERVAL_S = 10.0  # how often the acked LSN is written to the state topic
@@ -421,16 +425,21 @@ class _Streamer:
         self.per_table[relation_id] = n
         return TransactionInfo(f"{self.xid}:{self.commit_lsn_header.decode()}", self.order + 1, n)
 
-    def _send(self, relation_id: int, key: bytes | None, value: bytes | None) -> None:
+    def _send(
+        self,
+        relation_id: int,
+        key: bytes | None,
+        value: bytes | None,
+        extra_headers: Headers = (),
+    ) -> None:
         if self.txn is None:
             raise SlotError("a change arrived outside a transaction")
-        self.publisher.send(
-            self.txn,
-            self.topics[relation_id],
-            key,
-            value,
-            [("cdc.commit_lsn", self.commit_lsn_header), ("cdc.order", str(self.order).encode())],
-        )
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("cdc.commit_lsn", self.commit_lsn_header),
+            ("cdc.order", str(self.order).encode()),
+        ]
+        headers.extend(extra_headers)
+        self.publisher.send(self.txn, self.topics[relation_id], key, value, headers)
         self.order += 1
 
     def _count(self, op: str) -> None:
@@ -445,26 +454,55 @@ class _Streamer:
         op: str,
         before: tuple[RawValue, ...] | None,
         after: tuple[RawValue, ...] | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
     ) -> None:
         table = self._table(relation_id)
-        key = self.encoder.encode_key(table, after if after is not None else before or ())
+        if key is None:
+            key = self.encoder.encode_key(table, after if after is not None else before or ())
         value = self.encoder.encode_value(
             table, op, before, after, self._source(frame), self._transaction(relation_id)
         )
-        self._send(relation_id, key, value)
+        self._send(relation_id, key, value, headers)
         self._count(op)
         if op == "d" and key is not None:
             self._send(relation_id, key, None)  # tombstone, so compaction drops the key
 
     def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
         table = self._table(msg.relation_id)
+        new = msg.new
+        if msg.old is not None and msg.old_kind == "O" and unchanged_columns(new):
+            # REPLICA IDENTITY FULL: the old row is complete, so this is exact.
+            new = fill_from_old(new, msg.old)
         if msg.old is not None and table.key_columns:
             old_key = self.encoder.encode_key(table, msg.old)
-            new_key = self.encoder.encode_key(table, msg.new)
+            new_key = self.encoder.encode_key(table, new)
             if old_key != new_key:
                 # A primary-key change: Debezium emits a delete (+ tombstone) for the old key
-                # and a create for the new one.
-                self._change(frame, msg.relation_id, "d", msg.old, None)
-                self._change(frame, msg.relation_id, "c", None, msg.new)
+                # and a create for the new one, each naming the other key in a header.
+                missing = unchanged_columns(new)
+                if missing:
+                    # No follower holds the new key yet, so the marker would lose the value;
+                    # see cdc.toast for why the current value is safe to use.
+                    new = fetch_current(self.catalog.conn, table, new, missing)
+                self._change(
+                    frame,
+                    msg.relation_id,
+                    "d",
+                    msg.old,
+                    None,
+                    key=old_key,
+                    headers=[("__debezium.newkey", new_key)],
+                )
+                self._change(
+                    frame,
+                    msg.relation_id,
+                    "c",
+                    None,
+                    new,
+                    key=new_key,
+                    headers=[("__debezium.oldkey", old_key)],
+                )
                 return
-        self._change(frame, msg.relation_id, "u", msg.old, msg.new)
+        self._change(frame, msg.relation_id, "u", msg.old, new)

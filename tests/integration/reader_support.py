@@ -37,6 +37,7 @@ class Record:
     value: bytes | None
     commit_lsn: int
     order: int
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def payload(self) -> dict[str, Any] | None:
@@ -189,6 +190,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 120) -> list[Record]
                         m.value(),
                         int(h["cdc.commit_lsn"]),
                         int(h["cdc.order"]),
+                        tuple(m.headers() or ()),
                     )
                 )
                 if m.offset() + 1 >= ends[m.partition()]:

@@ -1,0 +1,89 @@
+"""Primary-key updates that leave a TOASTed column unchanged still carry its value."""
+
+from __future__ import annotations
+
+import orjson
+import psycopg
+import pytest
+
+from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from tests.conftest import Endpoints, unique
+from tests.integration.reader_support import ReaderEnv, Record, read_topic
+
+pytestmark = pytest.mark.integration
+
+# About 9.6 kB of hex: too big to stay inline even compressed, so it is TOASTed out of line.
+BIG = "(SELECT string_agg(md5(g::text || %s), '') FROM generate_series(1, 300) g)"
+
+
+@pytest.fixture
+def reader(endpoints: Endpoints, pg_database: str, topic_prefix: str) -> ReaderEnv:
+    return ReaderEnv(pg_database, endpoints.kafka_bootstrap, topic_prefix, unique("slot"))
+
+
+def _events(reader: ReaderEnv, table: str) -> list[Record]:
+    return read_topic(reader.bootstrap, f"{reader.prefix}.public.{table}")
+
+
+def _descriptions(dsn: str, table: str) -> dict[int, str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0]: r[1] for r in conn.execute(f"SELECT id, description FROM {table}")}
+
+
+@pytest.mark.parametrize("identity", ["default", "full"])
+def test_pk_change_keeps_unchanged_toast_value(reader: ReaderEnv, identity: str) -> None:
+    table = f"docs_{identity}"
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, title text, description text)")
+        if identity == "full":
+            conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+    reader.catch_up()  # slot first: the changes below are streamed
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        for i in (1, 2, 3):
+            conn.execute(f"INSERT INTO {table} VALUES (%s, 't', {BIG})", (i, str(i)))
+        conn.execute(f"UPDATE {table} SET id = 101 WHERE id = 1")  # description unchanged
+        conn.execute(f"UPDATE {table} SET id = 102, title = 'u' WHERE id = 2")
+        conn.execute(f"UPDATE {table} SET title = 'v' WHERE id = 3")  # a plain update
+    expected = _descriptions(reader.dsn, table)
+    reader.catch_up()
+    events = _events(reader, table)
+    creates = {r.key_id: r for r in events if r.payload is not None and r.payload["op"] == "c"}
+    for new_id, old_id in ((101, 1), (102, 2)):
+        after = creates[new_id].payload["after"]  # type: ignore[index]
+        assert after["description"] == expected[new_id], f"row {new_id} lost its description"
+        assert len(after["description"]) == 9600
+        delete = next(
+            r
+            for r in events
+            if r.payload is not None and r.payload["op"] == "d" and r.key_id == old_id
+        )
+        # Debezium's key-change headers: each event names the other key.
+        new_key = dict(delete.headers)["__debezium.newkey"]
+        old_key = dict(creates[new_id].headers)["__debezium.oldkey"]
+        assert orjson.loads(new_key)["payload"] == {"id": new_id}
+        assert orjson.loads(old_key)["payload"] == {"id": old_id}
+        assert old_key == delete.key and new_key == creates[new_id].key
+    update = next(r for r in events if r.payload is not None and r.payload["op"] == "u")
+    description = update.payload["after"]["description"]  # type: ignore[index]
+    if identity == "full":  # the old row is complete: the value is filled in exactly
+        assert description == expected[3]
+    else:  # a follower already holds the key and keeps its value
+        assert description == UNAVAILABLE_VALUE_PLACEHOLDER
+
+
+def test_pk_change_of_a_row_deleted_since_keeps_the_marker(reader: ReaderEnv) -> None:
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE docs (id int PRIMARY KEY, title text, description text)")
+    reader.catch_up()
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO docs VALUES (1, 't', {BIG})", ("1",))
+        conn.execute("UPDATE docs SET id = 101 WHERE id = 1")
+        conn.execute("DELETE FROM docs WHERE id = 101")
+    reader.catch_up()
+    events = _events(reader, "docs")
+    ops = [(r.payload["op"] if r.payload else None, r.key_id) for r in events]
+    assert ops == [("c", 1), ("d", 1), (None, 1), ("c", 101), ("d", 101), (None, 101)]
+    create = events[3].payload
+    assert create is not None
+    # The row is gone when the reader looks: the marker stays, and the delete follows.
+    assert create["after"]["description"] == UNAVAILABLE_VALUE_PLACEHOLDER

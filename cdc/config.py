@@ -97,7 +97,10 @@ class KafkaSettings(BaseModel):
     topic_prefix: str = "cdc"
     partitions: int = Field(default=1, ge=1)
     replication_factor: int = Field(default=1, ge=1)
-    heartbeat_topic: str | None = None
+    heartbeat_topic: str | None = None  # default: __cdc-heartbeat.<topic_prefix>
+    # Heartbeats carry the reader's last acknowledged LSN: the followers' watermark.
+    heartbeat_enabled: bool = True
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
     dead_letter_topic: str = "cdc.dlq"
     # Extra librdkafka producer settings, merged over ours.
     producer: dict[str, str] = Field(default_factory=dict)

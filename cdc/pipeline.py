@@ -24,7 +24,7 @@ import psycopg
 
 from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
-from cdc.config import Settings
+from cdc.config import KafkaSettings, Settings
 from cdc.errors import ConnectionFailed, SlotError
 from cdc.lsn import Lsn
 from cdc.metrics import ReaderMetrics
@@ -64,6 +64,14 @@ class RunResult:
     events: int = 0
     acked_lsn: Lsn | None = None
     target_lsn: Lsn | None = None
+
+
+def heartbeat_topic(kafka: KafkaSettings) -> str | None:
+    """The heartbeat topic (None when disabled): ``__cdc-heartbeat.<topic_prefix>`` by default,
+    after Debezium's ``__debezium-heartbeat.<prefix>``."""
+    if not kafka.heartbeat_enabled:
+        return None
+    return kafka.heartbeat_topic or f"__cdc-heartbeat.{kafka.topic_prefix}"
 
 
 def describe_dsn(dsn: str) -> str:
@@ -271,10 +279,10 @@ class _Streamer:
         self.idle_lsn: Lsn | None = None
         self.last_ack: Lsn | None = None
         self.events = 0
-        hb = pipeline.settings.kafka.heartbeat_topic
-        self.heartbeat_topic = hb
-        if hb:
-            publisher.ensure_topics([hb])
+        self.heartbeat_topic = heartbeat_topic(pipeline.settings.kafka)
+        if self.heartbeat_topic:
+            # One partition: a follower reads every heartbeat in order from one place.
+            publisher.ensure_topics([self.heartbeat_topic], partitions=1)
 
     def run(self, start: Lsn) -> None:
         self.last_ack = start
@@ -282,7 +290,7 @@ class _Streamer:
         last_state = time.monotonic()
         last_heartbeat = 0.0
         last_lag = 0.0
-        interval = self.p.settings.postgres.status_interval_s
+        heartbeat_interval = self.p.settings.kafka.heartbeat_interval_s
         while True:
             if self.p.stop.is_set():
                 log.info("stop requested: flushing and acknowledging")
@@ -314,7 +322,7 @@ class _Streamer:
                     ),
                     wait=False,
                 )
-            if self.heartbeat_topic and now - last_heartbeat >= interval:
+            if self.heartbeat_topic and now - last_heartbeat >= heartbeat_interval:
                 last_heartbeat = now
                 self._heartbeat()
             if self.p.metrics is not None and now - last_lag >= 5.0:
@@ -357,6 +365,12 @@ class _Streamer:
             self.p.metrics.lag_bytes.set(max(0, Lsn.parse(row[0]) - self.last_ack))
 
     def _heartbeat(self) -> None:
+        """Publish the last acknowledged LSN (followers' read-your-writes watermark).
+
+        ``last_ack`` only ever moves to a position whose transactions are all acknowledged by
+        Kafka (or to an idle keepalive's position, with nothing in flight), so every event
+        committed before the reported LSN is already in its topic when this is produced.
+        """
         assert self.heartbeat_topic is not None
         name = self.p.settings.kafka.topic_prefix
         self.publisher.produce_plain(

@@ -150,8 +150,8 @@ class Publisher:
             ) from e
         self._known_topics.update(md.topics)
 
-    def ensure_topics(self, topics: Sequence[str]) -> None:
-        """Create missing topics as compacted, with the configured partition count."""
+    def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
+        """Create missing topics as compacted, with ``partitions`` (default: configured)."""
         missing = [t for t in topics if t not in self._known_topics]
         if not missing:
             return
@@ -162,7 +162,7 @@ class Publisher:
         new = [
             NewTopic(
                 t,
-                self.settings.partitions,
+                partitions or self.settings.partitions,
                 self.settings.replication_factor,
                 config=dict(TABLE_TOPIC_CONFIG),
             )

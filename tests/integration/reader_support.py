@@ -71,6 +71,8 @@ class ReaderEnv:
             CDC_POSTGRES__PUBLICATION_NAME=self.slot,
             CDC_KAFKA__BOOTSTRAP_SERVERS=self.bootstrap,
             CDC_KAFKA__TOPIC_PREFIX=self.prefix,
+            # Under the test's prefix, so the topic_prefix fixture deletes it too.
+            CDC_KAFKA__HEARTBEAT_TOPIC=f"{self.prefix}.heartbeat",
             PYTHONUNBUFFERED="1",
         )
         env.update(self.extra or {})

@@ -229,12 +229,12 @@ def verification_table(checks: list[TableCheck]) -> Table:
 NEXT_STEPS = """\
 Where to look next (the demo's data stays until the next `make demo`):
   reader status   set -a; . .stack/demo/demo.env; set +a; .venv/bin/cdc status
-  logs            .stack/demo/logs/{reader,cache_sync,search_sync}.log, servers: .stack/logs/
+  logs            .stack/demo/logs/{reader,cache_sync,search_sync}.log; servers: .stack/logs/
   Kafka topics    .venv/bin/python -m demo.peek demo.public.products 3   (last 3 events)
-  Redis           redis-cli -p 56379 --scan --pattern 'demo:public.products:*' | head
-                  redis-cli -p 56379 HGETALL demo:public.products:8
+  Redis           redis-cli -p 56379 --scan --pattern 'demo:public.products:*' | head -3
+                  redis-cli -p 56379 HGETALL demo:public.products:<id>
   OpenSearch      curl -s '127.0.0.1:19200/demo-public.products/_search?q=title:waterproof&size=3&pretty'
-  PostgreSQL      psql postgresql://cdc:cdc@127.0.0.1:55432/demo -c '\\d+ products'
+  PostgreSQL      (after sourcing demo.env as above) psql "$CDC_POSTGRES__DSN" -c '\\d+ products'
 """
 
 
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             for follower, d in (("Redis", c.redis_diff), ("OpenSearch", c.search_diff)):
                 if d:
                     console.print(f"[red]{follower} differs from {c.table}:[/]\n{d}")
-    console.print(NEXT_STEPS, highlight=False)
+    console.print(NEXT_STEPS, markup=False, highlight=False, soft_wrap=True)
     took = time.monotonic() - t0
     if failure:
         console.print(f"[red]demo failed after {took:.0f}s:[/] {failure}", highlight=False)

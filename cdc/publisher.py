@@ -119,6 +119,33 @@ class TxnTracker:
                 self._publisher.latency_observer(time.time() - ts / 1000.0)
 
 
+class AckQueue:
+    """Open transactions in commit order; what is acknowledged is their complete prefix.
+
+    Pure bookkeeping (no Kafka): a transaction counts once it is closed (its Commit seen)
+    and none of its records is pending; the acknowledged LSN is the end LSN of the last
+    transaction that is complete together with every one before it.
+    """
+
+    def __init__(self) -> None:
+        self._txns: deque[TxnTracker] = deque()
+        self.acked: Lsn | None = None
+
+    def append(self, txn: TxnTracker) -> None:
+        self._txns.append(txn)
+
+    def advance(self) -> Lsn | None:
+        """Drop complete transactions from the front; return the acknowledged LSN."""
+        while self._txns and self._txns[0].closed and self._txns[0].pending == 0:
+            txn = self._txns.popleft()
+            if txn.end_lsn is not None:
+                self.acked = txn.end_lsn
+        return self.acked
+
+    def __len__(self) -> int:
+        return len(self._txns)
+
+
 class Publisher:
     """Kafka side of the reader: topics, records, delivery tracking."""
 
@@ -131,8 +158,7 @@ class Publisher:
         }
         self._admin = AdminClient(admin_conf)
         self._known_topics: set[str] = set()
-        self._txns: deque[TxnTracker] = deque()
-        self._acked: Lsn | None = None
+        self._acks = AckQueue()
         self._failure: PublishError | None = None
         self.produced = 0
         self.delivered = 0
@@ -231,7 +257,7 @@ class Publisher:
     def begin(self, commit_lsn: Lsn) -> TxnTracker:
         """Start tracking a transaction; transactions must begin in commit order."""
         txn = TxnTracker(self, commit_lsn)
-        self._txns.append(txn)
+        self._acks.append(txn)
         return txn
 
     def send(
@@ -288,17 +314,13 @@ class Publisher:
 
     def acked_lsn(self) -> Lsn | None:
         """End LSN of the last transaction that is, with all before it, fully in Kafka."""
-        if self._failure is None:
-            while self._txns and self._txns[0].closed and self._txns[0].pending == 0:
-                txn = self._txns.popleft()
-                if txn.end_lsn is not None:
-                    self._acked = txn.end_lsn
-        return self._acked
+        # After a failed delivery nothing more may be acknowledged.
+        return self._acks.advance() if self._failure is None else self._acks.acked
 
     def idle(self) -> bool:
         """True when no transaction is waiting for acknowledgment."""
         self.acked_lsn()
-        return not self._txns
+        return len(self._acks) == 0
 
     def in_flight(self) -> int:
         return len(self._producer)

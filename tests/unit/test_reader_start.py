@@ -1,0 +1,74 @@
+"""plan_start: how a run begins, from the slot, the saved state and the snapshot mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc.config import SnapshotMode
+from cdc.errors import SlotError
+from cdc.lsn import Lsn
+from cdc.slots import Action, SlotInfo, plan_start
+from cdc.state import Phase, ReaderState
+
+SLOT = "s1"
+
+
+def slot(*, active: bool = False, plugin: str = "pgoutput") -> SlotInfo:
+    return SlotInfo(SLOT, plugin, "db", active, 42 if active else None, Lsn(100), Lsn(90))
+
+
+def state(phase: Phase) -> ReaderState:
+    return ReaderState(SLOT, "db", phase, Lsn(50), Lsn(100), 1.0)
+
+
+@pytest.mark.parametrize("mode", [SnapshotMode.INITIAL, SnapshotMode.WHEN_NEEDED])
+def test_fresh_start_takes_a_snapshot(mode: SnapshotMode) -> None:
+    plan = plan_start(mode, SLOT, None, None)
+    assert plan.action is Action.SNAPSHOT and not plan.drop_existing_slot
+
+
+def test_no_data_creates_a_slot_without_snapshot() -> None:
+    assert plan_start(SnapshotMode.NO_DATA, SLOT, None, None).action is Action.NEW_SLOT
+
+
+def test_a_streamed_slot_resumes() -> None:
+    plan = plan_start(SnapshotMode.INITIAL, SLOT, slot(), state(Phase.STREAMING))
+    assert plan.action is Action.STREAM
+
+
+def test_an_interrupted_snapshot_starts_over_with_a_new_slot() -> None:
+    for saved in (state(Phase.SNAPSHOT), None):  # killed before or after the state was saved
+        plan = plan_start(SnapshotMode.INITIAL, SLOT, slot(), saved)
+        assert plan.action is Action.SNAPSHOT and plan.drop_existing_slot
+        assert "did not complete" in plan.reason
+
+
+def test_no_data_streams_from_an_existing_slot_even_without_state() -> None:
+    assert plan_start(SnapshotMode.NO_DATA, SLOT, slot(), None).action is Action.STREAM
+
+
+def test_a_lost_slot_is_an_error_unless_when_needed() -> None:
+    with pytest.raises(SlotError, match=r"no\s+longer exists"):
+        plan_start(SnapshotMode.INITIAL, SLOT, None, state(Phase.STREAMING))
+    plan = plan_start(SnapshotMode.WHEN_NEEDED, SLOT, None, state(Phase.STREAMING))
+    assert plan.action is Action.SNAPSHOT and "gone" in plan.reason
+
+
+def test_an_active_slot_or_another_plugin_is_refused() -> None:
+    with pytest.raises(SlotError, match="in use by process 42"):
+        plan_start(SnapshotMode.INITIAL, SLOT, slot(active=True), state(Phase.STREAMING))
+    with pytest.raises(SlotError, match="test_decoding"):
+        plan_start(SnapshotMode.INITIAL, SLOT, slot(plugin="test_decoding"), None)
+
+
+def test_initial_only_runs_once() -> None:
+    assert plan_start(SnapshotMode.INITIAL_ONLY, SLOT, None, None).action is Action.SNAPSHOT_ONLY
+    done = plan_start(SnapshotMode.INITIAL_ONLY, SLOT, None, state(Phase.SNAPSHOT_ONLY_DONE))
+    assert done.action is Action.NOTHING
+
+
+def test_reader_state_round_trips_through_json() -> None:
+    s = state(Phase.STREAMING)
+    assert ReaderState.from_json(s.to_json()) == s
+    empty = ReaderState(SLOT, "db", Phase.SNAPSHOT)
+    assert ReaderState.from_json(empty.to_json()) == empty

@@ -292,7 +292,45 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
 
 
 def _tuple(data: bytes, pos: int) -> tuple[tuple[RawValue, ...], int]:
-    """TupleData at ``pos``: Int16 column count, then per column a kind byte and maybe a value."""
+    """TupleData at ``pos``: Int16 column count, then per column a kind byte and maybe a value.
+
+    The hot loop checks nothing it does not have to: a truncated value only shows as a
+    position past the end, checked once at the end. Anything odd (truncation, bad UTF-8, an
+    unknown kind) redoes the tuple with :func:`_tuple_checked`, which says what is wrong.
+    """
+    start = pos
+    try:
+        ncols = (data[pos] << 8) | data[pos + 1]
+        pos += 2
+        values: list[RawValue] = [None] * ncols
+        unpack_len = _I32.unpack_from
+        for col in range(ncols):
+            kind = data[pos]
+            if kind == 0x74:  # 't' text
+                end = pos + 5 + unpack_len(data, pos + 1)[0]
+                values[col] = data[pos + 5 : end].decode()
+                pos = end
+            elif kind == 0x6E:  # 'n' null
+                pos += 1
+            elif kind == 0x75:  # 'u' unchanged TOAST
+                values[col] = UNCHANGED_TOAST
+                pos += 1
+            elif kind == 0x62:  # 'b' binary
+                end = pos + 5 + unpack_len(data, pos + 1)[0]
+                values[col] = data[pos + 5 : end]
+                pos = end
+            else:
+                break
+        else:
+            if pos <= len(data):
+                return tuple(values), pos
+    except (IndexError, struct.error, UnicodeDecodeError):
+        pass
+    return _tuple_checked(data, start)
+
+
+def _tuple_checked(data: bytes, pos: int) -> tuple[tuple[RawValue, ...], int]:
+    """:func:`_tuple` with every check, for malformed input: raises what is wrong, where."""
     size = len(data)
     if pos + 2 > size:
         raise _Malformed("tuple data truncated before its column count", pos)

@@ -9,6 +9,7 @@ pre-serialised schema bytes.
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from schemas.typemap import (
     Codec,
     ConnectSchema,
     NonFiniteFloat,
+    _bool,
     codec_for,
     connect_schema,
     with_field,
@@ -45,6 +47,7 @@ SNAPSHOT_VALUES = (
     "false",
     "incremental",
 )
+_SNAPSHOT_SET = frozenset(SNAPSHOT_VALUES)
 OPS = frozenset("crudt")
 
 SOURCE_SCHEMA: ConnectSchema = connect_schema(
@@ -106,6 +109,15 @@ def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, default=json_default)
 
 
+def _b64(raw: bytes) -> str:
+    """base64 text of bytes, as json_default writes them (binascii skips base64's wrapper)."""
+    return binascii.b2a_base64(raw, newline=False).decode("ascii")
+
+
+class _KeyNull(Exception):
+    """Internal: a key column is null; the slow path raises the clear SchemaError."""
+
+
 def sequence(last_commit_lsn: int | None, lsn: int | None) -> str:
     """source.sequence: a JSON array of two strings (or nulls), as Debezium renders it."""
     a = "null" if last_commit_lsn is None else f'"{last_commit_lsn}"'
@@ -114,10 +126,20 @@ def sequence(last_commit_lsn: int | None, lsn: int | None) -> str:
 
 
 class TablePlan:
-    """Everything about one table's events that does not change from row to row."""
+    """Everything about one table's events that does not change from row to row.
+
+    Rows are converted by functions generated for the table (one dict expression, the
+    common types inlined), in two flavours: Connect values (``row``, bytes for BYTES, used
+    by Avro and ``value_payload``) and JSON-ready values (``json_row``, BYTES already as
+    base64 text, used by the JSON encoders). Both give way to a slow, column-by-column path
+    that names the failing column when anything goes wrong.
+    """
 
     __slots__ = (
         "_fast_row",
+        "_json_key",
+        "_json_row",
+        "_key_from_row",
         "avro",
         "binary",
         "codecs",
@@ -125,12 +147,14 @@ class TablePlan:
         "converters",
         "envelope_name",
         "envelope_schema",
+        "envelope_schema_fragment",
         "envelope_schema_json",
         "identity_indexes",
         "key_indexes",
         "key_name",
         "key_names",
         "key_schema",
+        "key_schema_fragment",
         "key_schema_json",
         "names",
         "placeholders",
@@ -151,7 +175,6 @@ class TablePlan:
             (i, conv) for i, conv in enumerate(self.converters) if conv is not None
         )
         self.identity_indexes = tuple(i for i, conv in enumerate(self.converters) if conv is None)
-        self._fast_row = self._compile_row()
         self.binary = tuple(
             _binary_converter(c.type.oid, c.type_modifier, settings, codec)
             for c, codec in zip(table.columns, self.codecs, strict=True)
@@ -164,6 +187,10 @@ class TablePlan:
             )
         self.key_indexes = tuple(index[k] for k in table.key_columns)
         self.key_names = table.key_columns
+        self._fast_row = self._compile_row(json=False)
+        self._json_row = self._compile_row(json=True)
+        self._json_key = self._compile_key()
+        self._key_from_row = self._compile_key_from_row()
         self.key_name = record_name(prefix, table.schema, table.table, "Key")
         self.value_name = record_name(prefix, table.schema, table.table, "Value")
         self.envelope_name = record_name(prefix, table.schema, table.table, "Envelope")
@@ -197,19 +224,62 @@ class TablePlan:
         )
         self.envelope_schema_json = orjson.dumps(self.envelope_schema)
         self.key_schema_json = None if self.key_schema is None else orjson.dumps(self.key_schema)
+        # Spliced verbatim into each event by orjson (same bytes as the schema dumped again).
+        self.envelope_schema_fragment = orjson.Fragment(self.envelope_schema_json)
+        self.key_schema_fragment = (
+            None if self.key_schema_json is None else orjson.Fragment(self.key_schema_json)
+        )
         self.avro: Any = None  # built on first use by schemas.avro
 
     def row(self, values: Sequence[RawValue]) -> dict[str, Any]:
         """One row's Connect values, keyed by column name."""
         if len(values) != len(self.names):
-            raise SchemaError(
-                f"table {self.table.schema}.{self.table.table}: row has {len(values)} values "
-                f"for {len(self.names)} columns"
-            )
+            raise self._width_error(values)
         try:
             return self._fast_row(values)
         except (SchemaError, ValueError, TypeError, ArithmeticError, IndexError):
             pass  # redo slowly to say which column failed
+        return self._slow_row(values)
+
+    def json_row(self, values: Sequence[RawValue]) -> dict[str, Any]:
+        """One row's values ready for ``orjson.dumps(..., default=json_default)``.
+
+        The same JSON as :meth:`row`'s dict gives, only with fewer fallbacks to
+        ``json_default`` (top-level BYTES values are base64 text already).
+        """
+        if len(values) != len(self.names):
+            raise self._width_error(values)
+        try:
+            return self._json_row(values)
+        except (SchemaError, ValueError, TypeError, ArithmeticError, IndexError):
+            pass  # the slow path names the failing column (or gives the same JSON)
+        return self._slow_row(values)
+
+    def json_key(self, values: Sequence[RawValue]) -> dict[str, Any]:
+        """The key columns' values ready for JSON (only those are converted)."""
+        try:
+            return self._json_key(values)
+        except (_KeyNull, SchemaError, ValueError, TypeError, ArithmeticError, IndexError):
+            pass
+        return self.key(values)
+
+    def json_key_from_row(
+        self, converted: dict[str, Any], values: Sequence[RawValue]
+    ) -> dict[str, Any]:
+        """The key, taken from a row :meth:`json_row` already converted (``values`` is that
+        row, used only when a key column is null, to raise the usual error)."""
+        try:
+            return self._key_from_row(converted)
+        except _KeyNull:
+            return self.key(values)  # raises: a key column is null
+
+    def _width_error(self, values: Sequence[RawValue]) -> SchemaError:
+        return SchemaError(
+            f"table {self.table.schema}.{self.table.table}: row has {len(values)} values "
+            f"for {len(self.names)} columns"
+        )
+
+    def _slow_row(self, values: Sequence[RawValue]) -> dict[str, Any]:
         vals = list(values)
         i = -1
         try:
@@ -229,28 +299,71 @@ class TablePlan:
             raise SchemaError(f"{self._where(i)}: cannot convert {values[i]!r}: {e}") from e
         return dict(zip(self.names, vals, strict=True))
 
-    def _compile_row(self) -> Callable[[Sequence[RawValue]], dict[str, Any]]:
+    def _text_expr(self, i: int, v: str, json: bool, env: dict[str, Any]) -> str:
+        """Source of the expression converting text ``v`` of column ``i``."""
+        conv = self.converters[i]
+        if conv is None:
+            return v
+        if conv is int or conv is float:
+            return f"{conv.__name__}({v})"
+        if conv is _bool:  # output function's t/f inline; anything else takes the checks
+            env["B"] = _bool
+            return f"(True if {v} == 't' else False if {v} == 'f' else B({v}))"
+        env[f"c{i}"] = conv
+        if json and self.codecs[i].schema["type"] == "bytes":
+            env["b64"] = _b64
+            return f"b64(c{i}({v}))"
+        return f"c{i}({v})"
+
+    def _compile_row(self, *, json: bool) -> Callable[[Sequence[RawValue]], dict[str, Any]]:
         """A function made for this table: unpack the row, build the dict in one expression."""
         n = len(self.names)
         if n == 0:
             return lambda values: {}
         env: dict[str, Any] = {"S": self._special}
         items = []
-        for i, (name, conv) in enumerate(zip(self.names, self.converters, strict=True)):
+        for i, name in enumerate(self.names):
             v = f"v{i}"
-            if conv is None:
-                expr = f"{v} if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
-            else:
-                env[f"c{i}"] = conv
-                expr = (
-                    f"c{i}({v}) if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
-                )
+            text = self._text_expr(i, v, json, env)
+            expr = f"{text} if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
             items.append(f"{name!r}: ({expr})")
         unpack = ", ".join(f"v{i}" for i in range(n))
         src = f"def row(values):\n    {unpack}, = values\n    return {{{', '.join(items)}}}\n"
-        exec(compile(src, f"<row {self.topic}>", "exec"), env)  # names are repr()-quoted
-        fn: Callable[[Sequence[RawValue]], dict[str, Any]] = env["row"]
+        fn: Callable[[Sequence[RawValue]], dict[str, Any]] = self._exec(src, "row", env)
         return fn
+
+    def _compile_key(self) -> Callable[[Sequence[RawValue]], dict[str, Any]]:
+        """Key columns only; anything but text (null, TOAST, binary) goes to :meth:`key`."""
+        env: dict[str, Any] = {"KeyNull": _KeyNull}
+        lines = ["def key(values):"]
+        items = []
+        for i in self.key_indexes:
+            v = f"v{i}"
+            lines.append(f"    {v} = values[{i}]")
+            lines.append(f"    if {v}.__class__ is not str: raise KeyNull")
+            items.append(f"{self.names[i]!r}: {self._text_expr(i, v, True, env)}")
+        lines.append(f"    return {{{', '.join(items)}}}")
+        fn: Callable[[Sequence[RawValue]], dict[str, Any]]
+        fn = self._exec("\n".join(lines) + "\n", "key", env)
+        return fn
+
+    def _compile_key_from_row(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        env: dict[str, Any] = {"KeyNull": _KeyNull}
+        lines = ["def key(row):"]
+        items = []
+        for j, i in enumerate(self.key_indexes):
+            lines.append(f"    k{j} = row[{self.names[i]!r}]")
+            lines.append(f"    if k{j} is None: raise KeyNull")
+            items.append(f"{self.names[i]!r}: k{j}")
+        lines.append(f"    return {{{', '.join(items)}}}")
+        fn: Callable[[dict[str, Any]], dict[str, Any]]
+        fn = self._exec("\n".join(lines) + "\n", "key", env)
+        return fn
+
+    def _exec(self, src: str, name: str, env: dict[str, Any]) -> Any:
+        # Column names are repr()-quoted and converters are passed in env, never as text.
+        exec(compile(src, f"<{name} {self.topic}>", "exec"), env)
+        return env[name]
 
     def key(self, values: Sequence[RawValue]) -> dict[str, Any]:
         """The key columns' Connect values (only those are converted)."""
@@ -322,6 +435,7 @@ class EventEncoder:
         self._plans: dict[int, TablePlan] = {}
         self._avro = settings.value_format is ValueFormat.AVRO
         self._schemas = settings.schemas_enable
+        self._tx_metadata = settings.provide_transaction_metadata
         self._registry = registry
         if self._avro and registry is None and settings.registry_url:
             from schemas.registry import SchemaRegistryClient
@@ -352,15 +466,19 @@ class EventEncoder:
         plan = self.plan(table)
         if not plan.key_indexes:
             return None
-        payload = plan.key(row)
         if self._avro:
             from schemas import avro
 
-            return avro.encode_key(self, plan, payload)
-        if not self._schemas:
+            return avro.encode_key(self, plan, plan.key(row))
+        return self._key_json(plan, plan.json_key(row))
+
+    def _key_json(self, plan: TablePlan, payload: dict[str, Any]) -> bytes:
+        if plan.key_schema_fragment is None or not self._schemas:
             return _dumps(payload)
-        assert plan.key_schema_json is not None
-        return b'{"schema":' + plan.key_schema_json + b',"payload":' + _dumps(payload) + b"}"
+        # One orjson call writes the pre-serialised schema too: no concatenation copies.
+        return orjson.dumps(
+            {"schema": plan.key_schema_fragment, "payload": payload}, default=json_default
+        )
 
     def value_payload(
         self,
@@ -373,38 +491,65 @@ class EventEncoder:
         now_ns: int | None = None,
     ) -> dict[str, Any]:
         """The envelope as a Connect value (dicts, bytes for BYTES)."""
+        plan = self.plan(table)
+        return self._payload(
+            plan,
+            op,
+            None if before is None else plan.row(before),
+            None if after is None else plan.row(after),
+            source,
+            transaction,
+            time.time_ns() if now_ns is None else now_ns,
+        )
+
+    def _payload(
+        self,
+        plan: TablePlan,
+        op: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: SourceInfo,
+        transaction: TransactionInfo | None,
+        now_ns: int,
+    ) -> dict[str, Any]:
+        """The envelope around rows already converted."""
         if op not in OPS:
             raise SchemaError(f"unknown operation {op!r}; expected one of c, r, u, d, t")
-        if source.snapshot not in SNAPSHOT_VALUES:
-            raise SchemaError(f"unknown source.snapshot {source.snapshot!r}")
-        plan = self.plan(table)
-        if now_ns is None:
-            now_ns = time.time_ns()
+        snapshot = source.snapshot
+        if snapshot not in _SNAPSHOT_SET:
+            raise SchemaError(f"unknown source.snapshot {snapshot!r}")
         ts_us = source.ts_us
+        lsn = source.lsn
+        last = source.last_commit_lsn
         tx = None
-        if transaction is not None and self.settings.provide_transaction_metadata:
+        if transaction is not None and self._tx_metadata:
             tx = {
                 "id": transaction.id,
                 "total_order": transaction.total_order,
                 "data_collection_order": transaction.data_collection_order,
             }
+        table = plan.table
         return {
-            "before": None if before is None else plan.row(before),
-            "after": None if after is None else plan.row(after),
+            "before": before,
+            "after": after,
             "source": {
                 "version": self.version,
                 "connector": CONNECTOR,
                 "name": self.server_name,
                 "ts_ms": ts_us // 1000,
-                "snapshot": source.snapshot,
+                "snapshot": snapshot,
                 "db": self.database,
-                "sequence": sequence(source.last_commit_lsn, source.lsn),
+                # sequence(last, lsn), inlined: this runs once per event
+                "sequence": (
+                    f"[{'null' if last is None else f'{chr(34)}{last}{chr(34)}'},"
+                    f"{'null' if lsn is None else f'{chr(34)}{lsn}{chr(34)}'}]"
+                ),
                 "ts_us": ts_us,
                 "ts_ns": ts_us * 1000,
                 "schema": table.schema,
                 "table": table.table,
                 "txId": source.txid,
-                "lsn": source.lsn,
+                "lsn": lsn,
                 "xmin": None,
             },
             "transaction": tx,
@@ -424,19 +569,71 @@ class EventEncoder:
         transaction: TransactionInfo | None = None,
     ) -> bytes:
         """The record value of a c/r/u/d event."""
-        payload = self.value_payload(table, op, before, after, source, transaction)
-        return self._encode_envelope(self.plan(table), payload)
+        plan = self.plan(table)
+        if self._avro:
+            payload = self.value_payload(table, op, before, after, source, transaction)
+            return self._encode_envelope(plan, payload)
+        return self._value_json(
+            plan,
+            self._payload(
+                plan,
+                op,
+                None if before is None else plan.json_row(before),
+                None if after is None else plan.json_row(after),
+                source,
+                transaction,
+                time.time_ns(),
+            ),
+        )
+
+    def encode_change(
+        self,
+        table: TableSchema,
+        op: str,
+        before: Sequence[RawValue] | None,
+        after: Sequence[RawValue] | None,
+        source: SourceInfo,
+        transaction: TransactionInfo | None = None,
+    ) -> tuple[bytes | None, bytes]:
+        """Key and value of a c/r/u/d event in one go.
+
+        The same bytes as ``encode_key(table, after if after is not None else before)`` and
+        ``encode_value(...)``, but the key columns are converted once, for the value, and
+        the key reuses them.
+        """
+        plan = self.plan(table)
+        keyed = after if after is not None else before
+        if self._avro:
+            key = None if keyed is None else self.encode_key(table, keyed)
+            return key, self.encode_value(table, op, before, after, source, transaction)
+        before_d = None if before is None else plan.json_row(before)
+        after_d = None if after is None else plan.json_row(after)
+        key = None
+        if plan.key_indexes:
+            if keyed is None:
+                key = self.encode_key(table, ())  # raises the usual error
+            else:
+                row_d = after_d if after is not None else before_d
+                assert row_d is not None
+                key = self._key_json(plan, plan.json_key_from_row(row_d, keyed))
+        payload = self._payload(plan, op, before_d, after_d, source, transaction, time.time_ns())
+        return key, self._value_json(plan, payload)
 
     def encode_truncate(self, table: TableSchema, source: SourceInfo) -> bytes:
         """The record value of a truncate (``op: "t"``) event; it has no key."""
         payload = self.value_payload(table, "t", None, None, source)
         return self._encode_envelope(self.plan(table), payload)
 
+    def _value_json(self, plan: TablePlan, payload: dict[str, Any]) -> bytes:
+        if not self._schemas:
+            return _dumps(payload)
+        return orjson.dumps(
+            {"schema": plan.envelope_schema_fragment, "payload": payload}, default=json_default
+        )
+
     def _encode_envelope(self, plan: TablePlan, payload: dict[str, Any]) -> bytes:
         if self._avro:
             from schemas import avro
 
             return avro.encode_value(self, plan, payload)
-        if not self._schemas:
-            return _dumps(payload)
-        return b'{"schema":' + plan.envelope_schema_json + b',"payload":' + _dumps(payload) + b"}"
+        return self._value_json(plan, payload)

@@ -14,7 +14,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -303,7 +303,15 @@ def _time_precision(typmod: int) -> int:
     return 6 if typmod < 0 else typmod
 
 
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+
+
 def _date(text: str) -> int:
+    if len(text) == 10 and text[4] == "-" and text[7] == "-":
+        try:  # the common case, in C; anything it refuses takes the exact parser below
+            return date.fromisoformat(text).toordinal() - _EPOCH_ORDINAL
+        except ValueError:
+            pass
     if text == "infinity":
         return DATE_POSITIVE_INFINITY_DAYS
     if text == "-infinity":

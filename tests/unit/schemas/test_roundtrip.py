@@ -27,8 +27,11 @@ SOURCE = SourceInfo(1700000000000001, "true", 7, 100, 90)
 def _float4_text(x: float) -> str:
     f = struct.unpack("<f", struct.pack("<f", x))[0]
     for digits in range(1, 10):
-        if struct.pack("<f", float(f"{f:.{digits}g}")) == struct.pack("<f", f):
-            return f"{f:.{digits}g}"
+        try:
+            if struct.pack("<f", float(f"{f:.{digits}g}")) == struct.pack("<f", f):
+                return f"{f:.{digits}g}"
+        except OverflowError:  # near FLT_MAX a short form rounds past it: try more digits
+            continue
     return repr(f)
 
 

@@ -142,6 +142,7 @@ class DebeziumServer:
         *,
         role: str = "dbz",
         snapshot_mode: str = "no_data",
+        snapshot_tables: list[str] | None = None,
     ) -> None:
         self.env = env
         self.tables = tables
@@ -150,6 +151,9 @@ class DebeziumServer:
         self.publication = env.name(role) + "_pub"
         self.prefix = env.register_prefix(env.name(role))
         self.snapshot_mode = snapshot_mode
+        # Only these tables are snapshotted; the others are only streamed (one JVM start
+        # can then measure a snapshot and go on as the streaming instance).
+        self.snapshot_tables = snapshot_tables
         self.workdir = env.run_dir / role
         self.home: Path | None = None
         self.java: Path | None = None
@@ -221,6 +225,10 @@ class DebeziumServer:
             "quarkus.log.console.json": "false",
             "quarkus.log.level": "INFO",
         }  # fmt: skip
+        if self.snapshot_tables is not None:
+            props["debezium.source.snapshot.include.collection.list"] = ",".join(
+                self.snapshot_tables
+            )
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def launch(self) -> Measured:

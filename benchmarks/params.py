@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Params:
-    big_rows: int  # the snapshot table
-    small_rows: int  # a tenth of it, to see how memory scales with table size
+    big_rows: int  # the snapshot table (our reader)
+    small_rows: int  # a tenth of it: memory vs table size, and Debezium's snapshot table
     stream_rows: int  # rows in the streaming table before any load
     backlog_changes: int  # changes written while readers are stopped (catch-up)
     catchup_txn_rows: tuple[int, ...]  # transaction sizes of the backlogs
@@ -16,28 +16,46 @@ class Params:
     latency_s: float
     step_s: float  # duration of one rate step
     step_rates: dict[int, tuple[float, ...]]  # txn size -> rates (changes/s) to step through
+    peer_step_txn_rows: tuple[int, ...]  # txn sizes whose rate steps Debezium also runs
+    follower_rate: float  # changes/s offered while follower latency is measured
+    follower_s: float
+    follower_probe_hz: float  # marker rows per second during the follower runs
+    follower_step_rates: tuple[float, ...]  # changes/s (10-row txns) for the followers' steps
+    follower_step_s: float
 
 
 FULL = Params(
     big_rows=1_000_000,
     small_rows=100_000,
     stream_rows=100_000,
-    backlog_changes=200_000,
+    backlog_changes=100_000,
     catchup_txn_rows=(1, 100, 1000),
-    latency_rate=5000,
+    latency_rate=2000,
     latency_s=20,
-    step_s=15,
-    step_rates={1: (1000, 2000, 5000, 10000, 20000), 100: (5000, 10000, 20000, 50000, 100000)},
+    step_s=12,
+    step_rates={1: (1000, 2000, 3000, 5000), 100: (5000, 10000, 20000, 40000)},
+    peer_step_txn_rows=(1,),
+    follower_rate=2000,
+    follower_s=30,
+    follower_probe_hz=10,
+    follower_step_rates=(2000, 5000, 10000, 20000),
+    follower_step_s=15,
 )
 
 QUICK = Params(
-    big_rows=50_000,
-    small_rows=5_000,
-    stream_rows=10_000,
-    backlog_changes=20_000,
-    catchup_txn_rows=(1, 100),
-    latency_rate=5000,
+    big_rows=20_000,
+    small_rows=2_000,
+    stream_rows=5_000,
+    backlog_changes=5_000,
+    catchup_txn_rows=(1,),
+    latency_rate=1000,
     latency_s=5,
-    step_s=5,
-    step_rates={1: (1000, 3000), 100: (5000, 20000)},
+    step_s=4,
+    step_rates={1: (1000, 2000), 100: (5000,)},
+    peer_step_txn_rows=(),
+    follower_rate=500,
+    follower_s=8,
+    follower_probe_hz=10,
+    follower_step_rates=(),
+    follower_step_s=6,
 )

@@ -97,6 +97,10 @@ class Measured:
         except psutil.Error:
             return False
 
+    def peak_rss_mb(self) -> float:
+        """Peak RSS of the tree sampled so far (MiB)."""
+        return self._peak_rss / 2**20
+
     def cpu_now(self) -> float:
         """CPU seconds of the live tree so far (0 when it is gone)."""
         total = 0.0

@@ -26,9 +26,11 @@ log = logging.getLogger("bench")
 
 # Measurements that BENCH_ONLY may pick (setup and slot creation run as needed).
 ONLY = {
-    "snapshot": lambda b: (runner.snapshot_ceiling(b), runner.snapshot_ours(b, runner.BIG),
+    "snapshot": lambda b: (runner.snapshot_ceiling(b, runner.BIG),
+                           runner.snapshot_ceiling(b, runner.SMALL),
+                           runner.snapshot_ours(b, runner.BIG),
                            runner.snapshot_ours(b, runner.SMALL),
-                           runner.snapshot_debezium(b, runner.BIG)),
+                           runner.snapshot_debezium(b, runner.SMALL)),
     "catchup": lambda b: (runner.create_stream_slots(b),
                           [runner.catchup_phase(b, t) for t in b.params.catchup_txn_rows]),
     "streaming": lambda b: (runner.create_stream_slots(b), runner.streaming(b, "ours"),
@@ -69,6 +71,7 @@ def main() -> int:
         bench.record.notes.append(f"run aborted: {type(e).__name__}: {e}")
         status = 1
     finally:
+        runner.stop_background(bench)
         problems = env.cleanup()
         for p in problems:
             bench.record.notes.append(f"cleanup: {p}")

@@ -187,7 +187,9 @@ class BenchEnv:
             topics = [
                 t
                 for t in admin.list_topics(timeout=10).topics
-                if any(t.startswith(p + ".") for p in self.topic_prefixes)
+                # Table topics, the reader's heartbeat topic, the followers' dead letters.
+                if any(t.startswith(p + ".") or t == f"__cdc-heartbeat.{p}" or t == p + "_dlq"
+                       for p in self.topic_prefixes)
             ]
             if topics:
                 for _t, fut in admin.delete_topics(topics, operation_timeout=30).items():

@@ -480,7 +480,9 @@ def rate_steps(
         watcher.close()
     metric = f"max flat streaming changes/s ({txn_rows}-row txns)"
     if best is None:
-        raise RuntimeError(f"lag was not flat even at {rates[0]:,.0f}/s")
+        b.record.not_measured(name, metric, f"lag grew already at the first step "
+                              f"({rates[0]:,.0f}/s offered)")
+        return
     b.record.add(Figure(name, metric, best, "changes/s", limit, extra={"steps": steps}))
 
 
@@ -613,7 +615,7 @@ def _follower_latency(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
     res = _follower_load(b, p.follower_rate, p.follower_s)
     prober.writing(False)
     probes = prober.between(t0, time.time())
-    grace = 30 if b.env.quick else 90
+    grace = 20 if b.env.quick else 60
     prober.wait_seen(probes, grace, alive=dead)
     detail = (f"offered {p.follower_rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
               f"10-row txns, {p.follower_s:.0f}s; {len(probes)} probes")  # fmt: skip
@@ -643,7 +645,7 @@ def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
         res = _follower_load(b, rate, p.follower_step_s)
         prober.writing(False)
         probes = prober.between(t0, time.time())
-        prober.wait_seen(probes, 30, alive=dead)
+        prober.wait_seen(probes, 20, alive=dead)
         step: dict[str, Any] = {"offered": rate, "achieved": res.achieved_rate,
                                 "generator_kept_up": res.kept_up}  # fmt: skip
         for follower in ("redis", "search"):
@@ -667,7 +669,7 @@ def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
         if all(limit.values()):
             break
         # Let a follower that fell behind drain before the next step.
-        prober.wait_seen(probes, 60, alive=dead)
+        prober.wait_seen(probes, 30, alive=dead)
     for follower, label in (("redis", "Redis"), ("search", "search")):
         metric = f"max sustained changes/s ({label} follower)"
         value = best[follower]

@@ -6,12 +6,9 @@ untouched, new descriptions, title changes that move products in and out of the 
 results, stock updates on the REPLICA IDENTITY FULL table, cascading deletes, and primary-key
 changes that cascade into the stock table's composite key.
 
-Known gap, kept out of the default run: a primary-key change of a product whose description
-is stored out of line. pgoutput sends the new row with the description "unchanged TOAST";
-the reader turns the change into delete(old key) + create(new key) with Debezium's
-placeholder, and no follower holds a value for the new key, so the followers end with a null
-description. ``toasted_key_changes=True`` (``scripts/demo.py --toasted-key-changes``)
-includes such products, to reproduce it.
+Primary-key changes include products whose description is stored out of line: pgoutput sends
+the new row with the description "unchanged TOAST", and the reader fills it in for the create
+event of the new key (``toasted_key_changes=False`` leaves such products out).
 """
 
 from __future__ import annotations
@@ -58,7 +55,7 @@ class LiveWorkload:
         *,
         tx_per_s: float = 25.0,
         seed: int = 66,
-        toasted_key_changes: bool = False,
+        toasted_key_changes: bool = True,
     ) -> None:
         self.dsn = dsn
         self.toasted_key_changes = toasted_key_changes

@@ -244,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tx-per-second", type=float, default=25.0)
     p.add_argument(
         "--toasted-key-changes",
-        action="store_true",
-        help="also change the primary key of products with TOASTed descriptions\n"
-        "(reproduces a known gap: the followers lose the description)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also change the primary key of products with TOASTed descriptions (default on;\n"
+        "the reader carries the unchanged description over to the new key)",
     )
     args = p.parse_args(argv)
 

@@ -197,10 +197,40 @@ class ChangeBuilder:
         return reduce_batch(changes).winners[0]
 
 
+_DLQ_READY: set[tuple[str, str]] = set()
+
+
+def ensure_dead_letter_topic(settings: Settings) -> None:
+    """Create the dead-letter topic if it is missing (brokers may not auto-create topics)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    k = settings.kafka
+    if (k.bootstrap_servers, k.dead_letter_topic) in _DLQ_READY:
+        return
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    if k.dead_letter_topic not in admin.list_topics(timeout=30).topics:
+        new = NewTopic(
+            k.dead_letter_topic, num_partitions=1, replication_factor=k.replication_factor
+        )
+        try:
+            admin.create_topics([new])[k.dead_letter_topic].result(timeout=30)
+        except Exception as e:  # another job may have created it a moment ago
+            if "TOPIC_ALREADY_EXISTS" not in str(e):
+                raise
+    _DLQ_READY.add((k.bootstrap_servers, k.dead_letter_topic))
+
+
 def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]]) -> int:
-    """Publish refused records with the reason; returns how many were sent."""
+    """Publish refused records with the reason; returns how many Kafka acknowledged.
+
+    Raises PublishError unless every one was acknowledged: the batch then fails and is
+    retried, so a poison message is never dropped silently.
+    """
     from confluent_kafka import Producer
 
+    from cdc.errors import PublishError
+
+    ensure_dead_letter_topic(settings)
     producer = Producer(
         {
             "bootstrap.servers": settings.kafka.bootstrap_servers,
@@ -208,21 +238,28 @@ def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]])
             "enable.idempotence": True,
         }
     )
-    n = 0
+    errors: list[str] = []
+    sent = 0
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
     for rec in records:
         producer.produce(
             settings.kafka.dead_letter_topic,
             key=rec.get("key"),
             value=orjson.dumps({**rec, "job": job, "ts_ms": int(time.time() * 1000)}),
+            on_delivery=delivered,
         )
-        n += 1
-    if producer.flush(60) != 0:
-        from cdc.errors import PublishError
-
+        sent += 1
+    left = producer.flush(60)
+    if left or errors:
         raise PublishError(
-            f"dead-letter topic {settings.kafka.dead_letter_topic}: not acknowledged"
+            f"dead-letter topic {settings.kafka.dead_letter_topic}: "
+            f"{left} not delivered, {len(errors)} refused ({errors[:1]})"
         )
-    return n
+    return sent
 
 
 def apply_partition(

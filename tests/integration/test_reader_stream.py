@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 
@@ -64,15 +66,22 @@ def _confirmed(dsn: str, slot: str) -> int:
 
 
 @pytest.mark.slow
-def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv) -> None:
+def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv, tmp_path: Path) -> None:
     with psycopg.connect(reader.dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE captured (id int PRIMARY KEY, v text)")
         conn.execute("CREATE TABLE ignored (id int PRIMARY KEY, v text)")
+    log_path = tmp_path / "reader.log"
     proc = reader.start(
-        CDC_POSTGRES__TABLES='["public.captured"]', CDC_POSTGRES__STATUS_INTERVAL_S="1"
+        log_path=log_path,
+        CDC_POSTGRES__TABLES="public.captured",
+        CDC_POSTGRES__STATUS_INTERVAL_S="1",
     )
     try:
-        wait_until(lambda: _slot_active(reader), timeout=60, what="the reader to stream")
+        def streaming() -> bool:
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            return _slot_active(reader)
+
+        wait_until(streaming, timeout=60, what="the reader to stream")
         start = _confirmed(reader.dsn, reader.slot)
         # Writes only to a table outside the publication.
         with psycopg.connect(reader.dsn, autocommit=True) as conn:
@@ -100,8 +109,8 @@ def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv) -> None:
         )
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out[-3000:]
+        proc.wait(60)
+    assert proc.returncode == 0, log_path.read_text(errors="replace")[-3000:]
 
 
 def _slot_active(reader: ReaderEnv) -> bool:

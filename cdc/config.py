@@ -71,6 +71,15 @@ class PostgresSettings(BaseModel):
     @classmethod
     def _split_tables(cls, v: Any) -> Any:
         if isinstance(v, str):
+            if v.lstrip().startswith("["):  # a JSON list is accepted too
+                import json
+
+                try:
+                    return tuple(json.loads(v))
+                except ValueError as e:
+                    raise ValueError(
+                        f"tables {v!r} is neither a JSON list nor comma-separated"
+                    ) from e
             return tuple(t.strip() for t in v.split(",") if t.strip())
         return v
 

@@ -183,7 +183,11 @@ def topic_prefix(endpoints: Endpoints) -> Iterator[str]:
     prefix = unique("t")
     yield prefix
     admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
-    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    topics = [
+        t
+        for t in admin.list_topics(timeout=10).topics
+        if t.startswith(prefix) or t == f"__cdc-heartbeat.{prefix}"
+    ]
     if topics:
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             fut.result()

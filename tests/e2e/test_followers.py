@@ -193,7 +193,11 @@ def _cleanup(p: Pipeline) -> None:
         )
         conn.execute(f'DROP DATABASE IF EXISTS "{p.name}" WITH (FORCE)')
     admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
-    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(p.name)]
+    topics = [
+        t
+        for t in admin.list_topics(timeout=10).topics
+        if t.startswith(p.name) or t == f"__cdc-heartbeat.{p.name}"
+    ]
     if topics:
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             fut.result()

@@ -58,6 +58,11 @@ def test_environment_names_from_the_issues(monkeypatch: pytest.MonkeyPatch) -> N
     assert s.spark.checkpoint_dir == "/ckpt"
 
 
+def test_tables_as_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CDC_POSTGRES__TABLES", '["public.a", "shop.b"]')
+    assert load_settings().postgres.tables == ("public.a", "shop.b")
+
+
 def test_environment_beats_the_file_and_overrides_beat_both(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

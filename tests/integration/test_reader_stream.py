@@ -77,6 +77,7 @@ def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv, tmp_path
         CDC_POSTGRES__STATUS_INTERVAL_S="1",
     )
     try:
+
         def streaming() -> bool:
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
             return _slot_active(reader)

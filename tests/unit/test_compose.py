@@ -60,8 +60,10 @@ def test_host_port_matches_native_stack(compose: dict[str, Any], name: str) -> N
 def test_env_urls_use_the_published_ports(compose: dict[str, Any]) -> None:
     env = _stacklib("ports").env_vars()
     hosts = {
-        "CDC_POSTGRES__DSN": "postgres", "CDC_KAFKA__BOOTSTRAP_SERVERS": "kafka",
-        "CDC_REDIS__URL": "redis", "CDC_SEARCH__URL": "opensearch",
+        "CDC_POSTGRES__DSN": "postgres",
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": "kafka",
+        "CDC_REDIS__URL": "redis",
+        "CDC_SEARCH__URL": "opensearch",
     }
     for var, service in hosts.items():
         port = next(iter(_published(compose["services"][service])))
@@ -81,14 +83,19 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
     assert "wal_level=logical" in command
     assert "max_replication_slots=10" in command and "max_wal_senders=10" in command
     assert svc["image"] == "postgres:15"
-    assert svc["environment"] == {"POSTGRES_USER": "cdc", "POSTGRES_PASSWORD": "cdc", "POSTGRES_DB": "cdc"}
+    assert svc["environment"] == {
+        "POSTGRES_USER": "cdc",
+        "POSTGRES_PASSWORD": "cdc",
+        "POSTGRES_DB": "cdc",
+    }
 
 
 def test_images_match_native_versions(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["kafka"]["image"] == f"apache/kafka:{_stacklib('kafka').KAFKA_VERSION}"
     assert services["opensearch"]["image"] == (
-        f"opensearchproject/opensearch:{_stacklib('opensearch').VERSION}")
+        f"opensearchproject/opensearch:{_stacklib('opensearch').VERSION}"
+    )
     assert services["opensearch"]["environment"]["DISABLE_SECURITY_PLUGIN"] == "true"
 
 

@@ -252,6 +252,9 @@ class Prober:
     def _search_poller(self) -> None:
         from opensearchpy import NotFoundError, OpenSearch, TransportError
 
+        # opensearch-py logs every 404/503 at WARNING; those are expected while the job
+        # creates the index.
+        logging.getLogger("opensearch").setLevel(logging.ERROR)
         try:
             client = OpenSearch(hosts=[self.search_url], timeout=10)
             while not self._stop.wait(SEARCH_POLL_S):

@@ -35,11 +35,11 @@ FULL = Params(
     step_s=12,
     step_rates={1: (1000, 2000, 3000, 5000), 100: (5000, 10000, 20000, 40000)},
     peer_step_txn_rows=(1,),
-    follower_rate=1000,
+    follower_rate=500,
     follower_s=25,
     follower_probe_hz=10,
-    follower_step_rates=(2000, 5000, 10000),
-    follower_step_s=12,
+    follower_step_rates=(250, 500, 1000, 2000, 5000),
+    follower_step_s=20,
 )
 
 QUICK = Params(
@@ -53,7 +53,7 @@ QUICK = Params(
     step_s=4,
     step_rates={1: (1000, 2000), 100: (5000,)},
     peer_step_txn_rows=(),
-    follower_rate=500,
+    follower_rate=200,
     follower_s=5,
     follower_probe_hz=20,
     follower_step_rates=(),

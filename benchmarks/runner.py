@@ -578,6 +578,12 @@ def followers(b: Bench) -> None:
                 f"followers: both Spark jobs applied their first change {time.time() - t_jobs:.0f}s "
                 f"after spark-submit (trigger {fol.TRIGGER})"
             )
+            # Warm-up: the first loaded micro-batches pay for Python workers and connections.
+            prober.writing(True)
+            t_warm = time.time()
+            _follower_load(b, b.params.follower_rate, 3 if b.env.quick else 8)
+            prober.writing(False)
+            prober.wait_seen(prober.between(t_warm, time.time()), 30, alive=dead)
             _follower_latency(b, fol, prober, dead)
             if b.params.follower_step_rates:
                 _follower_steps(b, fol, prober, dead)

@@ -70,8 +70,78 @@ def test_open_loop_load_commits_what_it_reports(env: BenchEnv) -> None:
     # About half the single-row changes are inserts of new ids (some later deleted).
     assert 0.2 * res.changes < row[0] < 0.8 * res.changes
 
+
 def test_trend_flat_and_growing() -> None:
     flat = [LagSample(t, t * 1000, 5000 + (t % 2) * 100) for t in range(40)]
     grow = [LagSample(t, t * 1000, t * 400) for t in range(40)]
     assert trend(flat).flat
     assert not trend(grow).flat
+
+
+def test_snapshot_ratio_compares_equal_table_sizes() -> None:
+    from benchmarks.report import comparisons
+    from benchmarks.results import BenchRecord, Figure
+
+    rec = BenchRecord("t", quick=True)
+    rec.add(Figure("postgres", "COPY binary rows/s", 1_000_000.0, "rows/s", "1,000,000 rows"))
+    rec.add(Figure("postgres", "COPY binary rows/s", 500_000.0, "rows/s", "100,000 rows"))
+    rec.add(Figure("ours", "snapshot rows/s", 50_000.0, "rows/s", "100,000 rows"))
+    (c,) = comparisons(rec)
+    assert (c.against, c.ratio) == ("COPY binary", 0.1)  # against the 100k COPY, not the 1M
+
+
+def test_follower_latency_trend() -> None:
+    from benchmarks.followers import Probe, latency_of
+
+    steady = [Probe(i, 100.0 + i, {"redis": 100.0 + i + 0.05}) for i in range(40)]
+    lat = latency_of(steady, "redis")
+    assert lat.flat() and lat.p50_ms == pytest.approx(50, abs=1)
+    growing = [Probe(i, 100.0 + i, {"redis": 100.0 + i + 0.5 * i}) for i in range(40)]
+    assert not latency_of(growing, "redis").flat()
+    late = [*steady[:-1], Probe(99, 200.0)]  # one probe never arrived
+    assert latency_of(late, "redis").missing == 1 and not latency_of(late, "redis").flat()
+
+
+def test_prober_finds_rows_in_redis_and_search(env: BenchEnv) -> None:
+    """The pollers see a probe once its key is in Redis and its document is searchable."""
+    import time
+
+    import redis
+    from opensearchpy import OpenSearch
+
+    from benchmarks.followers import PROBE, Prober, SparkJobs, create_probe_table, latency_of
+    from cdc.config import load_settings
+
+    s = load_settings()
+    redis_url, search_url = s.redis.url.get_secret_value(), s.search.url.get_secret_value()
+    prefix = env.name("probetest")
+    create_probe_table(env)
+    prober = Prober(env, prefix, redis_url, search_url, hz=20)
+    r = redis.Redis.from_url(redis_url)
+    client = OpenSearch(hosts=[search_url])
+    prober.start()
+    try:
+        prober.writing(True)
+        deadline = time.time() + 30
+        while len(prober.probes) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        prober.writing(False)
+        probes = list(prober.probes)
+        assert len(probes) >= 3
+        with env.connect() as conn:  # the rows really are committed
+            row = conn.execute(f"SELECT count(*) FROM {PROBE}").fetchone()
+        assert row is not None and row[0] >= len(probes)
+        assert not prober.wait_seen(probes, 0.5)  # nothing is in the followers yet
+        for p in probes:
+            r.hset(f"{prefix}:{PROBE}:{p.pid}", "id", str(p.pid))
+            client.index(index=prober.index, id=str(p.pid), body={"id": p.pid}, refresh=True)
+        assert prober.wait_seen(probes, 30)
+        for follower in ("redis", "search"):
+            lat = latency_of(probes, follower)
+            assert lat.seen == len(probes) and lat.missing == 0
+            assert all(p.seen[follower] >= p.committed for p in probes)
+    finally:
+        prober.stop()
+        problems = SparkJobs(env, prefix, env.run_dir).drop_follower_state(redis_url, search_url)
+    assert problems == []
+    assert not list(r.scan_iter(match=f"{prefix}:*"))

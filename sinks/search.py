@@ -122,6 +122,7 @@ class SearchSink:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.timeout_s = timeout_s
         self._sleep = sleep
         # Our own backoff replaces the client's fixed-interval retries.
         self.client = client or OpenSearch(hosts=[url], timeout=timeout_s, max_retries=0)
@@ -166,15 +167,21 @@ class SearchSink:
         body = {"settings": index_settings(self.gc_deletes), "mappings": mapping}
 
         def create() -> None:
-            if self.client.indices.exists(index=name):
-                return
-            try:
-                self.client.indices.create(index=name, body=body)
-                log.info("created index", extra={"index": name})
-            except TransportError as e:
-                # Another writer created it first.
-                if _error_type(e) != "resource_already_exists_exception":
-                    raise
+            if not self.client.indices.exists(index=name):
+                try:
+                    self.client.indices.create(index=name, body=body)
+                    log.info("created index", extra={"index": name})
+                except TransportError as e:
+                    # Another writer created it first.
+                    if _error_type(e) != "resource_already_exists_exception":
+                        raise
+            # A new index (maybe created by a writer that was killed a moment ago) answers
+            # reads only once its shard is started: wait for that instead of failing reads.
+            deadline = time.monotonic() + self.timeout_s
+            while self.client.cluster.health(index=name).get("status") not in ("yellow", "green"):
+                if time.monotonic() >= deadline:
+                    raise TransportError(503, "index_not_ready", f"{name} has no started shard")
+                self._sleep(0.2)
 
         self._with_retries(f"create index {name}", create)
         self._ready.add(name)

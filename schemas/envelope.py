@@ -521,6 +521,7 @@ class EventEncoder:
         ts_us = source.ts_us
         lsn = source.lsn
         last = source.last_commit_lsn
+        txid = source.txid
         tx = None
         if transaction is not None and self._tx_metadata:
             tx = {
@@ -539,16 +540,16 @@ class EventEncoder:
                 "ts_ms": ts_us // 1000,
                 "snapshot": snapshot,
                 "db": self.database,
-                # sequence(last, lsn), inlined: this runs once per event
                 "sequence": (
-                    f"[{'null' if last is None else f'{chr(34)}{last}{chr(34)}'},"
-                    f"{'null' if lsn is None else f'{chr(34)}{lsn}{chr(34)}'}]"
+                    f'["{last}","{lsn}"]'
+                    if last is not None and lsn is not None
+                    else sequence(last, lsn)
                 ),
                 "ts_us": ts_us,
                 "ts_ns": ts_us * 1000,
                 "schema": table.schema,
                 "table": table.table,
-                "txId": source.txid,
+                "txId": txid,
                 "lsn": lsn,
                 "xmin": None,
             },
@@ -601,23 +602,49 @@ class EventEncoder:
         ``encode_value(...)``, but the key columns are converted once, for the value, and
         the key reuses them.
         """
-        plan = self.plan(table)
-        keyed = after if after is not None else before
+        plan = self._plans.get(id(table))
+        if plan is None or plan.table is not table:
+            plan = self.plan(table)
         if self._avro:
+            keyed = after if after is not None else before
             key = None if keyed is None else self.encode_key(table, keyed)
             return key, self.encode_value(table, op, before, after, source, transaction)
-        before_d = None if before is None else plan.json_row(before)
-        after_d = None if after is None else plan.json_row(after)
+        # The steps of json_row/json_key_from_row/_key_json/_value_json, inlined: this is
+        # the reader's per-event path. Any failure takes the slow paths that explain it.
+        fast = plan._json_row
+        before_d = after_d = None
+        try:
+            if before is not None:
+                before_d = fast(before)
+            if after is not None:
+                after_d = fast(after)
+        except (SchemaError, ValueError, TypeError, ArithmeticError, IndexError):
+            before_d = None if before is None else plan.json_row(before)
+            after_d = None if after is None else plan.json_row(after)
         key = None
         if plan.key_indexes:
-            if keyed is None:
-                key = self.encode_key(table, ())  # raises the usual error
+            if after_d is not None:
+                assert after is not None
+                key_d = plan.json_key_from_row(after_d, after)
+            elif before_d is not None:
+                assert before is not None
+                key_d = plan.json_key_from_row(before_d, before)
             else:
-                row_d = after_d if after is not None else before_d
-                assert row_d is not None
-                key = self._key_json(plan, plan.json_key_from_row(row_d, keyed))
+                key_d = plan.key(())  # raises: there is no row to take a key from
+            if self._schemas:
+                key = orjson.dumps(
+                    {"schema": plan.key_schema_fragment, "payload": key_d}, default=json_default
+                )
+            else:
+                key = orjson.dumps(key_d, default=json_default)
         payload = self._payload(plan, op, before_d, after_d, source, transaction, time.time_ns())
-        return key, self._value_json(plan, payload)
+        if self._schemas:
+            value = orjson.dumps(
+                {"schema": plan.envelope_schema_fragment, "payload": payload}, default=json_default
+            )
+        else:
+            value = orjson.dumps(payload, default=json_default)
+        return key, value
 
     def encode_truncate(self, table: TableSchema, source: SourceInfo) -> bytes:
         """The record value of a truncate (``op: "t"``) event; it has no key."""

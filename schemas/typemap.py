@@ -206,6 +206,12 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
     precision, scale = pm
 
     def to_decimal(text: str) -> bytes:
+        # Fast path of scaled_integer (PostgreSQL renders exactly `scale` digits), inlined
+        # with unscaled_bytes: this runs for every numeric value. Specials have no dot.
+        dot = text.find(".")
+        if scale > 0 and dot > 0 and len(text) - dot - 1 == scale and "e" not in text:
+            u = int(text.replace(".", "", 1))
+            return u.to_bytes(u.bit_length() // 8 + 1, "big", signed=True)
         if text in _SPECIAL_NUMERIC:
             raise _special_precise(col)
         return unscaled_bytes(scaled_integer(text, scale))
@@ -344,6 +350,16 @@ def _timestamp_millis(text: str) -> int:
 def _timestamptz(width: int) -> Converter:
     def convert(text: str) -> str:
         n = len(text)
+        # Microseconds in full, already UTC: the most common layout, sliced in one go.
+        if (
+            n == 29
+            and width == 6
+            and text[19] == "."
+            and text.endswith("+00")
+            and text[4] == "-"
+            and text[10] == " "
+        ):
+            return f"{text[:10]}T{text[11:26]}Z"
         if text.endswith("+00") and n >= 22 and text[4] == "-" and text[10] == " ":
             # Already UTC (the session's TimeZone): only the layout changes.
             frac = text[20:-3] if n > 22 else ""

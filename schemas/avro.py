@@ -286,8 +286,11 @@ def shortest_float32(x: float) -> float:
     target = struct.pack("<f", x)
     for digits in range(1, 10):
         candidate = float(f"{x:.{digits}g}")
-        if struct.pack("<f", candidate) == target:
-            return candidate
+        try:
+            if struct.pack("<f", candidate) == target:
+                return candidate
+        except OverflowError:  # near FLT_MAX a short form rounds past it: try more digits
+            continue
     return x
 
 

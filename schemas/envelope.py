@@ -13,6 +13,7 @@ import binascii
 import logging
 import time
 from collections.abc import Callable, Sequence
+from datetime import date
 from typing import Any
 
 import orjson
@@ -25,10 +26,13 @@ from schemas import oids
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from schemas.names import record_name, topic_name
 from schemas.typemap import (
+    _EPOCH_ORDINAL,
     Codec,
     ConnectSchema,
     NonFiniteFloat,
     _bool,
+    _date,
+    _float,
     codec_for,
     connect_schema,
     with_field,
@@ -107,11 +111,6 @@ def json_default(obj: Any) -> Any:
 
 def _dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, default=json_default)
-
-
-def _b64(raw: bytes) -> str:
-    """base64 text of bytes, as json_default writes them (binascii skips base64's wrapper)."""
-    return binascii.b2a_base64(raw, newline=False).decode("ascii")
 
 
 class _KeyNull(Exception):
@@ -310,9 +309,20 @@ class TablePlan:
             env["B"] = _bool
             return f"(True if {v} == 't' else False if {v} == 'f' else B({v}))"
         env[f"c{i}"] = conv
+        if conv is _float:  # _float inline: finite floats as they are
+            env["NF"] = NonFiniteFloat
+            return f"(f if (f := float({v})) - f == 0 else NF(f))"
+        if conv is _date:
+            # _date's fast path inline; a value it refuses raises ValueError, and the row
+            # is redone by the slow path, which runs the full _date.
+            env["fromiso"] = date.fromisoformat
+            return (
+                f"(fromiso({v}).toordinal() - {_EPOCH_ORDINAL} "
+                f"if len({v}) == 10 and {v}[4] == '-' and {v}[7] == '-' else c{i}({v}))"
+            )
         if json and self.codecs[i].schema["type"] == "bytes":
-            env["b64"] = _b64
-            return f"b64(c{i}({v}))"
+            env["b2a"] = binascii.b2a_base64
+            return f"b2a(c{i}({v}), newline=False).decode()"  # = _b64, without its frame
         return f"c{i}({v})"
 
     def _compile_row(self, *, json: bool) -> Callable[[Sequence[RawValue]], dict[str, Any]]:
@@ -623,14 +633,15 @@ class EventEncoder:
             after_d = None if after is None else plan.json_row(after)
         key = None
         if plan.key_indexes:
-            if after_d is not None:
-                assert after is not None
-                key_d = plan.json_key_from_row(after_d, after)
-            elif before_d is not None:
-                assert before is not None
-                key_d = plan.json_key_from_row(before_d, before)
-            else:
-                key_d = plan.key(())  # raises: there is no row to take a key from
+            try:
+                if after_d is not None:
+                    key_d = plan._key_from_row(after_d)
+                elif before_d is not None:
+                    key_d = plan._key_from_row(before_d)
+                else:
+                    key_d = plan.key(())  # raises: there is no row to take a key from
+            except _KeyNull:
+                key_d = plan.key(after if after is not None else before or ())  # raises
             if self._schemas:
                 key = orjson.dumps(
                     {"schema": plan.key_schema_fragment, "payload": key_d}, default=json_default

@@ -77,6 +77,7 @@ def _retryable_status(status: object) -> bool:
 
 
 _RETRY: Final = "retry"
+_MGET_CHUNK: Final = 500
 
 
 @dataclass(slots=True)
@@ -278,10 +279,7 @@ class SearchSink:
             {"_index": index, "_id": c.key, "_source": {"includes": sorted(held)}}
             for (_, c, index), (_, held) in zip(partial, splits, strict=True)
         ]
-        found = self._with_retries(
-            "read held documents",
-            lambda: self.client.mget(body={"docs": docs}, params={"realtime": "true"}),
-        )["docs"]
+        found = self._read_held(docs)
         for (slot, change, index), (values, held), doc in zip(partial, splits, found, strict=True):
             if "error" in doc:
                 reason = doc["error"].get("reason", str(doc["error"]))
@@ -313,6 +311,32 @@ class SearchSink:
             if missing:
                 note = f"unchanged columns {missing} not held by the follower: left out"
             self._add_index_op(ops, results, slot, change, index, merged, note)
+
+    def _read_held(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Multi-get in modest chunks; items that fail (e.g. a shard-level request the busy
+        node rejected) are read again with backoff before their error is reported."""
+        found: list[dict[str, Any]] = [{} for _ in docs]
+        todo = list(range(len(docs)))
+        for attempt in range(self.max_attempts):
+            failed: list[int] = []
+            for start in range(0, len(todo), _MGET_CHUNK):
+                part = todo[start : start + _MGET_CHUNK]
+                body = {"docs": [docs[i] for i in part]}
+
+                def read(body: dict[str, Any] = body) -> Any:
+                    return self.client.mget(body=body, params={"realtime": "true"})
+
+                got = self._with_retries("read held documents", read)["docs"]
+                for i, doc in zip(part, got, strict=True):
+                    found[i] = doc
+                    if "error" in doc:
+                        failed.append(i)
+            if not failed or attempt == self.max_attempts - 1:
+                break
+            log.warning("re-reading %d held documents (attempt %d)", len(failed), attempt + 2)
+            self._backoff(attempt)
+            todo = failed
+        return found
 
     def _bulk(
         self, ops: list[_Op], changes: Sequence[Change], results: list[ApplyResult | None]

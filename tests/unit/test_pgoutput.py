@@ -271,3 +271,27 @@ def test_stream_abort_with_parallel_streaming_fields() -> None:
     assert po.decode(data[:9], 2) == po.StreamAbort(700, 701)
     with pytest.raises(DecodeError):
         po.decode(data[:17], 4)
+
+
+_COLUMN = st.one_of(
+    st.text(max_size=40).map(lambda s: b"t" + struct.pack("!I", len(s.encode())) + s.encode()),
+    st.binary(max_size=40).map(lambda b: b"b" + struct.pack("!I", len(b)) + b),
+    st.just(b"n"),
+    st.just(b"u"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_COLUMN, max_size=12), st.integers(0, 3), st.binary(max_size=3))
+def test_tuple_fast_path_matches_checked_path(columns: list[bytes], cut: int, junk: bytes) -> None:
+    """The unchecked hot loop and the fully checked one agree, on good and damaged tuples."""
+    data = struct.pack("!H", len(columns)) + b"".join(columns)
+    for sample in (data, data[: max(0, len(data) - cut)], data + junk):
+        try:
+            expected: Any = po._tuple_checked(sample, 0)
+        except po._Malformed as e:
+            with pytest.raises(po._Malformed) as got:
+                po._tuple(sample, 0)
+            assert (got.value.reason, got.value.offset) == (e.reason, e.offset)
+        else:
+            assert po._tuple(sample, 0) == expected

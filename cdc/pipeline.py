@@ -279,6 +279,7 @@ class _Streamer:
         self.idle_lsn: Lsn | None = None
         self.last_ack: Lsn | None = None
         self.events = 0
+        self._counters: dict[str, Any] = {}
         self.heartbeat_topic = heartbeat_topic(pipeline.settings.kafka)
         if self.heartbeat_topic:
             # One partition: a follower reads every heartbeat in order from one place.
@@ -301,10 +302,13 @@ class _Streamer:
             msg = self.repl.read(0.1)
             if isinstance(msg, XLogData):
                 self._handle(msg)
-            elif isinstance(msg, Keepalive) and self.txn is None and self.publisher.idle():
-                # Everything before wal_end has reached us and is in Kafka: safe to confirm.
-                self.idle_lsn = msg.wal_end
-            self.publisher.poll(0)
+            else:
+                # Between frames: serve delivery reports (send() also polls every 1,024
+                # records, so a busy stream does not pay for a poll per message).
+                self.publisher.poll(0)
+                if isinstance(msg, Keepalive) and self.txn is None and self.publisher.idle():
+                    # Everything before wal_end has reached us and is in Kafka: safe to confirm.
+                    self.idle_lsn = msg.wal_end
             now = time.monotonic()
             if now - last_ack_sent >= ACK_INTERVAL_S:
                 last_ack_sent = now
@@ -459,7 +463,10 @@ class _Streamer:
     def _count(self, op: str) -> None:
         self.events += 1
         if self.p.metrics is not None:
-            self.p.metrics.events.labels(op).inc()
+            counter = self._counters.get(op)
+            if counter is None:
+                counter = self._counters[op] = self.p.metrics.events.labels(op)
+            counter.inc()
 
     def _change(
         self,
@@ -473,11 +480,16 @@ class _Streamer:
         headers: Headers = (),
     ) -> None:
         table = self._table(relation_id)
+        source = self._source(frame)
         if key is None:
-            key = self.encoder.encode_key(table, after if after is not None else before or ())
-        value = self.encoder.encode_value(
-            table, op, before, after, self._source(frame), self._transaction(relation_id)
-        )
+            # One call converts the key columns once, for both the key and the value.
+            key, value = self.encoder.encode_change(
+                table, op, before, after, source, self._transaction(relation_id)
+            )
+        else:
+            value = self.encoder.encode_value(
+                table, op, before, after, source, self._transaction(relation_id)
+            )
         self._send(relation_id, key, value, headers)
         self._count(op)
         if op == "d" and key is not None:

@@ -67,7 +67,7 @@ def main() -> None:
             )
             conn.execute(
                 "INSERT INTO items SELECT g, 'm' || g, g %% 1000, md5(g::text), "
-                "repeat('x', 150) FROM generate_series(1, %s) g",
+                "repeat('x', 150) FROM generate_series(1, %s::bigint) g",
                 (a.rows,),
             )
             conn.execute("VACUUM ANALYZE items")
@@ -86,7 +86,7 @@ def main() -> None:
             for lo in range(start, start + a.stream_rows, a.txn_rows):
                 conn.execute(
                     "INSERT INTO items SELECT g, 'm' || g, g %% 1000, md5(g::text), "
-                    "repeat('x', 150) FROM generate_series(%s, %s) g",
+                    "repeat('x', 150) FROM generate_series(%s::bigint, %s::bigint) g",
                     (lo, min(lo + a.txn_rows, start + a.stream_rows) - 1),
                 )
             row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()

@@ -64,6 +64,11 @@ class PostgresSettings(BaseModel):
     snapshot_workers: int = Field(default=2, ge=1, le=64)
     snapshot_chunk_rows: int = Field(default=50_000, ge=100)
     drop_slot_on_exit: bool = False
+    # An UPDATE that leaves a TOASTed column alone does not carry its value (pgoutput sends
+    # "unchanged TOAST"). True: the reader reads the value by key, so every event holds the
+    # whole row and a compacted topic alone rebuilds a follower. False: Debezium's behaviour,
+    # the placeholder __debezium_unavailable_value.
+    complete_unchanged_toast: bool = True
     status_interval_s: float = Field(default=5.0, gt=0)
     proto_version: int = Field(default=1, ge=1, le=4)
 

@@ -280,6 +280,7 @@ class _Streamer:
         self.last_ack: Lsn | None = None
         self.events = 0
         self._counters: dict[str, Any] = {}
+        self.complete_toast = pipeline.settings.postgres.complete_unchanged_toast
         self.heartbeat_topic = heartbeat_topic(pipeline.settings.kafka)
         if self.heartbeat_topic:
             # One partition: a follower reads every heartbeat in order from one place.
@@ -531,4 +532,10 @@ class _Streamer:
                     headers=[("__debezium.oldkey", old_key)],
                 )
                 return
+        if self.complete_toast:
+            missing = unchanged_columns(new)
+            if missing:
+                # Log compaction keeps only a key's newest event: with the placeholder in it,
+                # a follower rebuilt from the compacted topic would never see the value.
+                new = fetch_current(self.catalog.conn, table, new, missing)
         self._change(frame, msg.relation_id, "u", msg.old, new)

@@ -8,7 +8,9 @@ held: the marker there would lose the value. So:
 * under REPLICA IDENTITY FULL the old tuple is the whole old row, and an unchanged column's
   new value IS its old value: :func:`fill_from_old` is exact;
 * otherwise :func:`fetch_current` reads the columns' current values by the new key over the
-  reader's ordinary connection. The value read may be newer than the event (a later
+  reader's ordinary connection. With ``postgres.complete_unchanged_toast`` (the default) it
+  does so for plain updates too: a compacted topic keeps only each key's newest event, and a
+  follower rebuilt from it must find the whole row there. The value read may be newer than the event (a later
   transaction may have changed it already). That is safe for followers: any later change
   has its own event with a higher version (commit LSN), which is applied after this one or
   wins over it, so they converge to the database. If the row is gone (deleted since), the

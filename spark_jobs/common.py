@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,17 +159,23 @@ class BatchStats:
 class ChangeBuilder:
     """Reduced rows → sink Changes, decoding Debezium values with the events' own schema."""
 
-    def __init__(self, on_new_schema: Callable[[str, Any], None] | None = None) -> None:
-        self._converters: dict[str | None, Any] = {}
+    def __init__(
+        self,
+        schemas: Mapping[int, str] | None = None,
+        on_new_schema: Callable[[str, Any], None] | None = None,
+    ) -> None:
+        self._schemas = schemas or {}
+        self._converters: dict[int | None, Any] = {}
         self._on_new_schema = on_new_schema
 
-    def _converter(self, table: str, schema_json: str | None) -> Any:
+    def _converter(self, table: str, schema_id: int | None) -> Any:
         from spark_jobs.convert import RowConverter, after_schema
 
-        conv = self._converters.get(schema_json)
+        conv = self._converters.get(schema_id)
         if conv is None:
+            schema_json = self._schemas.get(schema_id) if schema_id is not None else None
             schema = orjson.loads(schema_json) if schema_json else None
-            conv = self._converters[schema_json] = RowConverter(after_schema(schema))
+            conv = self._converters[schema_id] = RowConverter(after_schema(schema))
             if schema is not None and self._on_new_schema is not None:
                 self._on_new_schema(table, schema)
         return conv
@@ -181,7 +187,7 @@ class ChangeBuilder:
         table = r["table"]
         if r["is_delete"]:
             return Change(table, key, r["commit_lsn"], r["tx_order"], None)
-        conv = self._converter(table, r["value_schema_json"])
+        conv = self._converter(table, r["schema_id"])
         if not r["history"]:
             doc, unchanged = conv(orjson.loads(r["after_json"]))
             return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
@@ -262,8 +268,25 @@ def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]])
     return sent
 
 
+_SINKS: dict[tuple[str, str], Any] = {}
+
+
+def cached_sink(settings: Settings, job: str, make_sink: Callable[[Settings], Any]) -> Any:
+    """One sink per job in each Python worker: Spark reuses its workers across tasks and
+    batches, so connections, loaded scripts and known indices outlive a micro-batch."""
+    key = (job, settings.model_dump_json())
+    sink = _SINKS.get(key)
+    if sink is None:
+        sink = _SINKS[key] = make_sink(settings)
+    return sink
+
+
 def apply_partition(
-    settings: Settings, job: str, make_sink: Callable[[Settings], Any], rows: Iterable[Any]
+    settings: Settings,
+    job: str,
+    make_sink: Callable[[Settings], Any],
+    rows: Iterable[Any],
+    schemas: Mapping[int, str] | None = None,
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
 
@@ -276,10 +299,11 @@ def apply_partition(
     from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT
 
     stats = BatchStats()
-    sink = make_sink(settings)
+    sink = cached_sink(settings, job, make_sink)
     register = getattr(sink, "register_schema", None)
     build = ChangeBuilder(
-        None if register is None else lambda table, schema: register(table, row_fields(schema))
+        schemas,
+        None if register is None else lambda table, schema: register(table, row_fields(schema)),
     )
     try:
         chunk: list[Any] = []
@@ -335,14 +359,17 @@ def apply_partition(
             flush()
         if refused:
             stats.dead_lettered += dead_letter(settings, job, refused)
-    finally:
+    except BaseException:
+        # A sink in an unknown state is not reused: the retried batch gets a new one.
+        _SINKS.pop((job, settings.model_dump_json()), None)
         sink.close()
+        raise
     yield stats
 
 
 def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | None = None) -> int:
     """Entry point shared by the sync jobs."""
-    from spark_jobs.transforms import latest_per_key, parse_events
+    from spark_jobs.transforms import distinct_schemas, latest_per_key, parse_events
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings, opts = parse_args(job, argv)
@@ -356,9 +383,11 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
 
     def process(batch_df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        reduced = latest_per_key(parse_events(batch_df, prefix, opts.heartbeat_topic))
+        events = parse_events(batch_df, prefix, opts.heartbeat_topic)
+        schemas = {r[0]: r[1] for r in distinct_schemas(events).collect()}
+        reduced = latest_per_key(events)
         parts = reduced.rdd.mapPartitions(
-            lambda rows: apply_partition(settings, opts.name, make_sink, rows)
+            lambda rows: apply_partition(settings, opts.name, make_sink, rows, schemas)
         ).collect()
         total = BatchStats()
         for s in parts:
@@ -369,11 +398,7 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
         # all of those changes, and they are applied by now.
         watermark = total.heartbeat_lsn if exact else total.max_commit_lsn
         if watermark:
-            sink = make_sink(settings)
-            try:
-                sink.record_watermark(opts.name, watermark)
-            finally:
-                sink.close()
+            cached_sink(settings, opts.name, make_sink).record_watermark(opts.name, watermark)
         if total.applied or total.skipped or total.failed or total.dead_lettered:
             log.info(
                 "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d watermark=%d (%.0f ms)",

@@ -4,6 +4,7 @@ Input: the Kafka source's columns (key, value, topic, partition, offset, timesta
 Output of :func:`parse_events`: one row per record with
 
     topic, partition, offset, kafka_ts, table, key_json, op, after_json, value_schema_json,
+    schema_id,
     commit_lsn, tx_order, source_ts_ms, raw_value, is_heartbeat, heartbeat_lsn, is_delete,
     parse_error
 
@@ -95,6 +96,9 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         F.col("p.op").alias("op"),
         F.col("p.after").alias("after_json"),
         "value_schema_json",
+        # Every event of a table repeats the same few-kB schema: rows carry a hash of it,
+        # and the schemas themselves travel once per batch (distinct_schemas).
+        F.xxhash64("value_schema_json").alias("schema_id"),
         # Our reader puts the transaction's commit LSN and the change's position in headers.
         # Events from elsewhere fall back to the change's own LSN.
         F.coalesce("h_commit_lsn", F.col("p.source.lsn"), F.lit(0)).alias("commit_lsn"),
@@ -114,6 +118,15 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
 
 
 CHANGE, DEAD, HEARTBEAT, TRUNCATE = "change", "dead", "heartbeat", "truncate"
+
+
+def distinct_schemas(events: DataFrame) -> DataFrame:
+    """``(schema_id, value_schema_json)`` once per distinct schema of the batch."""
+    return (
+        events.where(F.col("value_schema_json").isNotNull())
+        .groupBy("schema_id")
+        .agg(F.first("value_schema_json").alias("value_schema_json"))
+    )
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
@@ -149,7 +162,7 @@ def latest_per_key(events: DataFrame) -> DataFrame:
             "is_delete",
             "op",
             "after_json",
-            "value_schema_json",
+            "schema_id",
             "source_ts_ms",
             "partition",
             F.when(~is_change, F.col("raw_value")).alias("raw_value"),

@@ -299,6 +299,7 @@ class _Streamer:
                 # An open transaction stays unacknowledged: the next run replays all of it.
                 self.publisher.flush(timeout_s=60)
                 self._acknowledge(force=True)
+                self._final_heartbeat()
                 break
             msg = self.repl.read(0.1)
             if isinstance(msg, XLogData):
@@ -340,6 +341,7 @@ class _Streamer:
             ):
                 self.publisher.flush(timeout_s=60)
                 self._acknowledge(force=True)
+                self._final_heartbeat()
                 log.info(
                     "caught up with %s; stopping", self.target, extra={"lsn": str(self.last_ack)}
                 )
@@ -368,6 +370,13 @@ class _Streamer:
             return
         if row and self.last_ack is not None:
             self.p.metrics.lag_bytes.set(max(0, Lsn.parse(row[0]) - self.last_ack))
+
+    def _final_heartbeat(self) -> None:
+        """On the way out, tell the followers how far everything is in Kafka: without it, a
+        short run (``--until current``) could leave their watermark behind its changes."""
+        if self.heartbeat_topic:
+            self._heartbeat()
+            self.publisher.flush(timeout_s=30)
 
     def _heartbeat(self) -> None:
         """Publish the last acknowledged LSN (followers' read-your-writes watermark).

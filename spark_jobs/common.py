@@ -286,7 +286,7 @@ def apply_partition(
     job: str,
     make_sink: Callable[[Settings], Any],
     rows: Iterable[Any],
-    schemas: Mapping[int, str] | None = None,
+    schemas: dict[int, str] | None = None,
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
 
@@ -296,9 +296,15 @@ def apply_partition(
     """
     from cdc.errors import RetryableSinkError
     from sinks.search_index import row_fields
-    from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT
+    from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT, SCHEMA
 
     stats = BatchStats()
+    # Schema rows may come after the changes that need them: read the partition first.
+    rows = list(rows)
+    schemas = dict(schemas or {})
+    for row in rows:
+        if row["kind"] == SCHEMA:
+            schemas[row["schema_id"]] = row["schema_json"]
     sink = cached_sink(settings, job, make_sink)
     register = getattr(sink, "register_schema", None)
     build = ChangeBuilder(
@@ -337,6 +343,8 @@ def apply_partition(
                 chunk.append(build(row))
                 if len(chunk) >= 2000:
                     flush()
+            elif kind == SCHEMA:
+                continue
             elif kind == HEARTBEAT:
                 stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
             else:
@@ -369,7 +377,7 @@ def apply_partition(
 
 def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | None = None) -> int:
     """Entry point shared by the sync jobs."""
-    from spark_jobs.transforms import distinct_schemas, latest_per_key, parse_events
+    from spark_jobs.transforms import latest_per_key, parse_events
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings, opts = parse_args(job, argv)
@@ -383,11 +391,9 @@ def run(job: str, make_sink: Callable[[Settings], Any], argv: Sequence[str] | No
 
     def process(batch_df: Any, batch_id: int) -> None:
         t0 = time.monotonic()
-        events = parse_events(batch_df, prefix, opts.heartbeat_topic)
-        schemas = {r[0]: r[1] for r in distinct_schemas(events).collect()}
-        reduced = latest_per_key(events)
+        reduced = latest_per_key(parse_events(batch_df, prefix, opts.heartbeat_topic))
         parts = reduced.rdd.mapPartitions(
-            lambda rows: apply_partition(settings, opts.name, make_sink, rows, schemas)
+            lambda rows: apply_partition(settings, opts.name, make_sink, rows)
         ).collect()
         total = BatchStats()
         for s in parts:

@@ -117,24 +117,18 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
     )
 
 
-CHANGE, DEAD, HEARTBEAT, TRUNCATE = "change", "dead", "heartbeat", "truncate"
-
-
-def distinct_schemas(events: DataFrame) -> DataFrame:
-    """``(schema_id, value_schema_json)`` once per distinct schema of the batch."""
-    return (
-        events.where(F.col("value_schema_json").isNotNull())
-        .groupBy("schema_id")
-        .agg(F.first("value_schema_json").alias("value_schema_json"))
-    )
+CHANGE, DEAD, HEARTBEAT, TRUNCATE, SCHEMA = "change", "dead", "heartbeat", "truncate", "schema"
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
     """Keep the newest change per (topic, key) by (commit LSN, order, offset).
 
     Every other record passes through untouched, with its ``kind``: ``dead`` (cannot be
-    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress) and ``truncate``.
-    One frame carries all of them so that a micro-batch costs a single Spark job.
+    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress) and ``truncate``;
+    and each distinct event schema of the batch comes once, as a ``schema`` row
+    (``schema_id``, ``schema_json``), since change rows only carry the schema's id. One
+    frame, in one partition, carries all of them, so a micro-batch costs a single Spark job
+    and whoever applies it sees every schema it needs.
 
     When the newest change leaves a TOASTed column unchanged (Debezium's placeholder), the
     older events of the batch for that key ride along in ``history``: one of them may hold
@@ -147,11 +141,21 @@ def latest_per_key(events: DataFrame) -> DataFrame:
         .when(F.col("key_json").isNull(), F.lit(DEAD))
         .otherwise(F.lit(CHANGE))
     )
-    with_kind = events.withColumn("kind", kind)
+    schemas = (
+        events.where(F.col("value_schema_json").isNotNull())
+        .select("topic", "table", "schema_id", "value_schema_json")
+        .withColumn("kind", F.lit(SCHEMA))
+    )
+    with_kind = events.withColumn("kind", kind).unionByName(schemas, allowMissingColumns=True)
     is_change = F.col("kind") == CHANGE
+    is_schema = F.col("kind") == SCHEMA
     # Changes group by key; anything else is its own group (its Kafka position is unique).
-    group = F.when(is_change, F.col("key_json")).otherwise(
-        F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"))
+    group = (
+        F.when(is_change, F.col("key_json"))
+        .when(is_schema, F.concat(F.lit("schema:"), F.col("schema_id").cast("string")))
+        .otherwise(
+            F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"))
+        )
     )
     order = ["commit_lsn", "tx_order", "offset"]
     newest = F.max(
@@ -170,6 +174,7 @@ def latest_per_key(events: DataFrame) -> DataFrame:
                 F.col("kind") == DEAD, F.coalesce("parse_error", F.lit("record has no key"))
             ).alias("parse_error"),
             "heartbeat_lsn",
+            F.when(is_schema, F.col("value_schema_json")).alias("schema_json"),
         )
     ).alias("e")
     history = F.collect_list(F.when(is_change, F.struct(*order, "is_delete", "after_json"))).alias(
@@ -186,4 +191,5 @@ def latest_per_key(events: DataFrame) -> DataFrame:
             "e.*",
             F.when(has_placeholder & (F.size("history") > 1), F.col("history")).alias("history"),
         )
+        .coalesce(1)
     )

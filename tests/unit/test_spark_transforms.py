@@ -83,7 +83,12 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
     assert dead[0]["raw_value"] == "not json at all"
     beats = sorted(r["heartbeat_lsn"] for r in rows if r["kind"] == "heartbeat")
     assert beats == [500, 900]
-    assert len(rows) == 3 + 1 + 2
+    # Every event of the batch had the same schema: it comes once, and changes name it by id.
+    (schema,) = [r for r in rows if r["kind"] == "schema"]
+    assert orjson.loads(schema["schema_json"]) == {"type": "struct", "fields": []}
+    assert changes[1]["schema_id"] == schema["schema_id"]
+    assert len(rows) == 3 + 1 + 2 + 1
+    assert latest_per_key(events).rdd.getNumPartitions() == 1
 
 
 def test_topic_pattern_matches_table_topics_only() -> None:

@@ -62,6 +62,11 @@ def cmd_up(names: list[str]) -> int:
         started = [s for s in services if s.start()]
         for s in services:
             s.wait_ready()
+    if not names:
+        # The Spark Kafka connector jars, fetched once (scripts/spark-submit adds them).
+        from stacklib import sparkjars
+
+        sparkjars.ensure(common.paths())
     for s in services:
         state = "started" if s in started else "already running"
         print(f"{s.name:<11} up    {s.address:<16} {state}")

@@ -187,7 +187,8 @@ def download(url: str, dest: Path) -> Path:
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".part")
+    # A name of our own: two processes fetching the same file must not share a temp file.
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.part")
     say(f"downloading {url}")
     run(["curl", "-fsSL", "--retry", "4", "--retry-delay", "2", "--connect-timeout", "20",
          "-o", tmp, url], timeout=1800)

@@ -6,6 +6,8 @@ time (different versions on one classpath) breaks Spark in confusing ways.
 
 from __future__ import annotations
 
+import fcntl
+
 import hashlib
 import re
 import xml.etree.ElementTree as ET
@@ -100,8 +102,16 @@ def _spark_properties(version: str, folder: Path) -> dict[str, str]:
 
 def ensure(paths: common.Paths) -> list[Path]:
     """Return the connector jars for the installed pyspark, downloading any that are missing."""
-    version = spark_version()
     folder = paths.cache / "spark-jars"
+    folder.mkdir(parents=True, exist_ok=True)
+    # Jobs started side by side (both sync jobs) fetch the jars once, not in a race.
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(folder)
+
+
+def _ensure(folder: Path) -> list[Path]:
+    version = spark_version()
     props = _spark_properties(version, folder)
     wanted = [
         ("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA}", version),

@@ -285,7 +285,10 @@ class Snapshotter:
         # between: they get tombstones, or the topic would keep rows the table no longer has.
         stale = [self._publisher.live_keys(t) for t in topics]
         txn = self._publisher.begin(position)
-        headers_lsn = str(position.value).encode()
+        # Snapshot rows must sort before every streamed change. A transaction can commit with
+        # its commit record exactly at the consistent point, and it is streamed (not in the
+        # snapshot): so the snapshot's version is the LSN just before that point.
+        headers_lsn = str(position.value - 1).encode()
         progress = _Progress(plans, self._progress)
         counter = 0
         held: tuple[int, Row, bool] | None = None  # (table index, row, first in its table)

@@ -102,10 +102,12 @@ class Kafka(Service):
         (self.home / "log4j2.properties").write_text(LOG4J2)
         self.config.write_text(self._properties())
         if not (self.data / "meta.properties").exists():
+            # Given as --cluster-id=<id>: a random id may start with "-", which a separate
+            # argument would turn into an option.
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             common.say(f"formatting Kafka storage {self.data} (cluster {cluster_id})")
             common.run([*self._java(), "kafka.tools.StorageTool", "format", "--standalone",
-                        "-t", cluster_id, "-c", self.config], timeout=120)
+                        f"--cluster-id={cluster_id}", "-c", self.config], timeout=120)
 
     def _properties(self) -> str:
         controller = f"{HOST}:{KAFKA_CONTROLLER_PORT}"

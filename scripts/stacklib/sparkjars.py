@@ -7,7 +7,6 @@ time (different versions on one classpath) breaks Spark in confusing ways.
 from __future__ import annotations
 
 import fcntl
-
 import hashlib
 import re
 import xml.etree.ElementTree as ET

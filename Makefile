@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 
 .PHONY: install stack demo test unit lint bench clean-stack
 

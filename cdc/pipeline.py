@@ -521,7 +521,7 @@ class _Streamer:
                 if missing:
                     # No follower holds the new key yet, so the marker would lose the value;
                     # see cdc.toast for why the current value is safe to use.
-                    new = fetch_current(self.catalog.conn, table, new, missing)
+                    new = fetch_current(self.catalog.conn, table, new, missing, self.xid)
                 self._change(
                     frame,
                     msg.relation_id,
@@ -546,5 +546,5 @@ class _Streamer:
             if missing:
                 # Log compaction keeps only a key's newest event: with the placeholder in it,
                 # a follower rebuilt from the compacted topic would never see the value.
-                new = fetch_current(self.catalog.conn, table, new, missing)
+                new = fetch_current(self.catalog.conn, table, new, missing, self.xid)
         self._change(frame, msg.relation_id, "u", msg.old, new)

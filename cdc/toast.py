@@ -19,6 +19,7 @@ held: the marker there would lose the value. So:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,16 +42,44 @@ def fill_from_old(new: Sequence[RawValue], old: Sequence[RawValue]) -> tuple[Raw
     return tuple(o if n is UNCHANGED_TOAST else n for n, o in zip(new, old, strict=True))
 
 
+_IN_PROGRESS = sql.SQL(
+    "SELECT %s::text IN (SELECT xid(x)::text FROM pg_snapshot_xip(pg_current_snapshot()) x)"
+    " OR %s::text::bigint >= (xid(pg_snapshot_xmax(pg_current_snapshot()))::text)::bigint"
+)
+
+
+def _wait_visible(conn: psycopg.Connection[Any], xid: int, timeout_s: float) -> bool:
+    """Wait until transaction ``xid`` is not in progress for a new snapshot; True if it was
+    still in progress at first (so a second read may find what the first missed)."""
+    deadline = time.monotonic() + timeout_s
+    waited = False
+    while True:
+        row = conn.execute(_IN_PROGRESS, (str(xid), str(xid))).fetchone()
+        if not (row and row[0]):
+            return waited
+        if time.monotonic() >= deadline:
+            return waited
+        waited = True
+        time.sleep(0.01)
+
+
 def fetch_current(
     conn: psycopg.Connection[Any],
     table: TableSchema,
     row: Sequence[RawValue],
     positions: Sequence[int],
+    xid: int | None = None,
+    visible_within_s: float = 10.0,
 ) -> tuple[RawValue, ...]:
     """``row`` with the columns at ``positions`` read from the table by ``row``'s key.
 
     Values are read as text, the form pgoutput sends. Returns ``row`` unchanged when the table
     has no key or the row no longer exists.
+
+    ``xid`` is the transaction that wrote ``row``. A walsender may send a commit a moment
+    before the transaction is visible to other sessions' snapshots; if the row is not found,
+    we wait (up to ``visible_within_s``) until the transaction is no longer in progress for
+    a new snapshot and read once more, so "not found" really means "gone since".
     """
     if not positions or not table.key_columns:
         return tuple(row)
@@ -68,6 +97,8 @@ def fetch_current(
         ),
     )
     found = conn.execute(query, key_values).fetchone()
+    if found is None and xid is not None and _wait_visible(conn, xid, visible_within_s):
+        found = conn.execute(query, key_values).fetchone()
     if found is None:
         return tuple(row)
     out = list(row)

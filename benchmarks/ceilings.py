@@ -107,9 +107,12 @@ def copy_binary(conn: psycopg.Connection[Any], table: str) -> Decoded:
     schema, _, name = table.rpartition(".")
     rows = 0
     t0 = time.perf_counter()
-    with conn.cursor() as cur, cur.copy(
-        sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(sql.Identifier(schema, name))
-    ) as cp:
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            sql.SQL("COPY {} TO STDOUT (FORMAT binary)").format(sql.Identifier(schema, name))
+        ) as cp,
+    ):
         for _block in cp:
             pass
     seconds = time.perf_counter() - t0

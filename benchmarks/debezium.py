@@ -180,9 +180,7 @@ class DebeziumServer:
             conn.execute(
                 sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
                     sql.Identifier(self.publication),
-                    sql.SQL(", ").join(
-                        sql.Identifier(*t.split(".", 1)) for t in self.tables
-                    ),
+                    sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in self.tables),
                 )
             )
         self.env.create_topics([self.topic(t) for t in self.tables])

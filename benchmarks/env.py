@@ -19,11 +19,13 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
+from pgcdc.core import ports
+
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ADMIN_DSN = "postgresql://cdc:cdc@127.0.0.1:55432/cdc"
-DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+DEFAULT_ADMIN_DSN = ports.POSTGRES_DSN
+DEFAULT_BOOTSTRAP = ports.KAFKA_BOOTSTRAP
 # Every bench topic: compacted like the reader's, and stamped by the broker on append, so a
 # record's timestamp is when Kafka had it, the same way for every system measured.
 TOPIC_CONFIG = {"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime"}
@@ -188,8 +190,10 @@ class BenchEnv:
                 t
                 for t in admin.list_topics(timeout=10).topics
                 # Table topics, the reader's heartbeat topic, the followers' dead letters.
-                if any(t.startswith(p + ".") or t == f"__cdc-heartbeat.{p}" or t == p + "_dlq"
-                       for p in self.topic_prefixes)
+                if any(
+                    t.startswith(p + ".") or t == f"__cdc-heartbeat.{p}" or t == p + "_dlq"
+                    for p in self.topic_prefixes
+                )
             ]
             if topics:
                 for _t, fut in admin.delete_topics(topics, operation_timeout=30).items():

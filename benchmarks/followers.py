@@ -32,11 +32,11 @@ from benchmarks.kafka import percentile
 from benchmarks.lag import slope
 from benchmarks.proc import Measured
 from benchmarks.workload import ROW_EXPR, create_table, ident
+from pgcdc.core.contract import JOBS
 
 log = logging.getLogger(__name__)
 
 PROBE = "public.orders_probe"
-JOBS = ("cache_sync", "search_sync")
 TRIGGER = "200 milliseconds"
 FLAT_SLOPE = 0.05  # s of extra latency per s of load: the follower falls behind
 REDIS_POLL_S = 0.01
@@ -115,9 +115,12 @@ class SparkJobs:
         lines = self.log_tail(job, 100_000).splitlines()
         for line in lines:
             s = line.strip()
-            if s and not s.startswith(("at ", "File ")) and s.split(":")[0].endswith(
-                ("Error", "Exception")
-            ) and " " not in s.split(":")[0]:
+            if (
+                s
+                and not s.startswith(("at ", "File "))
+                and s.split(":")[0].endswith(("Error", "Exception"))
+                and " " not in s.split(":")[0]
+            ):
                 return s[:300]
         return lines[-1][:300] if lines else "no output"
 

@@ -145,9 +145,7 @@ def edge_timestamps(bootstrap: str, topics: Sequence[str]) -> tuple[int, int, in
         c.close()
 
 
-def span_timestamps(
-    bootstrap: str, start: dict[tuple[str, int], int]
-) -> tuple[int, int, int]:
+def span_timestamps(bootstrap: str, start: dict[tuple[str, int], int]) -> tuple[int, int, int]:
     """(first ms, last ms, count) of the records after ``start`` (from :func:`end_offsets`)."""
     c = _consumer(bootstrap)
     try:

@@ -71,9 +71,7 @@ class OursReader:
             cmd += ["--until", "current"]
         if drop_slot:
             cmd.append("--drop-slot-on-exit")
-        return Measured(
-            cmd, env=self.environ(), cwd=ROOT, log_path=self.workdir / "reader.log"
-        )
+        return Measured(cmd, env=self.environ(), cwd=ROOT, log_path=self.workdir / "reader.log")
 
     def finish(self, m: Measured, timeout_s: float = 600.0) -> None:
         """Wait for ``--until current`` to end, or stop a streaming reader; raise on failure."""

@@ -62,7 +62,9 @@ class BenchRecord:
         """Record a figure and log it."""
         self.figures.append(fig)
         if fig.measured:
-            log.info("%s / %s = %.4g %s (%s)", fig.system, fig.metric, fig.value, fig.unit, fig.detail)
+            log.info(
+                "%s / %s = %.4g %s (%s)", fig.system, fig.metric, fig.value, fig.unit, fig.detail
+            )
         else:
             log.warning("%s / %s: not measured: %s", fig.system, fig.metric, fig.reason)
         return fig
@@ -106,5 +108,3 @@ def ratio(a: Figure | None, b: Figure | None) -> float | None:
     if a is None or b is None or a.value is None or not b.value:
         return None
     return a.value / b.value
-
-

@@ -133,7 +133,13 @@ def snapshot_ceiling(b: Bench, table: str = BIG) -> None:
 
 
 def _snapshot_figures(
-    b: Bench, system: str, rows: int, wall: float, cpu: float, rss: float, span: tuple[int, int, int]
+    b: Bench,
+    system: str,
+    rows: int,
+    wall: float,
+    cpu: float,
+    rss: float,
+    span: tuple[int, int, int],
 ) -> None:
     first, last, count = span
     detail = f"{rows:,} rows"
@@ -151,7 +157,9 @@ SNAP_METRICS = ["snapshot rows/s", "snapshot CPU-s per 1M rows", "snapshot peak 
 
 def snapshot_ours(b: Bench, table: str = BIG, rows: int | None = None) -> None:
     """Our reader snapshots ``table`` (own slot, dropped after) with ``--until current``."""
-    rows = rows if rows is not None else (b.params.big_rows if table == BIG else b.params.small_rows)
+    rows = (
+        rows if rows is not None else (b.params.big_rows if table == BIG else b.params.small_rows)
+    )
     with b.record.guarded("ours", SNAP_METRICS, f"{rows:,} rows"):
         _require(b, "ours")
         r = OursReader(b.env, [table], role="snap_" + table.split(".")[-1].removeprefix("orders_"))
@@ -306,7 +314,12 @@ def catchup_phase(b: Bench, txn_rows: int, *, keep_peer: bool = False) -> None:
 
 
 def catchup(
-    b: Bench, name: str, marker: bytes, expected: int, changes: int, detail: str,
+    b: Bench,
+    name: str,
+    marker: bytes,
+    expected: int,
+    changes: int,
+    detail: str,
     keep: bool = False,
 ) -> None:
     """Start ``name`` on its stopped slot and time until the backlog (and the marker
@@ -378,12 +391,17 @@ def streaming(b: Bench, name: str) -> None:
             for txn_rows, rates in b.params.step_rates.items():
                 if name != "ours" and txn_rows not in b.params.peer_step_txn_rows:
                     # The peer's rate steps cost minutes of JVM-side drain each.
-                    why = ("not measured in quick mode (BENCH_QUICK=1)" if b.env.quick
-                           else "not run for the peer (time budget of the full run)")
+                    why = (
+                        "not measured in quick mode (BENCH_QUICK=1)"
+                        if b.env.quick
+                        else "not run for the peer (time budget of the full run)"
+                    )
                     b.record.not_measured(name, f"max flat streaming changes/s ({txn_rows}-row txns)",
                                           why)  # fmt: skip
                     continue
-                with b.record.guarded(name, [f"max flat streaming changes/s ({txn_rows}-row txns)"]):
+                with b.record.guarded(
+                    name, [f"max flat streaming changes/s ({txn_rows}-row txns)"]
+                ):
                     rate_steps(b, name, system, m, sampler, txn_rows, rates)
         finally:
             samples = sampler.stop()
@@ -405,7 +423,12 @@ def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float) -> No
     consumer = LatencyConsumer(b.env.bootstrap, [system.topic(STREAM)])
     consumer.start()
     load = workload.OpenLoopLoad(
-        b.env.dsn, STREAM, p.latency_rate, 1, p.latency_s, id_base=b.take_ids(int(p.latency_rate * p.latency_s * 2))
+        b.env.dsn,
+        STREAM,
+        p.latency_rate,
+        1,
+        p.latency_s,
+        id_base=b.take_ids(int(p.latency_rate * p.latency_s * 2)),
     )
     res = load.run()
     if res.errors:
@@ -435,7 +458,12 @@ def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float) -> No
 
 
 def rate_steps(
-    b: Bench, name: str, system: Any, m: Measured, sampler: LagSampler, txn_rows: int,
+    b: Bench,
+    name: str,
+    system: Any,
+    m: Measured,
+    sampler: LagSampler,
+    txn_rows: int,
     rates: tuple[float, ...],
 ) -> None:
     """Step the offered rate up until the slot's lag trends upward; report the highest
@@ -480,8 +508,9 @@ def rate_steps(
         watcher.close()
     metric = f"max flat streaming changes/s ({txn_rows}-row txns)"
     if best is None:
-        b.record.not_measured(name, metric, f"lag grew already at the first step "
-                              f"({rates[0]:,.0f}/s offered)")
+        b.record.not_measured(
+            name, metric, f"lag grew already at the first step ({rates[0]:,.0f}/s offered)"
+        )
         return
     b.record.add(Figure(name, metric, best, "changes/s", limit, extra={"steps": steps}))
 
@@ -544,7 +573,7 @@ def followers(b: Bench) -> None:
     """Commit→Redis and commit→searchable through the Spark jobs, at a steady rate; then
     the rate is stepped up until a follower's latency grows (it no longer keeps up)."""
     from benchmarks import followers as fol
-    from cdc.config import load_settings
+    from pgcdc.core.settings import load_settings
 
     with b.record.guarded("followers", FOLLOWER_METRICS):
         why = fol.followers_unavailable() or b.unavailable.get("ours")
@@ -681,7 +710,9 @@ def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
         value = best[follower]
         why = limit[follower] or "kept up at every step: the ceiling is higher"
         if value is None:
-            b.record.not_measured("followers", metric, f"not keeping up even at the first step: {why}")
+            b.record.not_measured(
+                "followers", metric, f"not keeping up even at the first step: {why}"
+            )
         else:
             b.record.add(Figure("followers", metric, value, "changes/s", why,
                                 extra={"steps": steps}))  # fmt: skip

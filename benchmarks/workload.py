@@ -65,9 +65,9 @@ def bulk_load(conn: psycopg.Connection[Any], table: str, rows: int, start: int =
     """Insert ids ``start .. start+rows-1`` in one statement; returns seconds taken."""
     t0 = time.perf_counter()
     conn.execute(
-        sql.SQL("INSERT INTO {} SELECT " + ROW_EXPR + " FROM generate_series(%s::bigint, %s::bigint) g").format(
-            ident(table)
-        ),
+        sql.SQL(
+            "INSERT INTO {} SELECT " + ROW_EXPR + " FROM generate_series(%s::bigint, %s::bigint) g"
+        ).format(ident(table)),
         (start, start + rows - 1),
     )
     conn.execute(sql.SQL("ANALYZE {}").format(ident(table)))

@@ -1,3 +1,5 @@
 """PostgreSQL change data capture: pgoutput logical replication into Kafka."""
 
-__version__ = "0.1.0"
+from pgcdc import __version__
+
+__all__ = ["__version__"]

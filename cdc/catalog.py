@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 
-from cdc.errors import SchemaError
 from cdc.pgoutput import Relation
+from pgcdc.core.errors import SchemaError
 from schemas.model import Column, PgType, TableSchema
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from cdc.config import Settings, SnapshotMode, load_settings
-from cdc.errors import CdcError, ConfigError
+from pgcdc.core.errors import CdcError, ConfigError
+from pgcdc.core.settings import Settings, SnapshotMode, load_settings
 
 log = logging.getLogger("cdc")
 T = TypeVar("T")

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-from cdc.errors import DecodeError
-from cdc.lsn import Lsn
-from cdc.values import UNCHANGED_TOAST, RawValue
+from pgcdc.core.errors import DecodeError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 
 # pgoutput timestamps count microseconds from 2000-01-01 00:00:00 UTC.
 PG_EPOCH_OFFSET_US: Final = 946_684_800_000_000

@@ -24,9 +24,6 @@ import psycopg
 
 from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
-from cdc.config import KafkaSettings, Settings
-from cdc.errors import ConnectionFailed, SlotError
-from cdc.lsn import Lsn
 from cdc.metrics import ReaderMetrics
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
@@ -42,7 +39,16 @@ from cdc.slots import (
 from cdc.snapshot import Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.toast import fetch_current, fill_from_old, unchanged_columns
-from cdc.values import RawValue
+from pgcdc.core.contract import (
+    HEARTBEAT_LSN_FIELD,
+    HEARTBEAT_SERVER_FIELD,
+    heartbeat_topic,
+    version_headers,
+)
+from pgcdc.core.errors import ConnectionFailed, SlotError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import Settings
+from pgcdc.core.values import RawValue
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 
@@ -64,14 +70,6 @@ class RunResult:
     events: int = 0
     acked_lsn: Lsn | None = None
     target_lsn: Lsn | None = None
-
-
-def heartbeat_topic(kafka: KafkaSettings) -> str | None:
-    """The heartbeat topic (None when disabled): ``__cdc-heartbeat.<topic_prefix>`` by default,
-    after Debezium's ``__debezium-heartbeat.<prefix>``."""
-    if not kafka.heartbeat_enabled:
-        return None
-    return kafka.heartbeat_topic or f"__cdc-heartbeat.{kafka.topic_prefix}"
 
 
 def describe_dsn(dsn: str) -> str:
@@ -389,11 +387,11 @@ class _Streamer:
         name = self.p.settings.kafka.topic_prefix
         self.publisher.produce_plain(
             self.heartbeat_topic,
-            orjson.dumps({"serverName": name}),
+            orjson.dumps({HEARTBEAT_SERVER_FIELD: name}),
             orjson.dumps(
                 {
                     "ts_ms": int(time.time() * 1000),
-                    "lsn": self.last_ack.value if self.last_ack else None,
+                    HEARTBEAT_LSN_FIELD: self.last_ack.value if self.last_ack else None,
                 }
             ),
         )
@@ -463,10 +461,9 @@ class _Streamer:
         if self.txn is None:
             raise SlotError("a change arrived outside a transaction")
         headers: list[tuple[str, str | bytes | None]] = [
-            ("cdc.commit_lsn", self.commit_lsn_header),
-            ("cdc.order", str(self.order).encode()),
+            *version_headers(self.commit_lsn_header, self.order),
+            *extra_headers,
         ]
-        headers.extend(extra_headers)
         self.publisher.send(self.txn, self.topics[relation_id], key, value, headers)
         self.order += 1
 

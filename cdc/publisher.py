@@ -28,15 +28,15 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cdc.config import KafkaSettings
-from cdc.errors import ConnectionFailed, PublishError
-from cdc.lsn import Lsn
+from pgcdc.core.contract import Headers
+from pgcdc.core.errors import ConnectionFailed, PublishError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 # librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
 rdkafka_log = logging.getLogger("cdc.librdkafka")
 
-Headers = list[tuple[str, str | bytes | None]]
 
 # Topic settings for every table topic: compacted, so a replay from offset 0 rebuilds state.
 # Rows may be large (PostgreSQL values reach 1 GB; TOASTed text of megabytes is common), and

@@ -24,9 +24,9 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
-from cdc.errors import CdcError, ConfigError, ConnectionFailed, SlotError
-from cdc.lsn import ZERO, Lsn
 from cdc.pgoutput import PG_EPOCH_OFFSET_US
+from pgcdc.core.errors import CdcError, ConfigError, ConnectionFailed, SlotError
+from pgcdc.core.lsn import ZERO, Lsn
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.config import SnapshotMode
-from cdc.errors import ConfigError, SlotError
-from cdc.lsn import Lsn
 from cdc.state import Phase, ReaderState
+from pgcdc.core.errors import ConfigError, SlotError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import SnapshotMode
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,11 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from cdc.errors import SnapshotError
-from cdc.lsn import Lsn
 from cdc.publisher import Publisher
-from cdc.values import RawValue
+from pgcdc.core.contract import version_headers
+from pgcdc.core.errors import SnapshotError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.values import RawValue
 from schemas.model import SourceInfo, TableSchema
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ class Snapshotter:
                 topics[index],
                 key,
                 self._encoder.encode_value(plan.schema, "r", None, row, source),
-                [("cdc.commit_lsn", headers_lsn), ("cdc.order", str(counter).encode())],
+                version_headers(headers_lsn, counter),
             )
             counter += 1
 
@@ -342,7 +343,7 @@ class Snapshotter:
                         topics[index],
                         key,
                         None,
-                        [("cdc.commit_lsn", headers_lsn), ("cdc.order", str(counter).encode())],
+                        version_headers(headers_lsn, counter),
                     )
                     counter += 1
         finally:

@@ -24,9 +24,10 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cdc.errors import PublishError
-from cdc.lsn import Lsn
 from cdc.publisher import rdkafka_log, watermarks
+from pgcdc.core.contract import state_topic
+from pgcdc.core.errors import PublishError
+from pgcdc.core.lsn import Lsn
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,6 @@ class ReaderState:
             acked_lsn=Lsn.parse(d["acked_lsn"]) if d.get("acked_lsn") else None,
             updated_at=float(d.get("updated_at", 0.0)),
         )
-
-
-def state_topic(topic_prefix: str) -> str:
-    return f"{topic_prefix}.__cdc_state"
 
 
 class StateStore:

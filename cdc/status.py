@@ -12,12 +12,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from cdc.config import Settings
-from cdc.errors import ConnectionFailed
-from cdc.lsn import Lsn
 from cdc.publisher import rdkafka_log
 from cdc.slots import slot_info
 from cdc.state import StateStore
+from pgcdc.core.errors import ConnectionFailed
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

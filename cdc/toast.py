@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from cdc.values import UNCHANGED_TOAST, RawValue
+from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas.model import TableSchema
 
 

@@ -23,12 +23,11 @@ from confluent_kafka import Consumer, TopicPartition
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError
 
-from cdc.lsn import Lsn
 from demo.resources import DemoNames
 from demo.sample import SEARCH_WORD
+from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB, redis_watermark_key
+from pgcdc.core.lsn import Lsn
 from sinks.search import SearchSink
-
-JOBS = ("cache_sync", "search_sync")
 
 
 @dataclass(frozen=True)
@@ -158,9 +157,9 @@ class Monitor:
     def _followers(self, s: Sample) -> None:
         for job in JOBS:
             s.applied[job] = committed_offsets(self.names.checkpoint_dir / job)
-        raw = self.redis.get(f"{self.names.key_prefix}:__watermark__:cache_sync")
-        s.watermark["cache_sync"] = int(raw) if raw else None
-        s.watermark["search_sync"] = self.search.read_watermark("search_sync")
+        raw = self.redis.get(redis_watermark_key(self.names.key_prefix, CACHE_JOB))
+        s.watermark[CACHE_JOB] = int(raw) if raw else None
+        s.watermark[SEARCH_JOB] = self.search.read_watermark(SEARCH_JOB)
 
     def _search(self, s: Sample) -> None:
         s.search_total, s.search_hits = search_products(self.os, self.names, SEARCH_WORD)

@@ -10,7 +10,7 @@ import sys
 
 from confluent_kafka import Consumer, TopicPartition
 
-from cdc.config import load_settings
+from pgcdc.core.settings import load_settings
 
 
 def _short(v: object) -> object:

@@ -14,8 +14,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from demo.monitor import JOBS, Sample
+from demo.monitor import Sample
 from demo.sample import SEARCH_WORD
+from pgcdc.core.contract import CACHE_JOB, JOBS
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -179,7 +180,7 @@ class Screen:
         for job in JOBS:
             behind = s.behind(job)
             t.add_row(
-                f"Kafka → {'Redis' if job == 'cache_sync' else 'OpenSearch'} ({job})",
+                f"Kafka → {'Redis' if job == CACHE_JOB else 'OpenSearch'} ({job})",
                 f"wm {fmt_lsn(s.watermark.get(job))}",
                 f"{fmt_int(behind)} events / {fmt_bytes(s.watermark_lag_bytes(job))}",
                 v.processes.get(job, ""),

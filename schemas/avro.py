@@ -20,7 +20,7 @@ import fastavro
 import orjson
 from fastavro.types import Schema as ParsedSchema
 
-from cdc.errors import SchemaError
+from pgcdc.core.errors import SchemaError
 from schemas.typemap import ConnectSchema, NonFiniteFloat, bytes_to_unscaled, unscaled_bytes
 
 if TYPE_CHECKING:

@@ -18,13 +18,14 @@ from typing import Any
 
 import orjson
 
-import cdc
-from cdc.config import BinaryHandling, SchemaSettings, ValueFormat
-from cdc.errors import SchemaError
-from cdc.values import UNCHANGED_TOAST, RawValue
+import pgcdc
+from pgcdc.core.contract import table_topic
+from pgcdc.core.errors import SchemaError
+from pgcdc.core.settings import BinaryHandling, SchemaSettings, ValueFormat
+from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import oids
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
-from schemas.names import record_name, topic_name
+from schemas.names import record_name
 from schemas.typemap import (
     _EPOCH_ORDINAL,
     Codec,
@@ -165,7 +166,7 @@ class TablePlan:
 
     def __init__(self, table: TableSchema, settings: SchemaSettings, prefix: str) -> None:
         self.table = table
-        self.topic = topic_name(prefix, table.schema, table.table)
+        self.topic = table_topic(prefix, table.schema, table.table)
         self.codecs: tuple[Codec, ...] = tuple(codec_for(c, settings) for c in table.columns)
         self.names = tuple(c.name for c in table.columns)
         self.converters = tuple(c.convert for c in self.codecs)
@@ -441,7 +442,7 @@ class EventEncoder:
         self.topic_prefix = topic_prefix
         self.database = database
         self.server_name = settings.server_name or topic_prefix
-        self.version = cdc.__version__
+        self.version = pgcdc.__version__
         self._plans: dict[int, TablePlan] = {}
         self._avro = settings.value_format is ValueFormat.AVRO
         self._schemas = settings.schemas_enable

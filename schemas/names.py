@@ -1,11 +1,10 @@
-"""Topic and schema names, sanitised the way Debezium does it."""
+"""Avro schema names, sanitised the way Debezium does it (topic names: ``pgcdc.core.contract``)."""
 
 from __future__ import annotations
 
 import re
 
 _INVALID_SCHEMA_CHARS = re.compile(r"[^A-Za-z0-9_]")
-_INVALID_TOPIC_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def schema_name_part(part: str) -> str:
@@ -20,8 +19,3 @@ def record_name(prefix: str, schema: str, table: str, suffix: str) -> str:
     """``<prefix>.<schema>.<table>.<suffix>`` as Debezium names Key, Value and Envelope."""
     parts = [*prefix.split("."), schema, table]
     return ".".join(schema_name_part(p) for p in parts) + "." + suffix
-
-
-def topic_name(prefix: str, schema: str, table: str) -> str:
-    """``<prefix>.<schema>.<table>``, characters Kafka refuses replaced with ``_``."""
-    return _INVALID_TOPIC_CHARS.sub("_", f"{prefix}.{schema}.{table}")

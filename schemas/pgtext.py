@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from cdc.errors import SchemaError
+from pgcdc.core.errors import SchemaError
 
 _MICROS_PER_DAY = 86_400_000_000
 

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from cdc.errors import ConnectionFailed, SchemaError
+from pgcdc.core.errors import ConnectionFailed, SchemaError
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"

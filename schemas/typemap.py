@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from cdc.config import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
-from cdc.errors import SchemaError
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.errors import SchemaError
+from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
 from schemas import oids
 from schemas.model import Column, PgType
 from schemas.pgtext import (

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cdc.config import SchemaSettings
+from pgcdc.core.settings import SchemaSettings
 from schemas import oids
 from schemas.envelope import EventEncoder
 from schemas.model import Column, PgType, SourceInfo, TableSchema

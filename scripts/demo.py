@@ -28,14 +28,15 @@ sys.path.insert(0, str(ROOT))  # this file is scripts/demo.py; `demo` must be th
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from cdc.config import load_settings  # noqa: E402
 from demo import resources, sample  # noqa: E402
-from demo.monitor import JOBS, Monitor, Sample  # noqa: E402
+from demo.monitor import Monitor, Sample  # noqa: E402
 from demo.processes import Child, start_job, start_reader  # noqa: E402
 from demo.resources import DemoNames  # noqa: E402
 from demo.screen import Screen, fmt_bytes  # noqa: E402
 from demo.verify import TableCheck, check_all  # noqa: E402
 from demo.workload import LiveWorkload  # noqa: E402
+from pgcdc.core.contract import JOBS  # noqa: E402
+from pgcdc.core.settings import load_settings  # noqa: E402
 
 TICK_S = 1.0
 

@@ -20,9 +20,11 @@ from pathlib import Path
 import psycopg
 from confluent_kafka.admin import AdminClient
 
+from pgcdc.core import ports
+
 ROOT = Path(__file__).resolve().parent.parent
-ADMIN_DSN = os.environ.get("CDC_POSTGRES__DSN", "postgresql://cdc:cdc@127.0.0.1:55432/cdc")
-BOOTSTRAP = os.environ.get("CDC_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+ADMIN_DSN = os.environ.get("CDC_POSTGRES__DSN", ports.POSTGRES_DSN)
+BOOTSTRAP = os.environ.get("CDC_KAFKA__BOOTSTRAP_SERVERS", ports.KAFKA_BOOTSTRAP)
 
 
 def timed_reader(env: dict[str, str]) -> tuple[float, str]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, UNAVAILABLE_VALUE_PLACEHOLDERS
 
 # Change.version packs the commit LSN above a 16-bit ordinal so that it fits OpenSearch's
 # external version, a signed 64-bit long: LSN < 2**47 (128 TiB of WAL) and ordinals are
@@ -29,12 +29,7 @@ FAILED: Final = "failed"
 
 # Debezium writes the placeholder as text, as one-element arrays for array columns, and as
 # the placeholder's bytes (base64 in JSON) for bytea columns.
-_PLACEHOLDER_TEXTS: Final = frozenset(
-    {
-        UNAVAILABLE_VALUE_PLACEHOLDER,
-        base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode(),
-    }
-)
+_PLACEHOLDER_TEXTS: Final = frozenset(UNAVAILABLE_VALUE_PLACEHOLDERS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,9 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from cdc.config import RedisSettings
-from cdc.errors import ConfigError, RetryableSinkError, SinkError
+from pgcdc.core.contract import redis_watermark_key
+from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
+from pgcdc.core.settings import RedisSettings
 from sinks.base import (
     APPLIED,
     FAILED,
@@ -213,8 +214,8 @@ class CacheSink:
         return f"{self.key_prefix}:__v__:{table}:{key}"
 
     def watermark_key(self, job: str) -> str:
-        """``<prefix>:__watermark__:<job>``."""
-        return f"{self.key_prefix}:__watermark__:{job}"
+        """The key of ``job``'s watermark (the contract's :func:`redis_watermark_key`)."""
+        return redis_watermark_key(self.key_prefix, job)
 
     # -- apply ---------------------------------------------------------------------------
 

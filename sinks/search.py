@@ -32,8 +32,9 @@ import orjson
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import TransportError
 
-from cdc.config import SearchSettings
-from cdc.errors import RetryableSinkError, SinkError
+from pgcdc.core.contract import search_watermark_index
+from pgcdc.core.errors import RetryableSinkError, SinkError
+from pgcdc.core.settings import SearchSettings
 from sinks.base import (
     APPLIED,
     FAILED,
@@ -60,7 +61,6 @@ T = TypeVar("T")
 
 _MAX_ID_BYTES: Final = 512
 _MAX_LONG: Final = (1 << 63) - 1
-_WATERMARK_SUFFIX: Final = "cdc-watermarks"
 _WATERMARK_MAPPING: Final[dict[str, Any]] = {
     "dynamic": False,
     "properties": {
@@ -145,7 +145,7 @@ class SearchSink:
 
     @property
     def watermark_index(self) -> str:
-        return f"{self.index_prefix}-{_WATERMARK_SUFFIX}".lower()
+        return search_watermark_index(self.index_prefix)
 
     def register_schema(self, table: str, fields: Sequence[Mapping[str, Any]]) -> None:
         """Use these Connect fields (the row struct's) to map ``table``'s index when this

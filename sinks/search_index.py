@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from cdc.errors import ConfigError, SinkError
+from pgcdc.core.errors import ConfigError, SinkError
 
 # OpenSearch's rules for index names: lower case, at most 255 bytes, not "." or "..",
 # not starting with "-", "_" or "+", and none of these characters.

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdc.config import Settings
-from cdc.errors import CdcError
-from cdc.lsn import Lsn
-
-JOBS = ("cache_sync", "search_sync")
+from pgcdc.core.contract import CACHE_JOB, JOBS
+from pgcdc.core.errors import CdcError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import Settings
 
 
 def _watermark(settings: Settings, job: str) -> int | None:
-    if job == "cache_sync":
+    if job == CACHE_JOB:
         from sinks.cache import CacheSink
 
         cache = CacheSink.from_settings(settings.redis)

@@ -19,11 +19,10 @@ from typing import Any
 
 import orjson
 
-from cdc.config import Settings, load_settings
+from pgcdc.core.contract import heartbeat_topic, table_topic_pattern
+from pgcdc.core.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
-
-PLACEHOLDER = "__debezium_unavailable_value"
 
 
 @dataclass(frozen=True)
@@ -71,16 +70,14 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
     a = p.parse_args(argv)
     settings = load_settings(a.config)
     topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
-    from spark_jobs.transforms import topic_pattern
-
-    hb = None if a.no_heartbeats else heartbeat_topic(settings)
+    hb = None if a.no_heartbeats else heartbeat_topic(settings.kafka)
     opts = JobOptions(
         name=a.name,
         heartbeat_topic=hb,
         topics=topics,
         topic_pattern=None
         if topics
-        else (a.topic_pattern or topic_pattern(settings.kafka.topic_prefix)),
+        else (a.topic_pattern or table_topic_pattern(settings.kafka.topic_prefix)),
         starting_offsets=a.starting_offsets or settings.spark.starting_offsets,
         checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
         available_now=a.available_now,
@@ -88,14 +85,6 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
     )
     return settings, opts
-
-
-def heartbeat_topic(settings: Settings) -> str | None:
-    """The reader's heartbeat topic (Debezium's convention: ``<name>.<topic prefix>``)."""
-    k = settings.kafka
-    if not getattr(k, "heartbeat_enabled", True):
-        return None
-    return k.heartbeat_topic or f"__cdc-heartbeat.{k.topic_prefix}"
 
 
 def spark_session(settings: Settings, app_name: str) -> Any:
@@ -234,7 +223,7 @@ def dead_letter(settings: Settings, job: str, records: Iterable[dict[str, Any]])
     """
     from confluent_kafka import Producer
 
-    from cdc.errors import PublishError
+    from pgcdc.core.errors import PublishError
 
     ensure_dead_letter_topic(settings)
     producer = Producer(
@@ -294,7 +283,7 @@ def apply_partition(
     sink for good, truncates) go to the dead-letter topic with the reason; heartbeats only
     raise the partition's heartbeat LSN.
     """
-    from cdc.errors import RetryableSinkError
+    from pgcdc.core.errors import RetryableSinkError
     from sinks.search_index import row_fields
     from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT, SCHEMA
 

@@ -22,12 +22,11 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, UNAVAILABLE_VALUE_PLACEHOLDERS
+
 Converter = Callable[[Any], Any]
 EPOCH = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
-PLACEHOLDER = "__debezium_unavailable_value"
-PLACEHOLDER_B64 = base64.b64encode(PLACEHOLDER.encode()).decode()
-_PLACEHOLDERS = (PLACEHOLDER, PLACEHOLDER_B64)
 
 
 def _identity(v: Any) -> Any:
@@ -127,7 +126,9 @@ class RowConverter:
         unchanged: list[str] = []
         convs = self._convs
         for k, v in row.items():
-            if v in _PLACEHOLDERS or (isinstance(v, list) and v == [PLACEHOLDER]):
+            if v in UNAVAILABLE_VALUE_PLACEHOLDERS or (
+                isinstance(v, list) and v == [UNAVAILABLE_VALUE_PLACEHOLDER]
+            ):
                 unchanged.append(k)
                 continue
             if v is None:

@@ -12,7 +12,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cdc.config import Settings
+from pgcdc.core.settings import Settings
 from spark_jobs.common import run
 
 

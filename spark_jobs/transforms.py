@@ -20,7 +20,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from spark_jobs.convert import PLACEHOLDER, PLACEHOLDER_B64
+from pgcdc.core.contract import (
+    HEADER_COMMIT_LSN,
+    HEADER_ORDER,
+    HEARTBEAT_LSN_FIELD,
+    UNAVAILABLE_VALUE_PLACEHOLDER,
+    UNAVAILABLE_VALUE_PLACEHOLDER_B64,
+)
 
 # The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
 # decode them per table, and Spark does not have to know every table's columns.
@@ -44,11 +50,6 @@ _PAYLOAD = StructType(
         StructField("ts_ms", LongType()),
     ]
 )
-
-
-def topic_pattern(topic_prefix: str) -> str:
-    """Every table topic under the prefix: ``<prefix>.<schema>.<table>``, nothing else."""
-    return rf"{re.escape(topic_prefix)}\.[^.]+\.[^.]+"
 
 
 def _header(name: str) -> Column:
@@ -83,8 +84,8 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         F.col("value").isNull().alias("is_tombstone"),
         value.alias("raw_value"),
         is_heartbeat.alias("is_heartbeat"),
-        _header("cdc.commit_lsn").try_cast("long").alias("h_commit_lsn"),
-        _header("cdc.order").try_cast("long").alias("h_order"),
+        _header(HEADER_COMMIT_LSN).try_cast("long").alias("h_commit_lsn"),
+        _header(HEADER_ORDER).try_cast("long").alias("h_order"),
     )
     return parsed.select(
         "topic",
@@ -107,7 +108,8 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         "raw_value",
         "is_heartbeat",
         F.when(
-            F.col("is_heartbeat"), F.get_json_object("raw_value", "$.lsn").try_cast("long")
+            F.col("is_heartbeat"),
+            F.get_json_object("raw_value", f"$.{HEARTBEAT_LSN_FIELD}").try_cast("long"),
         ).alias("heartbeat_lsn"),
         (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
         F.when(F.col("is_tombstone") | F.col("is_heartbeat"), F.lit(None))
@@ -181,7 +183,9 @@ def latest_per_key(events: DataFrame) -> DataFrame:
         "history"
     )
     after = F.col("e.after_json")
-    has_placeholder = after.contains(PLACEHOLDER) | after.contains(PLACEHOLDER_B64)
+    has_placeholder = after.contains(UNAVAILABLE_VALUE_PLACEHOLDER) | after.contains(
+        UNAVAILABLE_VALUE_PLACEHOLDER_B64
+    )
     return (
         with_kind.groupBy("topic", "table", group.alias("group"))
         .agg(newest, history)

@@ -18,6 +18,7 @@ import pytest
 import redis
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from pgcdc.core.contract import JOBS, redis_watermark_key
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
     Pipeline,
@@ -34,7 +35,6 @@ from tests.e2e.pipeline import (
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 TABLES = ("public.customers", "public.products", "public.orders")
-JOBS = ("cache_sync", "search_sync")
 
 SCHEMA = """
 CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text,
@@ -284,7 +284,7 @@ def test_followers_converge_to_the_database(converged: Pipeline) -> None:
 def _watermark(p: Pipeline, job: str) -> int | None:
     r = redis.Redis.from_url(p.endpoints.redis_url)
     try:
-        raw = r.get(f"{p.key_prefix}:__watermark__:{job}")
+        raw = r.get(redis_watermark_key(p.key_prefix, job))
     finally:
         r.close()
     return int(raw) if raw else None

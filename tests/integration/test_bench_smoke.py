@@ -110,7 +110,7 @@ def test_prober_finds_rows_in_redis_and_search(env: BenchEnv) -> None:
     from opensearchpy import OpenSearch
 
     from benchmarks.followers import PROBE, Prober, SparkJobs, create_probe_table, latency_of
-    from cdc.config import load_settings
+    from pgcdc.core.settings import load_settings
 
     s = load_settings()
     redis_url, search_url = s.redis.url.get_secret_value(), s.search.url.get_secret_value()

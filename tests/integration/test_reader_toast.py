@@ -6,7 +6,7 @@ import orjson
 import psycopg
 import pytest
 
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from tests.conftest import Endpoints, unique
 from tests.integration.reader_support import ReaderEnv, Record, read_topic
 

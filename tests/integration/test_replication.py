@@ -16,9 +16,9 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from cdc import pgoutput as po
-from cdc.errors import ConfigError, ConnectionFailed, SlotError
-from cdc.lsn import Lsn
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
+from pgcdc.core.errors import ConfigError, ConnectionFailed, SlotError
+from pgcdc.core.lsn import Lsn
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration

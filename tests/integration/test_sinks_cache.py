@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from cdc.errors import RetryableSinkError
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.errors import RetryableSinkError
 from sinks.base import Change
 from sinks.cache import CacheSink, version_string
 from tests.conftest import Endpoints

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from opensearchpy.exceptions import NotFoundError
 
-from cdc.errors import RetryableSinkError
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.errors import RetryableSinkError
 from sinks.base import Change
 from sinks.search import SearchSink
 from tests.conftest import Endpoints, wait_until

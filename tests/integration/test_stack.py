@@ -9,7 +9,6 @@ import importlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -23,10 +22,10 @@ STACK = ROOT / "scripts" / "stack"
 
 
 def _stacklib(module: str) -> ModuleType:
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module(f"stacklib.{module}")
+    """The stack's ``<module>``: ports live in the kernel, the rest in ``pgcdc.stack``."""
+    return importlib.import_module(
+        "pgcdc.core.ports" if module == "ports" else f"pgcdc.stack.{module}"
+    )
 
 
 def stack(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

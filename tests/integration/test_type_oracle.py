@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from cdc.catalog import load_table, load_types, table_from_relation
-from cdc.config import DecimalHandling, IntervalHandling, SchemaSettings
+from pgcdc.core.settings import DecimalHandling, IntervalHandling, SchemaSettings
 from schemas.model import TableSchema
 from schemas.typemap import bytes_to_unscaled, codec_for
 from tests.unit.schemas.all_types import COLUMNS, SETUP_SQL, create_table_sql, insert_sql

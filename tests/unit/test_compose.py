@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,11 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stacklib(module: str) -> ModuleType:
-    """Import scripts/stacklib/<module>: the single source of the stack's ports and versions."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    return importlib.import_module(f"stacklib.{module}")
+    """The stack's ``<module>``: ports live in the kernel, the rest in ``pgcdc.stack``."""
+    return importlib.import_module(
+        "pgcdc.core.ports" if module == "ports" else f"pgcdc.stack.{module}"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.config import SnapshotMode, load_settings
-from cdc.errors import ConfigError
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.settings import SnapshotMode, load_settings
 
 pytestmark = pytest.mark.unit
 

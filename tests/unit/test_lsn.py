@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.errors import DecodeError
-from cdc.lsn import ZERO, Lsn
+from pgcdc.core.errors import DecodeError
+from pgcdc.core.lsn import ZERO, Lsn
 
 pytestmark = pytest.mark.unit
 

@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdc import pgoutput as po
-from cdc.errors import DecodeError
-from cdc.lsn import Lsn
-from cdc.values import UNCHANGED_TOAST
+from pgcdc.core.errors import DecodeError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.values import UNCHANGED_TOAST
 
 pytestmark = pytest.mark.unit
 

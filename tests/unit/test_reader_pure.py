@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from cdc.config import KafkaSettings
-from cdc.lsn import Lsn
-from cdc.pipeline import heartbeat_topic
 from cdc.publisher import AckQueue, TxnTracker
 from cdc.snapshot import snapshot_marker
 from cdc.toast import fill_from_old, unchanged_columns
-from cdc.values import UNCHANGED_TOAST
+from pgcdc.core.contract import heartbeat_topic
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings
+from pgcdc.core.values import UNCHANGED_TOAST
 
 # --- snapshot markers (Debezium's source.snapshot values) -----------------------------------
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.config import SnapshotMode
-from cdc.errors import SlotError
-from cdc.lsn import Lsn
 from cdc.slots import Action, SlotInfo, plan_start
 from cdc.state import Phase, ReaderState
+from pgcdc.core.errors import SlotError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import SnapshotMode
 
 SLOT = "s1"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cdc.errors import CdcError, ConfigError, ConnectionFailed, SlotError
 from cdc.replication import classify
+from pgcdc.core.errors import CdcError, ConfigError, ConnectionFailed, SlotError
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_jobs.convert import PLACEHOLDER, RowConverter, after_schema, field_converter
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER
+from spark_jobs.convert import RowConverter, after_schema, field_converter
 
 pytestmark = pytest.mark.unit
 

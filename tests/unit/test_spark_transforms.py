@@ -94,7 +94,7 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
 def test_topic_pattern_matches_table_topics_only() -> None:
     import re
 
-    from spark_jobs.transforms import topic_pattern
+    from pgcdc.core.contract import table_topic_pattern as topic_pattern
 
     pat = re.compile(topic_pattern("shop"))
     assert pat.fullmatch("shop.public.items")
@@ -104,8 +104,8 @@ def test_topic_pattern_matches_table_topics_only() -> None:
 
 
 def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: Any) -> None:
+    from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER
     from spark_jobs.common import ChangeBuilder
-    from spark_jobs.convert import PLACEHOLDER
     from spark_jobs.transforms import latest_per_key, parse_events
 
     big = "x" * 9000

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc.config import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
-from cdc.errors import SchemaError
-from cdc.values import UNCHANGED_TOAST, RawValue
+from pgcdc.core.errors import SchemaError
+from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
+from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import envelope
 from schemas.envelope import EventEncoder, json_default
 from schemas.model import SourceInfo, TableSchema, TransactionInfo

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from cdc.config import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
-from cdc.errors import SchemaError
-from cdc.values import UNCHANGED_TOAST
+from pgcdc.core.errors import SchemaError
+from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
+from pgcdc.core.values import UNCHANGED_TOAST
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 

@@ -11,8 +11,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc.config import DecimalHandling, SchemaSettings, ValueFormat
-from cdc.values import UNCHANGED_TOAST
+from pgcdc.core.settings import DecimalHandling, SchemaSettings, ValueFormat
+from pgcdc.core.values import UNCHANGED_TOAST
 from schemas import avro
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo
@@ -152,7 +152,7 @@ def test_confluent_framing() -> None:
 def test_unframe_rejects_other_bytes() -> None:
     import pytest
 
-    from cdc.errors import SchemaError
+    from pgcdc.core.errors import SchemaError
 
     with pytest.raises(SchemaError, match="magic byte"):
         avro.unframe(b"\x01\x00\x00\x00\x01x")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.values import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from sinks.base import (
     MAX_ORDER,
     MAX_VERSION_LSN,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc.errors import ConfigError, SinkError
+from pgcdc.core.errors import ConfigError, SinkError
 from sinks.search import mapping_from_connect_schema
 from sinks.search_index import (
     check_index_prefix,

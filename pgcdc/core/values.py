@@ -31,6 +31,3 @@ UNCHANGED_TOAST: Final = _UnchangedToast()
 # One column's value as PostgreSQL sent it: text (pgoutput and COPY text format), raw bytes
 # (binary format), None for SQL NULL, or UNCHANGED_TOAST.
 RawValue: TypeAlias = "str | bytes | _UnchangedToast | None"
-
-# Debezium's placeholder for unchanged TOAST values (unavailable.value.placeholder).
-UNAVAILABLE_VALUE_PLACEHOLDER: Final = "__debezium_unavailable_value"

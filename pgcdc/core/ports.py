@@ -25,11 +25,18 @@ OPENSEARCH_TRANSPORT_PORT = 19300
 SERVICES: tuple[str, ...] = ("postgres", "redis", "kafka", "opensearch")
 
 
+# Where each service of the stack answers, as the clients' default settings.
+POSTGRES_DSN = f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc"
+KAFKA_BOOTSTRAP = f"{HOST}:{PORTS['kafka']}"
+REDIS_URL = f"redis://{HOST}:{PORTS['redis']}/0"
+OPENSEARCH_URL = f"http://{HOST}:{PORTS['opensearch']}"
+
+
 def env_vars() -> dict[str, str]:
     """Return the ``CDC_*`` variables that point the project at the stack."""
     return {
-        "CDC_POSTGRES__DSN": f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc",
-        "CDC_KAFKA__BOOTSTRAP_SERVERS": f"{HOST}:{PORTS['kafka']}",
-        "CDC_REDIS__URL": f"redis://{HOST}:{PORTS['redis']}/0",
-        "CDC_SEARCH__URL": f"http://{HOST}:{PORTS['opensearch']}",
+        "CDC_POSTGRES__DSN": POSTGRES_DSN,
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": KAFKA_BOOTSTRAP,
+        "CDC_REDIS__URL": REDIS_URL,
+        "CDC_SEARCH__URL": OPENSEARCH_URL,
     }

@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
-from stacklib import common
-from stacklib.ports import HOST, PORTS
+from pgcdc.core.ports import HOST, PORTS
+from pgcdc.stack import common
 
 
 class Service(ABC):
@@ -80,7 +80,8 @@ class Service(ABC):
         if self.probe():
             raise common.StackError(
                 f"{self.name}: {self.address} already answers but not from a process this stack "
-                f"started (no live pid in {self.pidfile}); stop that server first")
+                f"started (no live pid in {self.pidfile}); stop that server first"
+            )
         self.prepare()
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         common.say(f"starting {self.name} on {self.address} (log {self.log})")
@@ -90,8 +91,13 @@ class Service(ABC):
 
     def wait_ready(self) -> None:
         """Block until the server answers a real request, or raise naming its log."""
-        common.wait_until(self.name, self.probe, self.start_deadline_s,
-                          alive=lambda: self.pid() is not None, log=self.log)
+        common.wait_until(
+            self.name,
+            self.probe,
+            self.start_deadline_s,
+            alive=lambda: self.pid() is not None,
+            log=self.log,
+        )
         self.after_ready()
 
     def stop(self) -> bool:
@@ -109,5 +115,8 @@ class Service(ABC):
         if pid is None:
             return False, f"{self.name:<11} down  (no live process; log {self.log})"
         if not self.probe():
-            return False, f"{self.name:<11} down  (pid {pid} alive but {self.address} does not answer; log {self.log})"
+            return (
+                False,
+                f"{self.name:<11} down  (pid {pid} alive but {self.address} does not answer; log {self.log})",
+            )
         return True, f"{self.name:<11} up    pid {pid:<8} {self.address}"

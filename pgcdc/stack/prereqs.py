@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from stacklib import common
+from pgcdc.stack import common
 
 # Needed whatever the services: downloads, unpacking, and the JVM for Kafka/OpenSearch/mvn.
 BASE = {"curl": "curl", "unzip": "unzip"}
@@ -17,7 +17,9 @@ JAVA = {"openjdk-17-jre-headless": "java17", "maven": "mvn"}
 def present(probe: str) -> bool:
     """A probe is an absolute path, a command name, or the special 'java17'."""
     if probe == "java17":
-        return any((p / "bin" / "java").exists() for p in Path("/usr/lib/jvm").glob("java-17-openjdk-*"))
+        return any(
+            (p / "bin" / "java").exists() for p in Path("/usr/lib/jvm").glob("java-17-openjdk-*")
+        )
     if probe.startswith("/"):
         return Path(probe).exists()
     return shutil.which(probe) is not None
@@ -32,9 +34,14 @@ def ensure(packages: Iterable[dict[str, str]]) -> None:
     if not missing:
         return
     if os.geteuid() != 0:
-        raise common.StackError(f"missing packages {' '.join(missing)}; run as root or install them")
+        raise common.StackError(
+            f"missing packages {' '.join(missing)}; run as root or install them"
+        )
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     common.say(f"installing {' '.join(missing)} (apt-get)")
     common.run(["apt-get", "update", "-q"], env=env, timeout=900)
-    common.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-               env=env, timeout=1800)
+    common.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        env=env,
+        timeout=1800,
+    )

@@ -9,14 +9,16 @@ import urllib.request
 from pathlib import Path
 from typing import ClassVar
 
-from stacklib import common
-from stacklib.ports import HOST, OPENSEARCH_TRANSPORT_PORT
-from stacklib.service import Service
+from pgcdc.core.ports import HOST, OPENSEARCH_TRANSPORT_PORT
+from pgcdc.stack import common
+from pgcdc.stack.service import Service
 
 # 3.x needs JDK 21 and bookworm ships 17; 2.19.6 is the newest 2.19 patch on Maven Central.
 VERSION = "2.19.6"
-URL = ("https://repo1.maven.org/maven2/org/opensearch/distribution/integ-test-zip/opensearch/"
-       f"{VERSION}/opensearch-{VERSION}.zip")
+URL = (
+    "https://repo1.maven.org/maven2/org/opensearch/distribution/integ-test-zip/opensearch/"
+    f"{VERSION}/opensearch-{VERSION}.zip"
+)
 OS_USER = "cdcstack"  # OpenSearch refuses to run as root
 HEAP = "-Xms256m -Xmx512m"
 
@@ -42,7 +44,9 @@ class OpenSearch(Service):
         """Download and unpack the distribution into the cache, once."""
         if (self.dist / "bin" / "opensearch").exists():
             return
-        zip_path = common.download(URL, self.paths.cache / "downloads" / f"opensearch-{VERSION}.zip")
+        zip_path = common.download(
+            URL, self.paths.cache / "downloads" / f"opensearch-{VERSION}.zip"
+        )
         common.say(f"unpacking {zip_path.name}")
         with tempfile.TemporaryDirectory(dir=self.paths.cache) as tmp:
             common.run(["unzip", "-q", zip_path, "-d", tmp], timeout=600)
@@ -59,27 +63,37 @@ class OpenSearch(Service):
         jvm_orig = self.dist / "config" / "jvm.options"
         # The shipped 1g heap is replaced, so OPENSEARCH_JAVA_OPTS is not the only guard.
         jvm = self.conf / "jvm.options"
-        lines = [ln for ln in jvm_orig.read_text().splitlines() if not ln.startswith(("-Xms", "-Xmx"))]
+        lines = [
+            ln for ln in jvm_orig.read_text().splitlines() if not ln.startswith(("-Xms", "-Xmx"))
+        ]
         # bin/opensearch runs from the (read-only) distribution folder: make paths absolute.
         logs, data = self.home / "logs", self.home / "data"
-        lines = [ln.replace("file=logs/", f"file={logs}/").replace("=logs/", f"={logs}/")
-                 .replace("HeapDumpPath=data", f"HeapDumpPath={data}") for ln in lines]
+        lines = [
+            ln.replace("file=logs/", f"file={logs}/")
+            .replace("=logs/", f"={logs}/")
+            .replace("HeapDumpPath=data", f"HeapDumpPath={data}")
+            for ln in lines
+        ]
         jvm.write_text("\n".join([*lines, *HEAP.split(), ""]))
-        (self.conf / "opensearch.yml").write_text("\n".join([
-            "# Written by scripts/stack on every start; edit scripts/stacklib/opensearch.py instead.",
-            "cluster.name: cdc-stack",
-            "node.name: stack-1",
-            f"path.data: {self.home / 'data'}",
-            f"path.logs: {self.home / 'logs'}",
-            f"network.host: {HOST}",
-            f"http.port: {self.port}",
-            f"transport.port: {OPENSEARCH_TRANSPORT_PORT}",
-            "discovery.type: single-node",
-            "bootstrap.memory_lock: false",
-            # The disk of a dev machine is often >90% full; never go read-only over it.
-            "cluster.routing.allocation.disk.threshold_enabled: false",
-            "",
-        ]))
+        (self.conf / "opensearch.yml").write_text(
+            "\n".join(
+                [
+                    "# Written by scripts/stack on every start; edit pgcdc/stack/opensearch.py instead.",
+                    "cluster.name: cdc-stack",
+                    "node.name: stack-1",
+                    f"path.data: {self.home / 'data'}",
+                    f"path.logs: {self.home / 'logs'}",
+                    f"network.host: {HOST}",
+                    f"http.port: {self.port}",
+                    f"transport.port: {OPENSEARCH_TRANSPORT_PORT}",
+                    "discovery.type: single-node",
+                    "bootstrap.memory_lock: false",
+                    # The disk of a dev machine is often >90% full; never go read-only over it.
+                    "cluster.routing.allocation.disk.threshold_enabled: false",
+                    "",
+                ]
+            )
+        )
         self.paths.stack.chmod(0o755)
         self.home.chmod(0o755)
         common.chown(self.home, OS_USER, recursive=True)
@@ -94,8 +108,9 @@ class OpenSearch(Service):
             "OPENSEARCH_JAVA_OPTS": HEAP,
         }
         # bin/opensearch execs java, so the spawned pid is the server's pid.
-        return common.spawn([self.dist / "bin" / "opensearch"], log=self.log, user=OS_USER,
-                            env=env, cwd=self.home)
+        return common.spawn(
+            [self.dist / "bin" / "opensearch"], log=self.log, user=OS_USER, env=env, cwd=self.home
+        )
 
     def _get(self, path: str) -> dict[str, object] | None:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from cdc.errors import DecodeError
+from pgcdc.core.errors import DecodeError
 
 _MAX: Final = 1 << 64
 _HEX: Final = frozenset("0123456789abcdefABCDEF")

@@ -54,28 +54,51 @@ def say(msg: str) -> None:
     print(f"stack: {msg}", file=sys.stderr, flush=True)
 
 
-def run(cmd: Sequence[str | os.PathLike[str]], *, user: str | None = None,
-        env: dict[str, str] | None = None, cwd: Path | None = None,
-        timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     """Run a command to completion, capturing output; raise StackError on failure."""
     full_env = None if env is None else {**os.environ, **env}
     try:
         proc = subprocess.run(
-            [str(c) for c in cmd], user=user, group=_group_of(user), extra_groups=[] if user else None,
-            env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=timeout, check=False,
+            [str(c) for c in cmd],
+            user=user,
+            group=_group_of(user),
+            extra_groups=[] if user else None,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired as e:
-        raise StackError(f"command timed out after {timeout:.0f}s: {' '.join(map(str, cmd))}") from e
+        raise StackError(
+            f"command timed out after {timeout:.0f}s: {' '.join(map(str, cmd))}"
+        ) from e
     if check and proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        raise StackError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}: "
-                         + " | ".join(tail))
+        raise StackError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}: " + " | ".join(tail)
+        )
     return proc
 
 
-def spawn(cmd: Sequence[str | os.PathLike[str]], *, log: Path, user: str | None = None,
-          env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+def spawn(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    log: Path,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> int:
     """Start a long-running server detached from this process; return its pid.
 
     It gets its own session, so a Ctrl-C in the caller's terminal does not reach it, and
@@ -85,8 +108,15 @@ def spawn(cmd: Sequence[str | os.PathLike[str]], *, log: Path, user: str | None 
     full_env = {**os.environ, **(env or {})}
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [str(c) for c in cmd], user=user, group=_group_of(user), extra_groups=[] if user else None,
-            env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            [str(c) for c in cmd],
+            user=user,
+            group=_group_of(user),
+            extra_groups=[] if user else None,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     return proc.pid
@@ -118,8 +148,10 @@ def ensure_system_user(name: str) -> None:
 def check_reachable(user: str, path: Path) -> None:
     """Fail clearly if ``user`` cannot enter ``path`` (e.g. a repo under a 0700 home folder)."""
     if run(["test", "-x", path], user=user, check=False).returncode != 0:
-        raise StackError(f"user {user} cannot reach {path}; make its parent folders "
-                         "world-searchable (chmod o+x) or point STACK_DIR/CACHE_DIR elsewhere")
+        raise StackError(
+            f"user {user} cannot reach {path}; make its parent folders "
+            "world-searchable (chmod o+x) or point STACK_DIR/CACHE_DIR elsewhere"
+        )
 
 
 def pid_alive(pid: int) -> bool:
@@ -135,7 +167,9 @@ def pid_alive(pid: int) -> bool:
 def cmdline(pid: int) -> str:
     """The command line of ``pid`` with NULs as spaces, or '' if it is gone."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -148,8 +182,14 @@ def read_pid(pidfile: Path) -> int | None:
         return None
 
 
-def wait_until(what: str, probe: Callable[[], bool], deadline_s: float,
-               *, alive: Callable[[], bool] | None = None, log: Path | None = None) -> None:
+def wait_until(
+    what: str,
+    probe: Callable[[], bool],
+    deadline_s: float,
+    *,
+    alive: Callable[[], bool] | None = None,
+    log: Path | None = None,
+) -> None:
     """Poll ``probe`` until it is true, or raise StackError naming the service and its log."""
     end = time.monotonic() + deadline_s
     delay = 0.1
@@ -165,8 +205,9 @@ def wait_until(what: str, probe: Callable[[], bool], deadline_s: float,
         delay = min(delay * 1.5, 1.0)
 
 
-def terminate(pid: int, *, sig: int = signal.SIGTERM, grace_s: float = 60,
-              escalate: int = signal.SIGKILL) -> None:
+def terminate(
+    pid: int, *, sig: int = signal.SIGTERM, grace_s: float = 60, escalate: int = signal.SIGKILL
+) -> None:
     """Send ``sig``, wait up to ``grace_s`` for exit, then ``escalate``, then SIGKILL."""
     for signum, wait_s in ((sig, grace_s), (escalate, 10.0), (signal.SIGKILL, 10.0)):
         try:
@@ -190,8 +231,22 @@ def download(url: str, dest: Path) -> Path:
     # A name of our own: two processes fetching the same file must not share a temp file.
     tmp = dest.with_name(f"{dest.name}.{os.getpid()}.part")
     say(f"downloading {url}")
-    run(["curl", "-fsSL", "--retry", "4", "--retry-delay", "2", "--connect-timeout", "20",
-         "-o", tmp, url], timeout=1800)
+    run(
+        [
+            "curl",
+            "-fsSL",
+            "--retry",
+            "4",
+            "--retry-delay",
+            "2",
+            "--connect-timeout",
+            "20",
+            "-o",
+            tmp,
+            url,
+        ],
+        timeout=1800,
+    )
     tmp.replace(dest)
     return dest
 

@@ -6,9 +6,9 @@ import shutil
 import socket
 from typing import ClassVar
 
-from stacklib import common
-from stacklib.ports import HOST
-from stacklib.service import Service
+from pgcdc.core.ports import HOST
+from pgcdc.stack import common
+from pgcdc.stack.service import Service
 
 
 class Redis(Service):
@@ -27,10 +27,26 @@ class Redis(Service):
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         # Followers are rebuilt from Kafka, so the cache needs no snapshots or AOF.
         return common.spawn(
-            [exe, "--bind", HOST, "--port", str(self.port), "--dir", self.home,
-             "--save", "", "--appendonly", "no", "--daemonize", "no",
-             "--protected-mode", "yes"],
-            log=self.log, cwd=self.home)
+            [
+                exe,
+                "--bind",
+                HOST,
+                "--port",
+                str(self.port),
+                "--dir",
+                self.home,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            log=self.log,
+            cwd=self.home,
+        )
 
     def probe(self) -> bool:
         try:

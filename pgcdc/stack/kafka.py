@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
-from stacklib import common
-from stacklib.ports import HOST, KAFKA_CONTROLLER_PORT
-from stacklib.service import Service
+from pgcdc.core.ports import HOST, KAFKA_CONTROLLER_PORT
+from pgcdc.stack import common
+from pgcdc.stack.service import Service
 
 # 4.1 is the 4.x line this project was specified against; .2 is its newest patch release.
 KAFKA_VERSION = "4.1.2"
@@ -84,17 +84,34 @@ class Kafka(Service):
             return
         self.dist.mkdir(parents=True, exist_ok=True)
         (self.dist / "pom.xml").write_text(POM)
-        common.say(f"resolving Kafka {KAFKA_VERSION} jars with mvn (cache {self.paths.cache / 'm2'})")
-        common.run(["mvn", "-q", "-B", f"-Dmaven.repo.local={self.paths.cache / 'm2'}",
-                    f"{DEPENDENCY_PLUGIN}:copy-dependencies", f"-DoutputDirectory={self.lib}",
-                    "-DincludeScope=runtime"], cwd=self.dist, timeout=1800)
+        common.say(
+            f"resolving Kafka {KAFKA_VERSION} jars with mvn (cache {self.paths.cache / 'm2'})"
+        )
+        common.run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                f"-Dmaven.repo.local={self.paths.cache / 'm2'}",
+                f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+                f"-DoutputDirectory={self.lib}",
+                "-DincludeScope=runtime",
+            ],
+            cwd=self.dist,
+            timeout=1800,
+        )
         stamp.write_text(KAFKA_VERSION + "\n")
 
     def _java(self) -> list[str]:
-        return [str(common.java_home() / "bin" / "java"), *HEAP, "-XX:+UseG1GC",
-                "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-                "-cp", f"{self.lib}/*"]
+        return [
+            str(common.java_home() / "bin" / "java"),
+            *HEAP,
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+            "-cp",
+            f"{self.lib}/*",
+        ]
 
     def prepare(self) -> None:
         self.fetch()
@@ -106,50 +123,63 @@ class Kafka(Service):
             # argument would turn into an option.
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             common.say(f"formatting Kafka storage {self.data} (cluster {cluster_id})")
-            common.run([*self._java(), "kafka.tools.StorageTool", "format", "--standalone",
-                        f"--cluster-id={cluster_id}", "-c", self.config], timeout=120)
+            common.run(
+                [
+                    *self._java(),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    f"--cluster-id={cluster_id}",
+                    "-c",
+                    self.config,
+                ],
+                timeout=120,
+            )
 
     def _properties(self) -> str:
         controller = f"{HOST}:{KAFKA_CONTROLLER_PORT}"
-        return "\n".join([
-            "# Written by scripts/stack on every start; edit scripts/stacklib/kafka.py instead.",
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"listeners=PLAINTEXT://{self.address},CONTROLLER://{controller}",
-            f"advertised.listeners=PLAINTEXT://{self.address}",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            # --standalone formatting needs the bootstrap form, not controller.quorum.voters.
-            f"controller.quorum.bootstrap.servers={controller}",
-            f"log.dirs={self.data}",
-            "num.partitions=1",
-            # Topics are created by our code with cleanup.policy=compact; an auto-created topic
-            # would silently get the wrong policy, so a missing topic is an error instead.
-            "auto.create.topics.enable=false",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
-            "group.initial.rebalance.delay.ms=0",
-            # Compaction on, small and prompt: tests force it with segment.ms~100 and
-            # min.cleanable.dirty.ratio=0.01 on their own topics.
-            "log.cleaner.enable=true",
-            "log.cleaner.threads=1",
-            "log.cleaner.dedupe.buffer.size=8388608",
-            "log.cleaner.backoff.ms=1000",
-            "log.retention.check.interval.ms=10000",
-            "num.network.threads=2",
-            "num.io.threads=4",
-            "",
-        ])
+        return "\n".join(
+            [
+                "# Written by scripts/stack on every start; edit pgcdc/stack/kafka.py instead.",
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"listeners=PLAINTEXT://{self.address},CONTROLLER://{controller}",
+                f"advertised.listeners=PLAINTEXT://{self.address}",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                # --standalone formatting needs the bootstrap form, not controller.quorum.voters.
+                f"controller.quorum.bootstrap.servers={controller}",
+                f"log.dirs={self.data}",
+                "num.partitions=1",
+                # Topics are created by our code with cleanup.policy=compact; an auto-created topic
+                # would silently get the wrong policy, so a missing topic is an error instead.
+                "auto.create.topics.enable=false",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=4",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "transaction.state.log.num.partitions=4",
+                "share.coordinator.state.topic.replication.factor=1",
+                "share.coordinator.state.topic.min.isr=1",
+                "group.initial.rebalance.delay.ms=0",
+                # Compaction on, small and prompt: tests force it with segment.ms~100 and
+                # min.cleanable.dirty.ratio=0.01 on their own topics.
+                "log.cleaner.enable=true",
+                "log.cleaner.threads=1",
+                "log.cleaner.dedupe.buffer.size=8388608",
+                "log.cleaner.backoff.ms=1000",
+                "log.retention.check.interval.ms=10000",
+                "num.network.threads=2",
+                "num.io.threads=4",
+                "",
+            ]
+        )
 
     def launch(self) -> int:
-        return common.spawn([*self._java(), "kafka.Kafka", self.config], log=self.log,
-                            cwd=self.home)
+        return common.spawn(
+            [*self._java(), "kafka.Kafka", self.config], log=self.log, cwd=self.home
+        )
 
     def probe(self) -> bool:
         return probe_kafka(HOST, self.port)

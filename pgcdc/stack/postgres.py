@@ -7,9 +7,9 @@ import signal
 from pathlib import Path
 from typing import ClassVar
 
-from stacklib import common
-from stacklib.ports import HOST
-from stacklib.service import Service
+from pgcdc.core.ports import HOST
+from pgcdc.stack import common
+from pgcdc.stack.service import Service
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 OS_USER = "postgres"  # initdb and postgres refuse to run as root
@@ -44,32 +44,55 @@ class Postgres(Service):
         common.check_reachable(OS_USER, self.home)
         if not (self.data / "PG_VERSION").exists():
             common.say(f"initdb {self.data}")
-            common.run([BIN / "initdb", "-D", self.data, "-U", "postgres", "-E", "UTF8",
-                        "--locale=C.UTF-8", "--auth-local=trust", "--auth-host=scram-sha-256"],
-                       user=OS_USER, cwd=self.home)
+            common.run(
+                [
+                    BIN / "initdb",
+                    "-D",
+                    self.data,
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                ],
+                user=OS_USER,
+                cwd=self.home,
+            )
             with open(self.data / "postgresql.conf", "a") as f:
                 f.write("\ninclude 'stack.conf'\n")
-        self._write(self.data / "stack.conf", "\n".join([
-            "# Written by scripts/stack on every start; edit scripts/stacklib/postgres.py instead.",
-            f"listen_addresses = '{HOST}'",
-            f"port = {self.port}",
-            f"unix_socket_directories = '{self.sockdir}'",
-            "wal_level = logical",
-            "max_replication_slots = 20",
-            "max_wal_senders = 20",
-            "max_connections = 150",
-            "shared_buffers = 64MB",
-            "logging_collector = off",  # stderr goes to .stack/logs/postgres.log
-            "log_line_prefix = '%m [%p] %q%u@%d '",
-            "",
-        ]))
-        self._write(self.data / "pg_hba.conf", "\n".join([
-            "# Written by scripts/stack. Local socket (mode 0700) for bootstrap; TCP needs a password.",
-            "local all         all                  trust",
-            f"host  all         all  {HOST}/32 scram-sha-256",
-            f"host  replication all  {HOST}/32 scram-sha-256",
-            "",
-        ]))
+        self._write(
+            self.data / "stack.conf",
+            "\n".join(
+                [
+                    "# Written by scripts/stack on every start; edit pgcdc/stack/postgres.py instead.",
+                    f"listen_addresses = '{HOST}'",
+                    f"port = {self.port}",
+                    f"unix_socket_directories = '{self.sockdir}'",
+                    "wal_level = logical",
+                    "max_replication_slots = 20",
+                    "max_wal_senders = 20",
+                    "max_connections = 150",
+                    "shared_buffers = 64MB",
+                    "logging_collector = off",  # stderr goes to .stack/logs/postgres.log
+                    "log_line_prefix = '%m [%p] %q%u@%d '",
+                    "",
+                ]
+            ),
+        )
+        self._write(
+            self.data / "pg_hba.conf",
+            "\n".join(
+                [
+                    "# Written by scripts/stack. Local socket (mode 0700) for bootstrap; TCP needs a password.",
+                    "local all         all                  trust",
+                    f"host  all         all  {HOST}/32 scram-sha-256",
+                    f"host  replication all  {HOST}/32 scram-sha-256",
+                    "",
+                ]
+            ),
+        )
 
     def _write(self, path: Path, text: str) -> None:
         path.write_text(text)
@@ -108,13 +131,22 @@ class Postgres(Service):
 
     def launch(self) -> int:
         self._kill_leftovers()
-        return common.spawn([BIN / "postgres", "-D", self.data], log=self.log, user=OS_USER,
-                            cwd=self.home)
+        return common.spawn(
+            [BIN / "postgres", "-D", self.data], log=self.log, user=OS_USER, cwd=self.home
+        )
 
     def _psql_run(self, sql: str, *, local: bool, db: str, check: bool) -> tuple[int, str]:
         """Run one statement with psql: as postgres on the socket, or as cdc over TCP."""
         if local:
-            cmd = [str(BIN / "psql"), "-h", str(self.sockdir), "-p", str(self.port), "-U", "postgres"]
+            cmd = [
+                str(BIN / "psql"),
+                "-h",
+                str(self.sockdir),
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+            ]
             env: dict[str, str] = {}
         else:
             cmd = [str(BIN / "psql"), "-h", HOST, "-p", str(self.port), "-U", "cdc"]
@@ -134,9 +166,13 @@ class Postgres(Service):
 
     def wait_ready(self) -> None:
         # The cdc role may not exist yet, so first wait on the bootstrap socket.
-        common.wait_until(self.name, lambda: self._psql("SELECT 1", local=True) == "1",
-                          self.start_deadline_s, alive=lambda: self.pid() is not None,
-                          log=self.log)
+        common.wait_until(
+            self.name,
+            lambda: self._psql("SELECT 1", local=True) == "1",
+            self.start_deadline_s,
+            alive=lambda: self.pid() is not None,
+            log=self.log,
+        )
         self.after_ready()
         common.wait_until(self.name, self.probe, 10, log=self.log)
 
@@ -150,5 +186,3 @@ class Postgres(Service):
 
     def _must(self, sql: str) -> None:
         self._psql_run(sql, local=True, db="postgres", check=True)
-
-

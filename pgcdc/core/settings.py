@@ -3,7 +3,7 @@
 Sources, highest priority first: explicit overrides (CLI flags), ``CDC_*`` environment
 variables (``__`` separates sections, e.g. ``CDC_POSTGRES__DSN``), a TOML config file
 (``--config`` or ``CDC_CONFIG``), then defaults that point at the local stack
-(``scripts/stack``). Only entry points call :func:`load_settings`.
+(``scripts/stack``, ports from ``pgcdc.core.ports``). Only entry points call :func:`load_settings`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from cdc.errors import ConfigError
+from pgcdc.core import ports
+from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
+from pgcdc.core.errors import ConfigError
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,7 +57,7 @@ class ValueFormat(StrEnum):
 class PostgresSettings(BaseModel):
     model_config = _FROZEN
 
-    dsn: SecretStr = SecretStr("postgresql://cdc:cdc@127.0.0.1:55432/cdc")
+    dsn: SecretStr = SecretStr(ports.POSTGRES_DSN)
     slot_name: str = "cdc_slot"
     publication_name: str = "cdc_pub"
     # Include list of "schema.table"; empty means every table.
@@ -107,7 +109,7 @@ class PostgresSettings(BaseModel):
 class KafkaSettings(BaseModel):
     model_config = _FROZEN
 
-    bootstrap_servers: str = "127.0.0.1:19092"
+    bootstrap_servers: str = ports.KAFKA_BOOTSTRAP
     topic_prefix: str = "cdc"
     partitions: int = Field(default=1, ge=1)
     replication_factor: int = Field(default=1, ge=1)
@@ -115,7 +117,7 @@ class KafkaSettings(BaseModel):
     # Heartbeats carry the reader's last acknowledged LSN: the followers' watermark.
     heartbeat_enabled: bool = True
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
-    dead_letter_topic: str = "cdc.dlq"
+    dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
     # Extra librdkafka producer settings, merged over ours.
     producer: dict[str, str] = Field(default_factory=dict)
 
@@ -136,7 +138,7 @@ class SchemaSettings(BaseModel):
 class RedisSettings(BaseModel):
     model_config = _FROZEN
 
-    url: SecretStr = SecretStr("redis://127.0.0.1:56379/0")
+    url: SecretStr = SecretStr(ports.REDIS_URL)
     key_prefix: str = "cdc"
     value_mode: str = Field(default="hash", pattern="^(hash|json)$")
     ttl_s: int | None = Field(default=None, ge=1)
@@ -146,7 +148,7 @@ class RedisSettings(BaseModel):
 class SearchSettings(BaseModel):
     model_config = _FROZEN
 
-    url: SecretStr = SecretStr("http://127.0.0.1:19200")
+    url: SecretStr = SecretStr(ports.OPENSEARCH_URL)
     index_prefix: str = "cdc"
 
 

@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from stacklib import common
+from pgcdc.stack import common
 
 CENTRAL = "https://repo1.maven.org/maven2"
 SCALA = "2.13"  # pyspark 4.x is built for Scala 2.13 only
@@ -24,8 +24,10 @@ def spark_version() -> str:
         return info.name.removeprefix("pyspark-").removesuffix(".dist-info")
     pin = re.search(r'"pyspark==([^"]+)"', (common.REPO / "pyproject.toml").read_text())
     if pin is None:
-        raise common.StackError("cannot tell the Spark version: no pyspark in .venv and no "
-                                "pyspark==X pin in pyproject.toml")
+        raise common.StackError(
+            "cannot tell the Spark version: no pyspark in .venv and no "
+            "pyspark==X pin in pyproject.toml"
+        )
     return pin.group(1)
 
 
@@ -86,8 +88,10 @@ def _token_provider_version(spark: str, folder: Path) -> str:
 
 def _spark_properties(version: str, folder: Path) -> dict[str, str]:
     """kafka.version and commons-pool2.version as Spark's own parent pom pins them."""
-    pom = _fetch_verified(_url("org.apache.spark", f"spark-parent_{SCALA}", version, "pom"),
-                          folder / f"spark-parent_{SCALA}-{version}.pom")
+    pom = _fetch_verified(
+        _url("org.apache.spark", f"spark-parent_{SCALA}", version, "pom"),
+        folder / f"spark-parent_{SCALA}-{version}.pom",
+    )
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     props = ET.parse(pom).getroot().find("m:properties", ns)
     out: dict[str, str] = {}
@@ -114,8 +118,11 @@ def _ensure(folder: Path) -> list[Path]:
     props = _spark_properties(version, folder)
     wanted = [
         ("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA}", version),
-        ("org.apache.spark", f"spark-token-provider-kafka-0-10_{SCALA}",
-         _token_provider_version(version, folder)),
+        (
+            "org.apache.spark",
+            f"spark-token-provider-kafka-0-10_{SCALA}",
+            _token_provider_version(version, folder),
+        ),
         ("org.apache.kafka", "kafka-clients", props["kafka.version"]),
         ("org.apache.commons", "commons-pool2", props["commons-pool2.version"]),
     ]

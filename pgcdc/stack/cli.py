@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from stacklib import common, prereqs
-from stacklib.ports import HOST, KAFKA_CONTROLLER_PORT, PORTS, SERVICES, env_vars
-from stacklib.service import Service
+from pgcdc.core.ports import HOST, KAFKA_CONTROLLER_PORT, PORTS, SERVICES, env_vars
+from pgcdc.stack import common, prereqs
+from pgcdc.stack.service import Service
 
 HELP = f"""\
 Run the project's servers natively on {HOST} (no Docker):
@@ -33,11 +33,15 @@ def _services(names: list[str]) -> list[Service]:
     """The chosen services (default: all), always in start order."""
     unknown = sorted(set(names) - set(SERVICES))
     if unknown:
-        raise common.StackError(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}")
+        raise common.StackError(
+            f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+        )
     chosen = [n for n in SERVICES if not names or n in names]
     paths = common.paths()
     # Each module is imported only when its service is asked for.
-    return [getattr(importlib.import_module(f"stacklib.{n}"), _CLASSES[n])(paths) for n in chosen]
+    return [
+        getattr(importlib.import_module(f"pgcdc.stack.{n}"), _CLASSES[n])(paths) for n in chosen
+    ]
 
 
 _CLASSES = {"postgres": "Postgres", "redis": "Redis", "kafka": "Kafka", "opensearch": "OpenSearch"}
@@ -64,7 +68,7 @@ def cmd_up(names: list[str]) -> int:
             s.wait_ready()
     if not names:
         # The Spark Kafka connector jars, fetched once (scripts/spark-submit adds them).
-        from stacklib import sparkjars
+        from pgcdc.stack import sparkjars
 
         sparkjars.ensure(common.paths())
     for s in services:
@@ -98,7 +102,7 @@ def cmd_env() -> int:
 
 
 def cmd_jars() -> int:
-    from stacklib import sparkjars
+    from pgcdc.stack import sparkjars
 
     print(",".join(str(p) for p in sparkjars.ensure(common.paths())))
     return 0
@@ -106,15 +110,19 @@ def cmd_jars() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="scripts/stack", description=HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="scripts/stack", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name, what in (("up", "start services (default: all) and wait until they answer"),
-                       ("down", "stop the services this stack started, by recorded pid"),
-                       ("status", "show each service as up/down; exit 1 unless all are up")):
+    for name, what in (
+        ("up", "start services (default: all) and wait until they answer"),
+        ("down", "stop the services this stack started, by recorded pid"),
+        ("status", "show each service as up/down; exit 1 unless all are up"),
+    ):
         p = sub.add_parser(name, help=what)
-        p.add_argument("services", nargs="*", metavar="SERVICE",
-                       help=f"any of: {', '.join(SERVICES)}")
+        p.add_argument(
+            "services", nargs="*", metavar="SERVICE", help=f"any of: {', '.join(SERVICES)}"
+        )
     sub.add_parser("env", help="print export lines for the CDC_* settings")
     sub.add_parser("jars", help="fetch the Spark Kafka connector jars; print them comma-separated")
     args = parser.parse_args(argv)

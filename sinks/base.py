@@ -1,9 +1,14 @@
 """What every follower's writer shares: the change it applies, its versions, its results.
 
 A follower applies batches of already-parsed changes. Each change carries a version derived
-from the transaction's commit LSN and the change's position inside the transaction, so a
-follower can refuse anything older than what it holds: replays and reordering never
-overwrite a newer value (design guarantee 4).
+from the transaction's commit LSN and the change's position inside the transaction (its
+:class:`~pgcdc.core.contract.VersionOrder`), so a follower can refuse anything older than
+what it holds: replays and reordering never overwrite a newer value (design guarantee 4).
+
+A batch is reduced to one change per key once. The sync jobs' batches are reduced in Spark
+(``spark_jobs.transforms.latest_per_key``) and reach :meth:`Sink.apply` with one change per
+key; a sink reduces with :func:`reduce_batch` only a batch that repeats a key (a caller
+that holds an unreduced batch), see :func:`one_per_key`.
 """
 
 from __future__ import annotations
@@ -12,9 +17,14 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Final, Protocol
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, UNAVAILABLE_VALUE_PLACEHOLDERS
+from pgcdc.core.contract import (
+    UNAVAILABLE_VALUE_PLACEHOLDER,
+    UNAVAILABLE_VALUE_PLACEHOLDERS,
+    VersionOrder,
+)
 
 # Change.version packs the commit LSN above a 16-bit ordinal so that it fits OpenSearch's
 # external version, a signed 64-bit long: LSN < 2**47 (128 TiB of WAL) and ordinals are
@@ -23,9 +33,14 @@ ORDER_BITS: Final = 16
 MAX_ORDER: Final = (1 << ORDER_BITS) - 1
 MAX_VERSION_LSN: Final = (1 << (63 - ORDER_BITS)) - 1
 
-APPLIED: Final = "applied"
-SKIPPED: Final = "skipped"
-FAILED: Final = "failed"
+
+class Outcome(StrEnum):
+    """What a follower did with one change."""
+
+    APPLIED = "applied"
+    SKIPPED = "skipped"  # a newer version is held, or a newer change of the batch won
+    FAILED = "failed"
+
 
 # Debezium writes the placeholder as text, as one-element arrays for array columns, and as
 # the placeholder's bytes (base64 in JSON) for bytea columns.
@@ -69,9 +84,9 @@ class Change:
         return self.commit_lsn << ORDER_BITS | min(self.order, MAX_ORDER)
 
     @property
-    def position(self) -> tuple[int, int]:
+    def version_order(self) -> VersionOrder:
         """The exact, unclamped ordering key ``(commit_lsn, order)``."""
-        return (self.commit_lsn, self.order)
+        return VersionOrder(self.commit_lsn, self.order)
 
     @property
     def is_delete(self) -> bool:
@@ -80,22 +95,37 @@ class Change:
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """What a follower did with one change: ``applied``, ``skipped`` (a newer version is
-    already there) or ``failed``. ``retryable`` tells a failure worth retrying from one that
-    belongs on the dead-letter topic."""
+    """What a follower did with one change (:class:`Outcome`). ``retryable`` tells a failure
+    worth retrying from one that belongs on the dead-letter topic."""
 
     key: str
     table: str
-    outcome: str
+    outcome: Outcome
     reason: str | None = None
     retryable: bool = False
+
+    @classmethod
+    def of(
+        cls, change: Change, outcome: Outcome, reason: str | None = None, retryable: bool = False
+    ) -> ApplyResult:
+        """The result for ``change``."""
+        return cls(change.key, change.table, outcome, reason, retryable)
 
 
 class Sink(Protocol):
     """A follower's writer."""
 
     def apply(self, changes: Sequence[Change]) -> list[ApplyResult]:
-        """Apply a batch; return one result per change, in the order given."""
+        """Apply a batch; return one result per change, in the order given.
+
+        A batch normally holds one change per (table, key); one that repeats a key is
+        reduced first (:func:`one_per_key`), the older changes ``skipped``.
+        """
+        ...
+
+    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+        """Learn the Debezium value (envelope) schema of ``table``'s events; a sink may use
+        it (e.g. to type a new index) or ignore it. Called before changes that use it."""
         ...
 
     def record_watermark(self, job: str, lsn: int) -> None:
@@ -180,7 +210,7 @@ def split_unchanged(change: Change) -> tuple[dict[str, Any], frozenset[str]]:
 
 @dataclass(frozen=True, slots=True)
 class Reduced:
-    """A batch reduced to one change per (table, key).
+    """A batch with one change per (table, key).
 
     ``winners`` holds the newest change of each key (input order of first appearance), with
     unchanged-TOAST columns filled from older changes of the same batch where they carried
@@ -193,12 +223,25 @@ class Reduced:
     superseded: list[int] = field(default_factory=list)
 
 
-def reduce_batch(changes: Sequence[Change]) -> Reduced:
-    """Keep the newest change per (table, key), ordered by the exact ``(commit_lsn, order)``.
+def one_per_key(changes: Sequence[Change]) -> Reduced:
+    """The batch as a sink applies it: one change per (table, key).
 
-    An older change's values still count for the newest one's unchanged-TOAST columns:
-    e.g. an UPDATE that wrote a large value and, later in the batch, an UPDATE that left it
-    untouched.
+    A batch of the sync jobs already is (``latest_per_key`` reduced it, once) and comes back
+    as it is. A batch that repeats a key, from a caller that did not reduce it, is reduced
+    here by :func:`reduce_batch`.
+    """
+    if len({(c.table, c.key) for c in changes}) < len(changes):
+        return reduce_batch(changes)
+    return Reduced(list(changes), list(range(len(changes))))
+
+
+def reduce_batch(changes: Sequence[Change]) -> Reduced:
+    """Keep the newest change per (table, key), ordered by the exact :class:`VersionOrder`;
+    of two equal versions (a replay inside one batch) the later one wins.
+
+    An older change's values still count for the newest one's unchanged-TOAST columns
+    (:func:`fill_unchanged`): e.g. an UPDATE that wrote a large value and, later in the
+    batch, an UPDATE that left it untouched.
     """
     by_key: dict[tuple[str, str], list[int]] = {}
     for i, c in enumerate(changes):
@@ -207,15 +250,23 @@ def reduce_batch(changes: Sequence[Change]) -> Reduced:
     index_of: list[int] = []
     superseded: list[int] = []
     for indexes in by_key.values():
-        # Stable sort: of two equal positions (a replay inside one batch) the later wins.
-        ordered = sorted(indexes, key=lambda i: changes[i].position)
-        current = changes[ordered[0]]
-        for i in ordered[1:]:
-            current = _fold(current, changes[i])
-        winners.append(current)
+        ordered = sorted(indexes, key=lambda i: changes[i].version_order)  # stable
+        winners.append(fill_unchanged([changes[i] for i in ordered]))
         index_of.append(ordered[-1])
         superseded.extend(ordered[:-1])
     return Reduced(winners, index_of, sorted(superseded))
+
+
+def fill_unchanged(history: Sequence[Change]) -> Change:
+    """The last of one key's changes, given oldest first, with its unchanged-TOAST columns
+    filled from the older ones where they carried a value since the key's last delete.
+
+    Chooses nothing: the caller has ordered the changes, and the last one is the newest.
+    """
+    current = history[0]
+    for newer in history[1:]:
+        current = _fold(current, newer)
+    return current
 
 
 def _fold(older: Change, newer: Change) -> Change:
@@ -235,3 +286,37 @@ def _fold(older: Change, newer: Change) -> Change:
     return Change(
         newer.table, newer.key, newer.commit_lsn, newer.order, merged, frozenset(still_held)
     )
+
+
+class BatchOutcomes:
+    """The results of one :meth:`Sink.apply`: one slot per input change, filled in as the
+    sink learns them."""
+
+    def __init__(self, changes: Sequence[Change]) -> None:
+        self._changes = changes
+        self._results: list[ApplyResult | None] = [None] * len(changes)
+
+    def one_per_key(self) -> list[tuple[int, Change]]:
+        """``(slot, change)`` to apply per (table, key) (:func:`one_per_key`); changes that
+        a newer one of the same key supersedes are ``skipped`` here."""
+        reduced = one_per_key(self._changes)
+        for slot in reduced.superseded:
+            self.set(slot, Outcome.SKIPPED, "superseded by a newer change in the batch")
+        return list(zip(reduced.index_of, reduced.winners, strict=True))
+
+    def set(
+        self, slot: int, outcome: Outcome, reason: str | None = None, retryable: bool = False
+    ) -> None:
+        """Record what happened to the change at ``slot``."""
+        self._results[slot] = ApplyResult.of(self._changes[slot], outcome, reason, retryable)
+
+    def has(self, slot: int) -> bool:
+        """Whether the change at ``slot`` has its result."""
+        return self._results[slot] is not None
+
+    def results(self) -> list[ApplyResult]:
+        """One result per input change, in input order."""
+        return [
+            r if r is not None else ApplyResult.of(c, Outcome.FAILED, "no outcome (bug)")
+            for c, r in zip(self._changes, self._results, strict=True)
+        ]

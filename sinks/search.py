@@ -22,11 +22,10 @@ task at a time applies, in order.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import orjson
 from opensearchpy import OpenSearch
@@ -35,56 +34,41 @@ from opensearchpy.exceptions import TransportError
 from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import SearchSettings
-from sinks.base import (
-    APPLIED,
-    FAILED,
-    SKIPPED,
-    ApplyResult,
-    Change,
-    reduce_batch,
-    split_unchanged,
-)
+from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
 from sinks.search_index import (
     DEFAULT_GC_DELETES,
+    WATERMARK_MAPPING,
     check_index_prefix,
     dynamic_mapping,
     index_name,
     index_settings,
     mapping_from_connect_schema,
+    row_fields,
+)
+from sinks.search_requests import (
+    RETRY,
+    Retrying,
+    bulk_action,
+    error_type,
+    item_outcome,
+    retryable_status,
 )
 
-__all__ = ["SearchSink", "mapping_from_connect_schema"]
+__all__ = ["SearchSink"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 _MAX_ID_BYTES: Final = 512
 _MAX_LONG: Final = (1 << 63) - 1
-_WATERMARK_MAPPING: Final[dict[str, Any]] = {
-    "dynamic": False,
-    "properties": {
-        "job": {"type": "keyword"},
-        "lsn": {"type": "long"},
-        "updated_at_ms": {"type": "date", "format": "epoch_millis"},
-    },
-}
-
-
-def _retryable_status(status: object) -> bool:
-    # Connection errors carry the status "N/A": worth retrying like 429 and 5xx.
-    return not isinstance(status, int) or status == 429 or status >= 500
-
-
-_RETRY: Final = "retry"
 _MGET_CHUNK: Final = 500
 
 
 @dataclass(slots=True)
 class _Op:
-    """One bulk action waiting to be sent, and the input index it answers for."""
+    """One bulk action waiting to be sent, and the input slot it answers for."""
 
     slot: int  # index into the input batch
+    table: str
     action: bytes  # the bulk action line and, for index, the source line
     note: str | None = None  # reported with an applied outcome
     last_error: str | None = None  # why the last attempt was refused, if it was
@@ -115,18 +99,14 @@ class SearchSink:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         check_index_prefix(index_prefix)
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
         self.index_prefix = index_prefix
         self.refresh = refresh
         self.gc_deletes = gc_deletes
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
         self.timeout_s = timeout_s
-        self._sleep = sleep
+        self._retrying = Retrying(max_attempts, backoff_s, max_backoff_s, sleep)
         # Our own backoff replaces the client's fixed-interval retries.
         self.client = client or OpenSearch(hosts=[url], timeout=timeout_s, max_retries=0)
+        # Row struct fields per table, from the Connect schema: they type a new index.
         self._schemas: dict[str, list[Mapping[str, Any]]] = {
             t: list(f) for t, f in (schemas or {}).items()
         }
@@ -147,10 +127,10 @@ class SearchSink:
     def watermark_index(self) -> str:
         return search_watermark_index(self.index_prefix)
 
-    def register_schema(self, table: str, fields: Sequence[Mapping[str, Any]]) -> None:
-        """Use these Connect fields (the row struct's) to map ``table``'s index when this
-        sink creates it. An index that already exists keeps its mapping."""
-        self._schemas[table] = list(fields)
+    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+        """Map ``table``'s index from the row struct of this Debezium value schema when this
+        sink creates the index. An index that already exists keeps its mapping."""
+        self._schemas[table] = row_fields(value_schema)
 
     def ensure_index(self, table: str) -> str:
         """Create ``table``'s index unless it exists; return its name.
@@ -174,7 +154,7 @@ class SearchSink:
                     log.info("created index", extra={"index": name})
                 except TransportError as e:
                     # Another writer created it first.
-                    if _error_type(e) != "resource_already_exists_exception":
+                    if error_type(e) != "resource_already_exists_exception":
                         raise
             # A new index (maybe created by a writer that was killed a moment ago) answers
             # reads only once its shard is started: wait for that instead of failing reads.
@@ -182,15 +162,15 @@ class SearchSink:
             while self.client.cluster.health(index=name).get("status") not in ("yellow", "green"):
                 if time.monotonic() >= deadline:
                     raise TransportError(503, "index_not_ready", f"{name} has no started shard")
-                self._sleep(0.2)
+                self._retrying.sleep(0.2)
 
-        self._with_retries(f"create index {name}", create)
+        self._retrying.call(f"create index {name}", create)
         self._ready.add(name)
 
     def refresh_indices(self, *tables: str) -> None:
         """Make everything written so far searchable (all of this sink's indices if none)."""
         names = [self.index_for(t) for t in tables] or [f"{self.index_prefix}-*".lower()]
-        self._with_retries("refresh", lambda: self.client.indices.refresh(index=",".join(names)))
+        self._retrying.call("refresh", lambda: self.client.indices.refresh(index=",".join(names)))
 
     # -- apply ---------------------------------------------------------------------------
 
@@ -209,37 +189,30 @@ class SearchSink:
         request for a reason that is not about a document (e.g. authentication): the caller
         fails the batch rather than dead-lettering it. Applying a batch again is safe.
         """
-        results: list[ApplyResult | None] = [None] * len(changes)
-        reduced = reduce_batch(changes)
-        for i in reduced.superseded:
-            results[i] = _result(changes[i], SKIPPED, "superseded by a newer change in the batch")
-
+        outcomes = BatchOutcomes(changes)
         ops: list[_Op] = []
         partial: list[tuple[int, Change, str]] = []
-        for slot, change in zip(reduced.index_of, reduced.winners, strict=True):
+        for slot, change in outcomes.one_per_key():
             try:
                 index = self._check(change)
             except (SinkError, ValueError) as e:
-                results[slot] = _result(change, FAILED, str(e))
+                outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
             self.ensure_index(change.table)
             if change.doc is None:
-                ops.append(_Op(slot, _action("delete", index, change)))
+                ops.append(_Op(slot, change.table, bulk_action("delete", index, change)))
                 continue
             _, held = split_unchanged(change)
             if held:
                 partial.append((slot, change, index))
             else:
-                self._add_index_op(ops, results, slot, change, index, change.doc, None)
+                self._add_index_op(ops, outcomes, slot, change, index, change.doc, None)
 
         if partial:
-            self._merge_held(partial, ops, results)
+            self._merge_held(partial, ops, outcomes)
         if ops:
-            self._bulk(ops, changes, results)
-        out: list[ApplyResult] = []
-        for change, r in zip(changes, results, strict=True):
-            out.append(r if r is not None else _result(change, FAILED, "no outcome (bug)"))
-        return out
+            self._bulk(ops, outcomes)
+        return outcomes.results()
 
     def _check(self, change: Change) -> str:
         """The change's index name; SinkError or ValueError if it cannot be written."""
@@ -253,7 +226,7 @@ class SearchSink:
     def _add_index_op(
         self,
         ops: list[_Op],
-        results: list[ApplyResult | None],
+        outcomes: BatchOutcomes,
         slot: int,
         change: Change,
         index: str,
@@ -263,15 +236,13 @@ class SearchSink:
         try:
             source = orjson.dumps(values)
         except (TypeError, orjson.JSONEncodeError) as e:
-            results[slot] = _result(change, FAILED, f"document is not JSON: {e}")
+            outcomes.set(slot, Outcome.FAILED, f"document is not JSON: {e}")
             return
-        ops.append(_Op(slot, _action("index", index, change) + source + b"\n", note))
+        action = bulk_action("index", index, change) + source + b"\n"
+        ops.append(_Op(slot, change.table, action, note))
 
     def _merge_held(
-        self,
-        partial: list[tuple[int, Change, str]],
-        ops: list[_Op],
-        results: list[ApplyResult | None],
+        self, partial: list[tuple[int, Change, str]], ops: list[_Op], outcomes: BatchOutcomes
     ) -> None:
         """Fill unchanged-TOAST columns from the held documents (see the module doc)."""
         splits = [split_unchanged(c) for _, c, _ in partial]
@@ -283,21 +254,20 @@ class SearchSink:
         for (slot, change, index), (values, held), doc in zip(partial, splits, found, strict=True):
             if "error" in doc:
                 reason = doc["error"].get("reason", str(doc["error"]))
-                results[slot] = _result(
-                    change, FAILED, f"cannot read held document: {reason}", retryable=True
+                outcomes.set(
+                    slot, Outcome.FAILED, f"cannot read held document: {reason}", retryable=True
                 )
                 continue
-            note: str | None
             if not doc.get("found"):
-                note = f"unchanged columns {sorted(held)} not held by the follower: left out"
                 log.warning(
                     "partial change for a document the follower does not hold",
                     extra={"table": change.table, "index": index},
                 )
-                self._add_index_op(ops, results, slot, change, index, values, note)
+                note = f"unchanged columns {sorted(held)} not held by the follower: left out"
+                self._add_index_op(ops, outcomes, slot, change, index, values, note)
                 continue
             if doc["_version"] >= change.version:
-                results[slot] = _result(change, SKIPPED, "a newer version is held")
+                outcomes.set(slot, Outcome.SKIPPED, "a newer version is held")
                 continue
             source = doc.get("_source", {})
             merged = dict(values)
@@ -307,17 +277,18 @@ class SearchSink:
                     merged[column] = source[column]
                 else:
                     missing.append(column)
-            note = None
-            if missing:
-                note = f"unchanged columns {missing} not held by the follower: left out"
-            self._add_index_op(ops, results, slot, change, index, merged, note)
+            note = f"unchanged columns {missing} not held by the follower: left out"
+            self._add_index_op(
+                ops, outcomes, slot, change, index, merged, note if missing else None
+            )
 
     def _read_held(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Multi-get in modest chunks; items that fail (e.g. a shard-level request the busy
         node rejected) are read again with backoff before their error is reported."""
         found: list[dict[str, Any]] = [{} for _ in docs]
         todo = list(range(len(docs)))
-        for attempt in range(self.max_attempts):
+        attempts = self._retrying.max_attempts
+        for attempt in range(attempts):
             failed: list[int] = []
             for start in range(0, len(todo), _MGET_CHUNK):
                 part = todo[start : start + _MGET_CHUNK]
@@ -326,62 +297,57 @@ class SearchSink:
                 def read(body: dict[str, Any] = body) -> Any:
                     return self.client.mget(body=body, params={"realtime": "true"})
 
-                got = self._with_retries("read held documents", read)["docs"]
+                got = self._retrying.call("read held documents", read)["docs"]
                 for i, doc in zip(part, got, strict=True):
                     found[i] = doc
                     if "error" in doc:
                         failed.append(i)
-            if not failed or attempt == self.max_attempts - 1:
+            if not failed or attempt == attempts - 1:
                 break
             log.warning("re-reading %d held documents (attempt %d)", len(failed), attempt + 2)
-            self._backoff(attempt)
+            self._retrying.pause(attempt)
             todo = failed
         return found
 
-    def _bulk(
-        self, ops: list[_Op], changes: Sequence[Change], results: list[ApplyResult | None]
-    ) -> None:
+    def _bulk(self, ops: list[_Op], outcomes: BatchOutcomes) -> None:
+        """Send the actions; items refused with 429/5xx are sent again with backoff."""
         params = {"refresh": "true" if self.refresh else "false"}
+        attempts = self._retrying.max_attempts
         pending = ops
-        for attempt in range(self.max_attempts):
-            last = attempt == self.max_attempts - 1
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
             body = b"".join(op.action for op in pending)
             try:
                 response = self.client.bulk(body=body, params=params)
             except TransportError as e:
-                if not _retryable_status(e.status_code):
+                if not retryable_status(e.status_code):
                     raise SinkError(f"OpenSearch refused the bulk request: {e}") from e
                 if last:
                     raise RetryableSinkError(f"OpenSearch bulk request failed: {e}") from e
                 log.warning("bulk request failed (attempt %d): %s", attempt + 1, e)
-                self._backoff(attempt)
+                self._retrying.pause(attempt)
                 continue
             again: list[_Op] = []
             for op, item in zip(pending, response["items"], strict=True):
-                change = changes[op.slot]
-                outcome = item_outcome(next(iter(item.values())))
-                if outcome[0] == _RETRY:
-                    op.last_error = outcome[1]
+                outcome, reason = item_outcome(next(iter(item.values())))
+                if outcome == RETRY:
+                    op.last_error = reason
                     again.append(op)
-                elif outcome[0] == APPLIED:
-                    results[op.slot] = _result(change, APPLIED, op.note)
+                elif outcome == Outcome.APPLIED:
+                    outcomes.set(op.slot, Outcome.APPLIED, op.note)
                 else:
-                    results[op.slot] = _result(change, outcome[0], outcome[1])
-                    if outcome[0] == FAILED:
-                        log.warning(
-                            "document refused: %s",
-                            outcome[1],
-                            extra={"table": change.table},
-                        )
+                    outcomes.set(op.slot, outcome, reason)
+                    if outcome == Outcome.FAILED:
+                        log.warning("document refused: %s", reason, extra={"table": op.table})
             if not again:
                 return
             if last:
                 for op in again:
-                    reason = f"refused after {self.max_attempts} attempts: {op.last_error}"
-                    results[op.slot] = _result(changes[op.slot], FAILED, reason, True)
+                    reason = f"refused after {attempts} attempts: {op.last_error}"
+                    outcomes.set(op.slot, Outcome.FAILED, reason, retryable=True)
                 return
             pending = again
-            self._backoff(attempt)
+            self._retrying.pause(attempt)
 
     # -- watermarks ----------------------------------------------------------------------
 
@@ -391,7 +357,7 @@ class SearchSink:
             raise ValueError(f"watermark LSN {lsn} does not fit a signed 64-bit long")
         index = self.watermark_index
         if index not in self._ready:
-            self._create_index(index, _WATERMARK_MAPPING)
+            self._create_index(index, WATERMARK_MAPPING)
         body = {"job": job, "lsn": lsn, "updated_at_ms": int(time.time() * 1000)}
 
         def write() -> None:
@@ -407,7 +373,7 @@ class SearchSink:
                 if e.status_code != 409:
                     raise
 
-        self._with_retries(f"record watermark of {job}", write)
+        self._retrying.call(f"record watermark of {job}", write)
 
     def read_watermark(self, job: str) -> int | None:
         """The recorded watermark of ``job``, or None."""
@@ -421,76 +387,8 @@ class SearchSink:
                 raise
             return int(doc["_source"]["lsn"])
 
-        return self._with_retries(f"read watermark of {job}", read)
+        return self._retrying.call(f"read watermark of {job}", read)
 
     def close(self) -> None:
         """Close the client's connections."""
         self.client.close()
-
-    # -- retries -------------------------------------------------------------------------
-
-    def _with_retries(self, what: str, call: Callable[[], T]) -> T:
-        for attempt in range(self.max_attempts):
-            try:
-                return call()
-            except TransportError as e:
-                if not _retryable_status(e.status_code):
-                    raise SinkError(f"OpenSearch: {what} failed: {e}") from e
-                if attempt == self.max_attempts - 1:
-                    raise RetryableSinkError(f"OpenSearch: {what} failed: {e}") from e
-                log.warning("%s failed (attempt %d): %s", what, attempt + 1, e)
-                self._backoff(attempt)
-        raise AssertionError("unreachable")
-
-    def _backoff(self, attempt: int) -> None:
-        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-        self._sleep(delay * random.uniform(0.5, 1.0))
-
-
-def _action(kind: str, index: str, change: Change) -> bytes:
-    meta = {
-        kind: {
-            "_index": index,
-            "_id": change.key,
-            "version": change.version,
-            "version_type": "external",
-        }
-    }
-    return orjson.dumps(meta) + b"\n"
-
-
-def item_outcome(item: Mapping[str, Any]) -> tuple[str, str | None]:
-    """``(outcome, reason)`` of one bulk response item; outcome ``"retry"`` for 429/5xx."""
-    status = int(item.get("status", 500))
-    if 200 <= status < 300:
-        return (APPLIED, None)
-    if status == 404 and item.get("result") == "not_found":
-        # Deleting a document we never held: the tombstone is written all the same.
-        return (APPLIED, None)
-    if status == 409:
-        return (SKIPPED, "a newer version is held")
-    error = item.get("error") or {}
-    if isinstance(error, Mapping):
-        reason = f"{error.get('type', 'error')}: {error.get('reason', '')}"
-        cause = error.get("caused_by")
-        if isinstance(cause, Mapping):
-            reason += f" ({cause.get('type', '')}: {cause.get('reason', '')})"
-    else:
-        reason = str(error)
-    return (_RETRY if _retryable_status(status) else FAILED, reason)
-
-
-def _error_type(e: TransportError) -> str | None:
-    info = e.info
-    if isinstance(info, Mapping):
-        error = info.get("error")
-        if isinstance(error, Mapping):
-            kind = error.get("type")
-            return kind if isinstance(kind, str) else None
-    return None
-
-
-def _result(
-    change: Change, outcome: str, reason: str | None = None, retryable: bool = False
-) -> ApplyResult:
-    return ApplyResult(change.key, change.table, outcome, reason, retryable)

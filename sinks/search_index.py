@@ -1,7 +1,7 @@
 """OpenSearch index layout: index names, index settings, and mappings from Connect schemas.
 
 Pure code, no I/O. One index per table, named ``<index_prefix>-<schema>.<table>`` in lower
-case.
+case, and one for the followers' watermarks.
 """
 
 from __future__ import annotations
@@ -22,6 +22,16 @@ _MAX_INDEX_NAME_BYTES: Final = 255
 # restart-and-replay, so our indices keep tombstones for a day (Kafka's default
 # delete.retention.ms), at the price of a little heap per recent delete.
 DEFAULT_GC_DELETES: Final = "24h"
+
+# The index of the followers' watermarks: one document per job (search_watermark_index).
+WATERMARK_MAPPING: Final[dict[str, Any]] = {
+    "dynamic": False,
+    "properties": {
+        "job": {"type": "keyword"},
+        "lsn": {"type": "long"},
+        "updated_at_ms": {"type": "date", "format": "epoch_millis"},
+    },
+}
 
 _KEYWORD_IGNORE_ABOVE: Final = 256
 _TEXT: Final[dict[str, Any]] = {

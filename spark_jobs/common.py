@@ -284,7 +284,6 @@ def apply_partition(
     raise the partition's heartbeat LSN.
     """
     from pgcdc.core.errors import RetryableSinkError
-    from sinks.search_index import row_fields
     from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT, SCHEMA
 
     stats = BatchStats()
@@ -298,7 +297,7 @@ def apply_partition(
     register = getattr(sink, "register_schema", None)
     build = ChangeBuilder(
         schemas,
-        None if register is None else lambda table, schema: register(table, row_fields(schema)),
+        register,
     )
     try:
         chunk: list[Any] = []

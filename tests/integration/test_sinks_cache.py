@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import redis
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from pgcdc.core.errors import RetryableSinkError
 from sinks.base import Change
-from sinks.cache import CacheSink, version_string
+from sinks.cache import CacheSink
+from sinks.cache_script import version_string
 from tests.conftest import Endpoints
 
 pytestmark = pytest.mark.integration
@@ -182,7 +183,7 @@ def test_json_merge_refuses_to_write_over_a_concurrent_write(
         # landed between the read and the write. The script must answer "conflict" (3),
         # which makes apply() read and merge again, rather than write stale data.
         keys = [sink.row_key(T, "1"), sink.version_key(T, "1")]
-        stale_merge = sink._args("jp", version_string(12, 0), "", '{"id":1}')
+        stale_merge = sink._args("jp", version_string(VersionOrder(12, 0)), "", '{"id":1}')
         reply = sink.client.evalsha(sink._script_sha(), 2, *keys, *stale_merge)
         assert reply == 3
         assert sink.read_row(T, "1") == {"id": 1, "body": "old", "n": 0}

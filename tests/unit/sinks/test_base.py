@@ -10,13 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks.base import (
     MAX_ORDER,
     MAX_VERSION_LSN,
+    ApplyResult,
+    BatchOutcomes,
     Change,
+    Outcome,
+    fill_unchanged,
     is_placeholder,
     key_id,
+    one_per_key,
     reduce_batch,
     split_unchanged,
 )
@@ -166,7 +171,7 @@ def test_reduce_fills_unchanged_columns_from_an_older_change_in_the_batch() -> N
     (winner,) = reduce_batch(changes).winners
     assert winner.doc == {"id": 1, "body": big, "n": 2}
     assert winner.unchanged == frozenset()
-    assert winner.position == (11, 0)
+    assert winner.version_order == (11, 0)
 
 
 def test_reduce_keeps_columns_unchanged_when_the_batch_never_had_them() -> None:
@@ -198,3 +203,54 @@ def test_reduce_delete_wins_over_older_insert_and_loses_to_newer() -> None:
     assert reduce_batch([dele, ins]).winners[0].doc is None
     reinsert = Change("public.t", "1", 13, 0, {"id": 1})
     assert reduce_batch([reinsert, dele, ins]).winners[0].doc == {"id": 1}
+
+
+def test_one_per_key_keeps_an_already_reduced_batch_as_it_is() -> None:
+    changes = [
+        Change("public.t", "1", 20, 0, {"v": "a"}),
+        Change("public.t", "2", 10, 0, {"v": "b", "body": UNAVAILABLE_VALUE_PLACEHOLDER}),
+        Change("public.u", "1", 5, 0, None),
+    ]
+    r = one_per_key(changes)
+    assert r.winners == changes
+    assert r.winners[1] is changes[1]  # not folded or copied: nothing to reduce
+    assert r.index_of == [0, 1, 2]
+    assert r.superseded == []
+
+
+def test_one_per_key_reduces_a_batch_that_repeats_a_key() -> None:
+    changes = [Change("public.t", "1", 20, 0, {"v": "new"}), Change("public.t", "1", 10, 0, {})]
+    assert one_per_key(changes) == reduce_batch(changes)
+    assert one_per_key(changes).superseded == [1]
+
+
+def test_fill_unchanged_fills_only_from_changes_after_the_last_delete() -> None:
+    p = UNAVAILABLE_VALUE_PLACEHOLDER
+    history = [
+        Change("public.t", "1", 10, 0, {"id": 1, "body": "old", "n": 0}),
+        Change("public.t", "1", 11, 0, None),
+        Change("public.t", "1", 12, 0, {"id": 1, "body": p, "n": 1}, frozenset({"body"})),
+    ]
+    newest = fill_unchanged(history)
+    assert newest is history[2]  # the value before the delete is not the row's any more
+    assert newest.version_order == VersionOrder(12, 0)
+    history[1] = Change("public.t", "1", 11, 0, {"id": 1, "body": "kept", "n": 9})
+    assert fill_unchanged(history).doc == {"id": 1, "body": "kept", "n": 1}
+
+
+def test_batch_outcomes_skip_superseded_and_flag_missing_results() -> None:
+    changes = [
+        Change("public.t", "1", 10, 0, {"v": "old"}),
+        Change("public.t", "1", 20, 0, {"v": "new"}),
+        Change("public.t", "2", 20, 1, {"v": "x"}),
+    ]
+    outcomes = BatchOutcomes(changes)
+    todo = outcomes.one_per_key()
+    assert [slot for slot, _ in todo] == [1, 2]
+    assert outcomes.has(0) and not outcomes.has(1)
+    outcomes.set(1, Outcome.APPLIED)
+    results = outcomes.results()
+    assert [r.outcome for r in results] == ["skipped", "applied", "failed"]
+    assert results[0] == ApplyResult("1", "public.t", Outcome.SKIPPED, results[0].reason)
+    assert results[0].reason and "superseded" in results[0].reason
+    assert results[2].reason == "no outcome (bug)"

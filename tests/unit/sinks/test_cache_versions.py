@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sinks.cache import parse_version, version_string
+from pgcdc.core.contract import VersionOrder
+from sinks.cache_script import parse_version, version_string
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +18,7 @@ positions = st.tuples(
 
 @given(positions, positions)
 def test_stored_versions_order_like_positions(a: tuple[int, int], b: tuple[int, int]) -> None:
-    sa, sb = version_string(*a), version_string(*b)
+    sa, sb = version_string(VersionOrder(*a)), version_string(VersionOrder(*b))
     assert len(sa) == len(sb) == 30 and sa.isdigit()
     assert (sa < sb) == (a < b)
     # The script compares 15-digit chunks as doubles: each chunk is exact below 2**53.
@@ -29,12 +30,12 @@ def test_stored_versions_order_like_positions(a: tuple[int, int], b: tuple[int, 
 
 @given(positions)
 def test_stored_version_round_trips(p: tuple[int, int]) -> None:
-    assert parse_version(version_string(*p)) == p
-    assert parse_version(version_string(*p).encode()) == p
+    assert parse_version(version_string(VersionOrder(*p))) == p
+    assert parse_version(version_string(VersionOrder(*p)).encode()) == p
 
 
 def test_stored_version_refuses_out_of_range() -> None:
     with pytest.raises(ValueError):
-        version_string(2**64, 0)
+        version_string(VersionOrder(2**64, 0))
     with pytest.raises(ValueError):
-        version_string(0, 10**10)
+        version_string(VersionOrder(0, 10**10))

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 
 from pgcdc.core.errors import ConfigError, SinkError
-from sinks.search import mapping_from_connect_schema
 from sinks.search_index import (
     check_index_prefix,
     dynamic_mapping,
     index_name,
     index_settings,
+    mapping_from_connect_schema,
     row_fields,
 )
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sinks.search import item_outcome
+from sinks.search_requests import item_outcome
 
 pytestmark = pytest.mark.unit
 

@@ -1,0 +1,114 @@
+"""The Redis follower's stored versions and the compare-and-set script that writes rows.
+
+A version is stored as the commit LSN in 20 decimal digits then the ordinal in 10, so that
+stored versions compare exactly as text (Lua numbers are doubles and hold only 53 bits; the
+script compares 15 digits at a time). See :mod:`sinks.cache` for the key layout.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Final
+
+from pgcdc.core.contract import VersionOrder
+
+_LSN_DIGITS: Final = 20
+_ORDER_DIGITS: Final = 10
+MAX_LSN: Final = (1 << 64) - 1
+MAX_ORDER: Final = 10**_ORDER_DIGITS - 1
+
+
+class Reply(IntEnum):
+    """What the script answers for a row write."""
+
+    SKIPPED = 0  # a newer (or the same) version is held
+    APPLIED = 1
+    APPLIED_WITHOUT_HELD = 2  # a partial change, but no row was held
+    CONFLICT = 3  # the JSON merge raced with another write
+
+
+# KEYS[1] row key (the watermark key for op 'w'), KEYS[2] version key.
+# ARGV[1] op: 'h' hash row, 'hp' hash partial, 'j' JSON row, 'jp' JSON merged row,
+#             'd' delete, 'w' watermark.
+# ARGV[2] version, ARGV[3] row TTL (0 = none), ARGV[4] tombstone TTL,
+# ARGV[5] for 'jp' the held version the merge used ('' = none), else '*',
+# ARGV[6] for hash ops a JSON object of column -> the column's value as JSON text (strings
+#         only, so cjson's doubles never touch a value), else the row as JSON.
+# One argument instead of a pair per column: packing arguments is the client's main cost.
+SCRIPT: Final = """
+local function newer(a, b)
+  if not b then return true end
+  if #a ~= #b then return #a > #b end
+  for i = 1, #a, 15 do
+    local x = tonumber(string.sub(a, i, i + 14))
+    local y = tonumber(string.sub(b, i, i + 14))
+    if x ~= y then return x > y end
+  end
+  return false
+end
+
+local op, version = ARGV[1], ARGV[2]
+if op == 'w' then
+  if newer(version, redis.call('GET', KEYS[1])) then
+    redis.call('SET', KEYS[1], version)
+    return 1
+  end
+  return 0
+end
+
+local row, vkey = KEYS[1], KEYS[2]
+local held = redis.call('GET', vkey)
+if not newer(version, held) then return 0 end
+if op == 'd' then
+  redis.call('DEL', row)
+  redis.call('SET', vkey, version, 'EX', ARGV[4])
+  return 1
+end
+if ARGV[5] ~= '*' and ARGV[5] ~= (held or '') then return 3 end
+local existed = redis.call('EXISTS', row)
+if op == 'h' then
+  redis.call('DEL', row)
+end
+if op == 'h' or op == 'hp' then
+  local flat = {}
+  for column, value in pairs(cjson.decode(ARGV[6])) do
+    flat[#flat + 1] = column
+    flat[#flat + 1] = value
+  end
+  if #flat > 0 then redis.call('HSET', row, unpack(flat)) end
+else
+  redis.call('SET', row, ARGV[6])
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('EXPIRE', row, ttl)
+  redis.call('SET', vkey, version, 'EX', ttl)
+else
+  redis.call('SET', vkey, version)
+end
+if (op == 'hp' or op == 'jp') and existed == 0 then return 2 end
+return 1
+"""
+
+
+def version_string(version: VersionOrder) -> str:
+    """The stored form of a version: 20-digit LSN then 10-digit ordinal."""
+    commit_lsn, order = version
+    if not 0 <= commit_lsn <= MAX_LSN:
+        raise ValueError(f"commit LSN {commit_lsn} is outside 0..2**64-1")
+    if not 0 <= order <= MAX_ORDER:
+        raise ValueError(f"order {order} is outside 0..{MAX_ORDER}")
+    return f"{commit_lsn:0{_LSN_DIGITS}d}{order:0{_ORDER_DIGITS}d}"
+
+
+def parse_version(stored: str | bytes) -> VersionOrder:
+    """The version held in a stored version string."""
+    text = stored.decode() if isinstance(stored, bytes) else stored
+    return VersionOrder(int(text[:_LSN_DIGITS]), int(text[_LSN_DIGITS:]))
+
+
+def watermark_string(lsn: int) -> str:
+    """The stored form of a watermark LSN: 20 digits, so the script compares it exactly."""
+    if not 0 <= lsn <= MAX_LSN:
+        raise ValueError(f"watermark LSN {lsn} is outside 0..2**64-1")
+    return f"{lsn:0{_LSN_DIGITS}d}"

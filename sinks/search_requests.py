@@ -1,0 +1,119 @@
+"""OpenSearch requests and their answers: which failures are worth retrying, exponential
+backoff with jitter, bulk action lines, and what each bulk item's answer means.
+
+Pure code apart from the calls it is handed; :class:`sinks.search.SearchSink` uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, TypeVar
+
+import orjson
+from opensearchpy.exceptions import TransportError
+
+from pgcdc.core.errors import RetryableSinkError, SinkError
+from sinks.base import Change, Outcome
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# A bulk item refused with 429/5xx: sent again in the next attempt.
+RETRY: Final = "retry"
+ItemOutcome = Outcome | Literal["retry"]
+
+
+def retryable_status(status: object) -> bool:
+    """Whether a request answered with ``status`` is worth sending again."""
+    # Connection errors carry the status "N/A": worth retrying like 429 and 5xx.
+    return not isinstance(status, int) or status == 429 or status >= 500
+
+
+class Retrying:
+    """``max_attempts`` tries per request, waiting ``backoff_s * 2**attempt`` (at most
+    ``max_backoff_s``, times a random factor in [0.5, 1]) between them."""
+
+    def __init__(
+        self,
+        max_attempts: int,
+        backoff_s: float,
+        max_backoff_s: float,
+        sleep: Callable[[float], None],
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.sleep = sleep
+
+    def call(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``, retried on 429/5xx and connection errors.
+
+        Raises :class:`SinkError` at once for any other status, and
+        :class:`RetryableSinkError` once every attempt failed.
+        """
+        for attempt in range(self.max_attempts):
+            try:
+                return call()
+            except TransportError as e:
+                if not retryable_status(e.status_code):
+                    raise SinkError(f"OpenSearch: {what} failed: {e}") from e
+                if attempt == self.max_attempts - 1:
+                    raise RetryableSinkError(f"OpenSearch: {what} failed: {e}") from e
+                log.warning("%s failed (attempt %d): %s", what, attempt + 1, e)
+                self.pause(attempt)
+        raise AssertionError("unreachable")
+
+    def pause(self, attempt: int) -> None:
+        """Wait before attempt ``attempt + 1`` (0-based ``attempt`` just failed)."""
+        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        self.sleep(delay * random.uniform(0.5, 1.0))
+
+
+def bulk_action(kind: str, index: str, change: Change) -> bytes:
+    """The bulk action line for ``change``, carrying its version as an external version."""
+    meta = {
+        kind: {
+            "_index": index,
+            "_id": change.key,
+            "version": change.version,
+            "version_type": "external",
+        }
+    }
+    return orjson.dumps(meta) + b"\n"
+
+
+def item_outcome(item: Mapping[str, Any]) -> tuple[ItemOutcome, str | None]:
+    """``(outcome, reason)`` of one bulk response item; outcome ``"retry"`` for 429/5xx."""
+    status = int(item.get("status", 500))
+    if 200 <= status < 300:
+        return (Outcome.APPLIED, None)
+    if status == 404 and item.get("result") == "not_found":
+        # Deleting a document we never held: the tombstone is written all the same.
+        return (Outcome.APPLIED, None)
+    if status == 409:
+        return (Outcome.SKIPPED, "a newer version is held")
+    error = item.get("error") or {}
+    if isinstance(error, Mapping):
+        reason = f"{error.get('type', 'error')}: {error.get('reason', '')}"
+        cause = error.get("caused_by")
+        if isinstance(cause, Mapping):
+            reason += f" ({cause.get('type', '')}: {cause.get('reason', '')})"
+    else:
+        reason = str(error)
+    return (RETRY if retryable_status(status) else Outcome.FAILED, reason)
+
+
+def error_type(e: TransportError) -> str | None:
+    """The ``error.type`` OpenSearch answered with, if any."""
+    info = e.info
+    if isinstance(info, Mapping):
+        error = info.get("error")
+        if isinstance(error, Mapping):
+            kind = error.get("type")
+            return kind if isinstance(kind, str) else None
+    return None

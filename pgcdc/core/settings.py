@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
@@ -156,10 +157,18 @@ class SparkSettings(BaseModel):
     model_config = _FROZEN
 
     master: str = "local[2]"
-    checkpoint_dir: str = ".stack/checkpoints"
+    # Each job checkpoints to <checkpoint_dir>/<job>. A relative path is made absolute against
+    # the current directory when the settings are loaded, so the driver and the executors
+    # (which receive the loaded settings) name the same folder; a URI (hdfs://…) is kept.
+    checkpoint_dir: str = Field(default=".stack/checkpoints", validate_default=True)
     trigger_interval: str = "500 milliseconds"
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
     starting_offsets: str = "earliest"
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _absolute_checkpoint_dir(cls, v: str) -> str:
+        return v if urlsplit(v).scheme else os.path.abspath(v)
 
 
 class Settings(BaseSettings):

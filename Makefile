@@ -32,7 +32,7 @@ unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy cdc schemas sinks
+	$(VENV)/bin/mypy pgcdc cdc schemas sinks spark_jobs
 
 bench: stack
 	$(PY) scripts/bench.py

@@ -5,22 +5,16 @@ scripts/spark-submit spark_jobs/search_sync.py [--available-now] [--help]
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-from typing import Any
-
-if __package__ in (None, ""):  # run as a file by spark-submit: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from pgcdc.core.contract import SEARCH_JOB
 from pgcdc.core.settings import Settings
-from spark_jobs.common import run
+from sinks.search import SearchSink
+from spark_jobs.job import run
 
 
-def make_sink(settings: Settings) -> Any:
-    from sinks.search import SearchSink
-
-    return SearchSink(settings.search.url.get_secret_value(), settings.search.index_prefix)
+def search_sink(settings: Settings) -> SearchSink:
+    """The OpenSearch follower's writer, from the ``search`` settings."""
+    return SearchSink.from_settings(settings.search)
 
 
 if __name__ == "__main__":
-    raise SystemExit(run("search_sync", make_sink))
+    raise SystemExit(run(SEARCH_JOB, search_sink))

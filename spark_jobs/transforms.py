@@ -9,7 +9,8 @@ Output of :func:`parse_events`: one row per record with
     parse_error
 
 and :func:`latest_per_key` keeps, per (topic, key), the newest of them by
-(commit LSN, position in the transaction, Kafka offset): follower-side compaction.
+(commit LSN, position in the transaction, Kafka offset): follower-side compaction, and the
+one reduction of a micro-batch (the change builder and the sinks do not reduce it again).
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ CHANGE, DEAD, HEARTBEAT, TRUNCATE, SCHEMA = "change", "dead", "heartbeat", "trun
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
-    """Keep the newest change per (topic, key) by (commit LSN, order, offset).
+    """Keep the newest change per (topic, key) by (commit LSN, order, offset): the batch's
+    one reduction. What comes out holds one change per key, which the sinks apply as it is.
 
     Every other record passes through untouched, with its ``kind``: ``dead`` (cannot be
     parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress) and ``truncate``;

@@ -105,7 +105,7 @@ def test_topic_pattern_matches_table_topics_only() -> None:
 
 def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: Any) -> None:
     from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER
-    from spark_jobs.common import ChangeBuilder
+    from spark_jobs.changes import ChangeBuilder
     from spark_jobs.transforms import latest_per_key, parse_events
 
     big = "x" * 9000

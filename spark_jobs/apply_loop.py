@@ -1,0 +1,206 @@
+"""The apply loop: what each micro-batch does (:class:`ApplyBatch`, the ``foreachBatch``
+function, on the driver) and how one partition is applied (:func:`apply_partition`, in the
+Python workers).
+
+A micro-batch is applied in this order: parse; reduce to the newest event per key (in
+Spark, :func:`~spark_jobs.transforms.latest_per_key`: the batch's one reduction); send
+unparseable records to the dead-letter topic; apply through the sink (every write carries
+an LSN-derived version, so a replay can never go backwards); dead-letter what the sink
+refused for good; and only then record the follower's watermark. Spark commits the batch's
+offsets to the checkpoint after :class:`ApplyBatch` returns, so a crash anywhere replays
+the batch: the versions make the replay harmless.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, Row
+
+from pgcdc.core.errors import RetryableSinkError
+from pgcdc.core.settings import Settings
+from sinks.base import Change, Outcome, Sink
+from spark_jobs import dead_letter
+from spark_jobs.changes import ChangeBuilder
+from spark_jobs.options import JobOptions
+from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT, SCHEMA, latest_per_key, parse_events
+
+log = logging.getLogger(__name__)
+
+# Builds a job's sink from the settings (the sink's ``from_settings``).
+SinkFactory = Callable[[Settings], Sink]
+
+_CHUNK = 2000  # changes per sink.apply call
+_TRUNCATE_REASON = "TRUNCATE is not applied by the followers; rebuild them after one"
+
+
+@dataclass
+class BatchStats:
+    """What a partition (or, summed, a batch) did."""
+
+    applied: int = 0
+    skipped: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    max_commit_lsn: int = 0
+    heartbeat_lsn: int = 0
+
+    def add(self, other: BatchStats) -> None:
+        self.applied += other.applied
+        self.skipped += other.skipped
+        self.failed += other.failed
+        self.dead_lettered += other.dead_lettered
+        self.max_commit_lsn = max(self.max_commit_lsn, other.max_commit_lsn)
+        self.heartbeat_lsn = max(self.heartbeat_lsn, other.heartbeat_lsn)
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything was applied, skipped, refused or dead-lettered."""
+        return bool(self.applied or self.skipped or self.failed or self.dead_lettered)
+
+
+_SINKS: dict[tuple[str, str], Sink] = {}
+
+
+def _sink_key(settings: Settings, job: str) -> tuple[str, str]:
+    return (job, settings.model_dump_json())
+
+
+def cached_sink(settings: Settings, job: str, make_sink: SinkFactory) -> Sink:
+    """One sink per job in each Python worker: Spark reuses its workers across tasks and
+    batches, so connections, loaded scripts and known indices outlive a micro-batch."""
+    key = _sink_key(settings, job)
+    sink = _SINKS.get(key)
+    if sink is None:
+        sink = _SINKS[key] = make_sink(settings)
+    return sink
+
+
+def apply_partition(
+    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Row]
+) -> Iterator[BatchStats]:
+    """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
+
+    Changes go to the sink in chunks; records nobody can apply (unparseable, refused by the
+    sink for good, truncates) go to the dead-letter topic with the reason; heartbeats only
+    raise the partition's heartbeat LSN.
+    """
+    # Schema rows may come after the changes that need them: read the partition first.
+    rows = list(rows)
+    schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
+    sink = cached_sink(settings, job, make_sink)
+    build = ChangeBuilder(schemas, sink.register_schema)
+    stats = BatchStats()
+    refused: list[dead_letter.DeadLetter] = []
+    try:
+        chunk: list[Change] = []
+        for row in rows:
+            kind = row["kind"]
+            if kind == CHANGE:
+                chunk.append(build(row))
+                if len(chunk) >= _CHUNK:
+                    _apply_chunk(sink, job, chunk, stats, refused)
+            elif kind == HEARTBEAT:
+                stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
+            elif kind != SCHEMA:
+                reason = row["parse_error"] if kind == DEAD else _TRUNCATE_REASON
+                refused.append(_unreadable(row, reason))
+        if chunk:
+            _apply_chunk(sink, job, chunk, stats, refused)
+        if refused:
+            stats.dead_lettered += dead_letter.publish(settings, job, refused)
+    except BaseException:
+        # A sink in an unknown state is not reused: the retried batch gets a new one.
+        _SINKS.pop(_sink_key(settings, job), None)
+        sink.close()
+        raise
+    yield stats
+
+
+def _apply_chunk(
+    sink: Sink,
+    job: str,
+    chunk: list[Change],
+    stats: BatchStats,
+    refused: list[dead_letter.DeadLetter],
+) -> None:
+    """Apply ``chunk`` (then empty it), counting outcomes; refusals join ``refused``."""
+    for change, res in zip(chunk, sink.apply(chunk), strict=True):
+        if res.outcome is Outcome.APPLIED:
+            stats.applied += 1
+        elif res.outcome is Outcome.SKIPPED:
+            stats.skipped += 1
+        elif res.retryable:
+            raise RetryableSinkError(f"{job}: {res.table}/{res.key}: {res.reason}")
+        else:
+            stats.failed += 1
+            refused.append(
+                dead_letter.RefusedChange(
+                    table=change.table,
+                    key=change.key,
+                    reason=res.reason,
+                    commit_lsn=change.commit_lsn,
+                    doc=change.doc,
+                )
+            )
+        stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
+    chunk.clear()
+
+
+def _unreadable(row: Row, reason: str) -> dead_letter.UnreadableRecord:
+    """The dead-letter record for a Kafka record that is no applicable change."""
+    return dead_letter.UnreadableRecord(
+        topic=row["topic"],
+        partition=row["partition"],
+        offset=row["offset"],
+        key=row["key_json"],
+        value=row["raw_value"],
+        reason=reason,
+    )
+
+
+class ApplyBatch:
+    """The ``foreachBatch`` function: reduce the micro-batch, apply it in the workers, then
+    record the follower's watermark."""
+
+    def __init__(self, settings: Settings, opts: JobOptions, make_sink: SinkFactory) -> None:
+        self.settings = settings
+        self.opts = opts
+        self.make_sink = make_sink
+        # With a rate limit a batch may stop short in some partitions, so a heartbeat in it
+        # does not prove that everything before its LSN was read: fall back to the events'
+        # own LSNs.
+        self.exact = opts.heartbeat_topic is not None and not opts.max_offsets_per_trigger
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        t0 = time.monotonic()
+        prefix = self.settings.kafka.topic_prefix
+        reduced = latest_per_key(parse_events(batch_df, prefix, self.opts.heartbeat_topic))
+        apply = functools.partial(apply_partition, self.settings, self.opts.name, self.make_sink)
+        total = BatchStats()
+        for stats in reduced.rdd.mapPartitions(apply).collect():
+            total.add(stats)
+        # The watermark: every change committed before it is applied. A heartbeat carries the
+        # reader's acknowledged LSN, and the reader sends it only after Kafka acknowledged
+        # everything before it, so this batch (planned after the heartbeat was visible) holds
+        # all of those changes, and they are applied by now.
+        watermark = total.heartbeat_lsn if self.exact else total.max_commit_lsn
+        if watermark:
+            sink = cached_sink(self.settings, self.opts.name, self.make_sink)
+            sink.record_watermark(self.opts.name, watermark)
+        if total.busy:
+            log.info(
+                "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d watermark=%d (%.0f ms)",
+                batch_id,
+                total.applied,
+                total.skipped,
+                total.failed,
+                total.dead_lettered,
+                watermark,
+                (time.monotonic() - t0) * 1e3,
+                extra={"job": self.opts.name, "batch_id": batch_id},
+            )

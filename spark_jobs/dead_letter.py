@@ -1,0 +1,106 @@
+"""The dead-letter topic: records a follower cannot apply, published with the reason.
+
+Two kinds of record go there: a change the sink refused for good (:class:`RefusedChange`),
+and a Kafka record that is no applicable change at all (:class:`UnreadableRecord`: not a
+Debezium event, no key, a TRUNCATE).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict
+
+import orjson
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from pgcdc.core.errors import PublishError
+from pgcdc.core.settings import Settings
+
+
+class RefusedChange(TypedDict):
+    """A change the sink refused for good."""
+
+    table: str
+    key: str
+    reason: str | None
+    commit_lsn: int
+    doc: Mapping[str, Any] | None
+
+
+class UnreadableRecord(TypedDict):
+    """A Kafka record that holds no change a follower can apply."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: str | None
+    reason: str
+
+
+DeadLetter = RefusedChange | UnreadableRecord
+
+# (bootstrap servers, topic) known to exist, per process.
+_READY: set[tuple[str, str]] = set()
+
+
+def ensure_topic(settings: Settings) -> None:
+    """Create the dead-letter topic if it is missing (brokers may not auto-create topics)."""
+    k = settings.kafka
+    if (k.bootstrap_servers, k.dead_letter_topic) in _READY:
+        return
+    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    if k.dead_letter_topic not in admin.list_topics(timeout=30).topics:
+        new = NewTopic(
+            k.dead_letter_topic, num_partitions=1, replication_factor=k.replication_factor
+        )
+        try:
+            admin.create_topics([new])[k.dead_letter_topic].result(timeout=30)
+        except KafkaException as e:
+            # Another job may have created it a moment ago.
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise PublishError(
+                    f"cannot create the dead-letter topic {k.dead_letter_topic}: {e.args[0].str()}"
+                ) from e
+    _READY.add((k.bootstrap_servers, k.dead_letter_topic))
+
+
+def publish(settings: Settings, job: str, records: Iterable[DeadLetter]) -> int:
+    """Publish refused records with the reason; returns how many Kafka acknowledged.
+
+    Raises PublishError unless every one was acknowledged: the batch then fails and is
+    retried, so a poison message is never dropped silently.
+    """
+    ensure_topic(settings)
+    topic = settings.kafka.dead_letter_topic
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "acks": "all",
+            "enable.idempotence": True,
+        }
+    )
+    errors: list[str] = []
+    sent = 0
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for rec in records:
+        producer.produce(
+            topic,
+            key=rec["key"],
+            value=orjson.dumps({**rec, "job": job, "ts_ms": int(time.time() * 1000)}),
+            on_delivery=delivered,
+        )
+        sent += 1
+    left = producer.flush(60)
+    if left or errors:
+        raise PublishError(
+            f"dead-letter topic {topic}: {left} not delivered, {len(errors)} refused ({errors[:1]})"
+        )
+    return sent

@@ -1,0 +1,73 @@
+"""The sync jobs' command line: options over the shared settings."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pgcdc.core.contract import heartbeat_topic, table_topic_pattern
+from pgcdc.core.settings import Settings, load_settings
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What one run of a sync job reads, where it checkpoints, and how often it triggers."""
+
+    name: str  # the job's name: its watermark and its checkpoint folder
+    heartbeat_topic: str | None  # None: watermarks come from the applied commit LSNs
+    topics: tuple[str, ...]
+    topic_pattern: str | None  # used when no topics are named
+    starting_offsets: str
+    checkpoint: str
+    available_now: bool
+    trigger_interval: str
+    max_offsets_per_trigger: int | None
+
+
+def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, JobOptions]:
+    """Command-line options over the shared settings (``CDC_*`` env, ``--config`` file)."""
+    p = argparse.ArgumentParser(
+        prog=f"spark_jobs/{job}.py",
+        description=f"{job}: keep a follower in sync with the CDC topics (Structured Streaming).",
+    )
+    p.add_argument("--config", help="TOML settings file (else CDC_CONFIG, CDC_* env, defaults)")
+    p.add_argument(
+        "--name", default=job, help="job name, used for the watermark (default %(default)s)"
+    )
+    p.add_argument(
+        "--topics", help="comma-separated topics (default: every table topic under the prefix)"
+    )
+    p.add_argument("--topic-pattern", help="regex of topics to follow, instead of --topics")
+    p.add_argument(
+        "--no-heartbeats",
+        action="store_true",
+        help="do not follow the reader's heartbeat topic (watermarks then come from "
+        "the applied events' commit LSNs, which is approximate)",
+    )
+    p.add_argument("--starting-offsets", help="earliest (a new follower) or latest")
+    p.add_argument(
+        "--checkpoint", help="checkpoint directory (default: <spark.checkpoint_dir>/<name>)"
+    )
+    p.add_argument(
+        "--available-now", action="store_true", help="process everything present, then exit 0"
+    )
+    p.add_argument("--trigger-interval", help="processing-time trigger, e.g. '500 milliseconds'")
+    p.add_argument("--max-offsets-per-trigger", type=int, help="rate limit per micro-batch")
+    a = p.parse_args(argv)
+    settings = load_settings(a.config)
+    topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
+    opts = JobOptions(
+        name=a.name,
+        heartbeat_topic=None if a.no_heartbeats else heartbeat_topic(settings.kafka),
+        topics=topics,
+        topic_pattern=None
+        if topics
+        else (a.topic_pattern or table_topic_pattern(settings.kafka.topic_prefix)),
+        starting_offsets=a.starting_offsets or settings.spark.starting_offsets,
+        checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
+        available_now=a.available_now,
+        trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
+        max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+    )
+    return settings, opts

@@ -1,0 +1,67 @@
+"""The sync jobs' command line over the settings, and where their checkpoints go."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pgcdc.core.contract import CACHE_JOB, table_topic_pattern
+from spark_jobs.options import parse_args
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("CDC_"):
+            monkeypatch.delenv(k)
+
+
+def test_defaults_follow_every_table_topic_and_the_heartbeats() -> None:
+    settings, opts = parse_args(CACHE_JOB, [])
+    assert opts.name == CACHE_JOB
+    assert opts.topics == ()
+    assert opts.topic_pattern == table_topic_pattern(settings.kafka.topic_prefix)
+    assert opts.heartbeat_topic == f"__cdc-heartbeat.{settings.kafka.topic_prefix}"
+    assert opts.starting_offsets == "earliest"
+    assert not opts.available_now
+    assert opts.checkpoint == f"{settings.spark.checkpoint_dir}/{CACHE_JOB}"
+
+
+def test_flags_override_the_settings() -> None:
+    _, opts = parse_args(
+        CACHE_JOB,
+        [
+            "--name=mine",
+            "--topics=a.public.t, a.public.u",
+            "--no-heartbeats",
+            "--starting-offsets=latest",
+            "--checkpoint=/ckpt/x",
+            "--available-now",
+            "--max-offsets-per-trigger=7",
+        ],
+    )
+    assert opts.name == "mine"
+    assert opts.topics == ("a.public.t", "a.public.u")
+    assert opts.topic_pattern is None
+    assert opts.heartbeat_topic is None
+    assert (opts.starting_offsets, opts.checkpoint) == ("latest", "/ckpt/x")
+    assert opts.available_now and opts.max_offsets_per_trigger == 7
+
+
+def test_a_relative_checkpoint_dir_is_made_absolute_at_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CDC_SPARK__CHECKPOINT_DIR", "ckpt/")
+    settings, opts = parse_args(CACHE_JOB, [])
+    assert settings.spark.checkpoint_dir == str(tmp_path / "ckpt")
+    assert opts.checkpoint == str(tmp_path / "ckpt" / CACHE_JOB)
+    # The default is absolute too; URIs of other file systems are kept as they are.
+    monkeypatch.delenv("CDC_SPARK__CHECKPOINT_DIR")
+    assert Path(parse_args(CACHE_JOB, [])[0].spark.checkpoint_dir).is_absolute()
+    monkeypatch.setenv("CDC_SPARK__CHECKPOINT_DIR", "hdfs://nn:8020/ckpt")
+    assert parse_args(CACHE_JOB, [])[0].spark.checkpoint_dir == "hdfs://nn:8020/ckpt"

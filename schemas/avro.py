@@ -21,7 +21,8 @@ import orjson
 from fastavro.types import Schema as ParsedSchema
 
 from pgcdc.core.errors import SchemaError
-from schemas.typemap import ConnectSchema, NonFiniteFloat, bytes_to_unscaled, unscaled_bytes
+from schemas.connect import DECIMAL_NAME, ConnectSchema, NonFiniteFloat
+from schemas.convert import bytes_to_unscaled, unscaled_bytes
 
 if TYPE_CHECKING:
     from schemas.envelope import EventEncoder, TablePlan
@@ -38,7 +39,6 @@ _PRIMITIVE = {
     "string": "string",
     "bytes": "bytes",
 }
-DECIMAL_NAME = "org.apache.kafka.connect.data.Decimal"
 # Confluent's AvroData uses this precision when a Decimal has no connect.decimal.precision.
 DEFAULT_DECIMAL_PRECISION = 64
 

@@ -24,20 +24,11 @@ from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import BinaryHandling, SchemaSettings, ValueFormat
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import oids
+from schemas.connect import Codec, ConnectSchema, NonFiniteFloat, connect_schema, with_field
+from schemas.convert import EPOCH_ORDINAL, to_bool, to_epoch_days, to_float
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from schemas.names import record_name
-from schemas.typemap import (
-    _EPOCH_ORDINAL,
-    Codec,
-    ConnectSchema,
-    NonFiniteFloat,
-    _bool,
-    _date,
-    _float,
-    codec_for,
-    connect_schema,
-    with_field,
-)
+from schemas.typemap import codec_for
 
 log = logging.getLogger(__name__)
 
@@ -306,19 +297,19 @@ class TablePlan:
             return v
         if conv is int or conv is float:
             return f"{conv.__name__}({v})"
-        if conv is _bool:  # output function's t/f inline; anything else takes the checks
-            env["B"] = _bool
+        if conv is to_bool:  # output function's t/f inline; anything else takes the checks
+            env["B"] = to_bool
             return f"(True if {v} == 't' else False if {v} == 'f' else B({v}))"
         env[f"c{i}"] = conv
-        if conv is _float:  # _float inline: finite floats as they are
+        if conv is to_float:  # to_float inline: finite floats as they are
             env["NF"] = NonFiniteFloat
             return f"(f if (f := float({v})) - f == 0 else NF(f))"
-        if conv is _date:
-            # _date's fast path inline; a value it refuses raises ValueError, and the row
-            # is redone by the slow path, which runs the full _date.
+        if conv is to_epoch_days:
+            # to_epoch_days' fast path inline; a value it refuses raises ValueError, and the row
+            # is redone by the slow path, which runs the full converter.
             env["fromiso"] = date.fromisoformat
             return (
-                f"(fromiso({v}).toordinal() - {_EPOCH_ORDINAL} "
+                f"(fromiso({v}).toordinal() - {EPOCH_ORDINAL} "
                 f"if len({v}) == 10 and {v}[4] == '-' and {v}[7] == '-' else c{i}({v}))"
             )
         if json and self.codecs[i].schema["type"] == "bytes":

@@ -18,8 +18,9 @@ import pytest
 
 from cdc.catalog import load_table, load_types, table_from_relation
 from pgcdc.core.settings import DecimalHandling, IntervalHandling, SchemaSettings
+from schemas.convert import bytes_to_unscaled
 from schemas.model import TableSchema
-from schemas.typemap import bytes_to_unscaled, codec_for
+from schemas.typemap import codec_for
 from tests.unit.schemas.all_types import COLUMNS, SETUP_SQL, create_table_sql, insert_sql
 
 pytestmark = pytest.mark.integration

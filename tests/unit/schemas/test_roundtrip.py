@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pgcdc.core.settings import DecimalHandling, SchemaSettings, ValueFormat
 from pgcdc.core.values import UNCHANGED_TOAST
 from schemas import avro
+from schemas.connect import NonFiniteFloat
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo
-from schemas.typemap import NonFiniteFloat
 from tests.unit.schemas.conftest import load_fixture
 
 TABLE, ROWS = load_fixture()

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fastavro
 import orjson
@@ -23,9 +22,7 @@ from fastavro.types import Schema as ParsedSchema
 from pgcdc.core.errors import SchemaError
 from schemas.connect import DECIMAL_NAME, ConnectSchema, NonFiniteFloat
 from schemas.convert import bytes_to_unscaled, unscaled_bytes
-
-if TYPE_CHECKING:
-    from schemas.envelope import EventEncoder, TablePlan
+from schemas.plan import EncodePlan
 
 MAGIC_BYTE = 0
 _PRIMITIVE = {
@@ -137,7 +134,7 @@ class AvroPlan:
     envelope_id: int | None = None
 
 
-def avro_plan(plan: TablePlan) -> AvroPlan:
+def avro_plan(plan: EncodePlan) -> AvroPlan:
     """Build (once) and return the Avro schemas of a table's events."""
     existing = plan.avro
     if isinstance(existing, AvroPlan):
@@ -166,7 +163,7 @@ def avro_plan(plan: TablePlan) -> AvroPlan:
     return built
 
 
-def avsc_documents(plan: TablePlan) -> dict[str, str]:
+def avsc_documents(plan: EncodePlan) -> dict[str, str]:
     """The ``.avsc`` texts of a table's key, value and envelope, by file name."""
     ap = avro_plan(plan)
     docs = {
@@ -181,7 +178,7 @@ def avsc_documents(plan: TablePlan) -> dict[str, str]:
     }
 
 
-def write_avsc(plan: TablePlan, directory: str | Path) -> list[Path]:
+def write_avsc(plan: EncodePlan, directory: str | Path) -> list[Path]:
     """Write the table's ``.avsc`` files into ``directory``; return their paths."""
     out = []
     d = Path(directory)
@@ -228,36 +225,7 @@ def unframe(data: bytes) -> tuple[int, bytes]:
     return schema_id, data[5:]
 
 
-def _register(encoder: EventEncoder, subject: str, schema: Any) -> int:
-    registry = encoder._registry
-    register: Callable[[str, Any], int] = registry.register
-    return register(subject, schema)
-
-
-def encode_key(encoder: EventEncoder, plan: TablePlan, payload: Any) -> bytes:
-    """Avro key bytes (framed when a registry is configured)."""
-    ap = avro_plan(plan)
-    assert ap.key_parsed is not None
-    body = serialize(ap.key_parsed, payload)
-    if encoder._registry is None:
-        return body
-    if ap.key_id is None:
-        ap.key_id = _register(encoder, f"{plan.topic}-key", ap.key)
-    return frame(ap.key_id, body)
-
-
-def encode_value(encoder: EventEncoder, plan: TablePlan, payload: Any) -> bytes:
-    """Avro envelope bytes (framed when a registry is configured)."""
-    ap = avro_plan(plan)
-    body = serialize(ap.envelope_parsed, payload)
-    if encoder._registry is None:
-        return body
-    if ap.envelope_id is None:
-        ap.envelope_id = _register(encoder, f"{plan.topic}-value", ap.envelope)
-    return frame(ap.envelope_id, body)
-
-
-def decode_value(plan: TablePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
+def decode_value(plan: EncodePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
     """Avro envelope bytes → the envelope as Connect values (bytes for decimals)."""
     ap = avro_plan(plan)
     if framed:
@@ -268,7 +236,7 @@ def decode_value(plan: TablePlan, data: bytes, framed: bool = False) -> dict[str
     return result
 
 
-def decode_key(plan: TablePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
+def decode_key(plan: EncodePlan, data: bytes, framed: bool = False) -> dict[str, Any]:
     """Avro key bytes → the key as Connect values."""
     ap = avro_plan(plan)
     if ap.key_parsed is None or ap.key_connect is None:

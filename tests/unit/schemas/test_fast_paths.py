@@ -19,7 +19,8 @@ from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import envelope
-from schemas.envelope import EventEncoder, json_default
+from schemas.envelope import EventEncoder
+from schemas.formats import json_default
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from tests.unit.schemas.test_roundtrip import ROW, TABLE
 

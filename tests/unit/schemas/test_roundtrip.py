@@ -16,6 +16,7 @@ from pgcdc.core.values import UNCHANGED_TOAST
 from schemas import avro
 from schemas.connect import NonFiniteFloat
 from schemas.envelope import EventEncoder
+from schemas.formats import AvroFormat
 from schemas.model import SourceInfo
 from tests.unit.schemas.conftest import load_fixture
 
@@ -190,7 +191,9 @@ def test_registry_framing_with_injected_registry() -> None:
             return 7
 
     ids = Ids()
-    enc = EventEncoder(SchemaSettings(value_format=ValueFormat.AVRO), "srv", "db", registry=ids)
+    enc = EventEncoder(
+        SchemaSettings(value_format=ValueFormat.AVRO), "srv", "db", event_format=AvroFormat(ids)
+    )
     row = ROWS[0]
     value = enc.encode_value(TABLE, "c", None, row, SOURCE)
     assert avro.unframe(value)[0] == 7

@@ -1,0 +1,187 @@
+"""How a table's change events become Kafka record bytes: one strategy per value format.
+
+:class:`JsonFormat` writes Kafka Connect JsonConverter documents (``{"schema", "payload"}``,
+or the payload alone when schemas are off); :class:`AvroFormat` writes Avro binary, framed
+with the schema id when it is given a schema registry. :func:`format_for` picks one from the
+settings; the encoder (:class:`schemas.envelope.EventEncoder`) builds the envelope itself
+and hands the rows and the envelope to its format.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from pgcdc.core.settings import SchemaSettings, ValueFormat
+from pgcdc.core.values import RawValue
+from schemas.avro import avro_plan, frame, serialize
+from schemas.connect import NonFiniteFloat
+from schemas.plan import FAST_PATH_ERRORS, EncodePlan
+from schemas.registry import SchemaRegistryClient
+from schemas.rowfuncs import KeyColumnNull
+
+Row = dict[str, Any]
+
+
+class SchemaRegistry(Protocol):
+    """What the Avro format needs from a schema registry (:class:`SchemaRegistryClient`)."""
+
+    def register(self, subject: str, schema: Any) -> int:
+        """Register ``schema`` under ``subject``; its id."""
+        ...
+
+
+class EventFormat(Protocol):
+    """Turns a table's rows and envelopes into record keys and values."""
+
+    def row(self, plan: EncodePlan, values: Sequence[RawValue]) -> Row:
+        """One row's values in the form this format serialises."""
+        ...
+
+    def encode_key(self, plan: EncodePlan, values: Sequence[RawValue]) -> bytes:
+        """The record key of a row (the table has key columns)."""
+        ...
+
+    def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
+        """The record value: an envelope payload whose rows came from :meth:`row`."""
+        ...
+
+    def key_and_rows(
+        self, plan: EncodePlan, before: Sequence[RawValue] | None, after: Sequence[RawValue] | None
+    ) -> tuple[bytes | None, Row | None, Row | None]:
+        """A change's record key and its rows: the same as :meth:`encode_key` of the keyed
+        row (``after``, else ``before``; None when the table has no key) and :meth:`row` of
+        each, in one go (the reader's per-event path)."""
+        ...
+
+
+def json_default(obj: Any) -> Any:
+    """orjson fallback: bytes as base64 and NaN/±Infinity as strings, like JsonConverter."""
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return base64.b64encode(obj).decode("ascii")
+    if isinstance(obj, NonFiniteFloat):
+        return obj.json()
+    raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+class JsonFormat:
+    """Kafka Connect JsonConverter: the pre-serialised schema spliced before each payload."""
+
+    def __init__(self, schemas_enable: bool = True) -> None:
+        self.schemas_enable = schemas_enable
+
+    def row(self, plan: EncodePlan, values: Sequence[RawValue]) -> Row:
+        """JSON-ready values (BYTES as base64 text already)."""
+        return plan.json_row(values)
+
+    def encode_key(self, plan: EncodePlan, values: Sequence[RawValue]) -> bytes:
+        """``{"schema": <key schema>, "payload": {...}}``, or the payload alone."""
+        payload = plan.json_key(values)
+        if plan.key_schema_fragment is None or not self.schemas_enable:
+            return orjson.dumps(payload, default=json_default)
+        # One orjson call writes the pre-serialised schema too: no concatenation copies.
+        return orjson.dumps(
+            {"schema": plan.key_schema_fragment, "payload": payload}, default=json_default
+        )
+
+    def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
+        """``{"schema": <envelope schema>, "payload": {...}}``, or the payload alone."""
+        if not self.schemas_enable:
+            return orjson.dumps(payload, default=json_default)
+        return orjson.dumps(
+            {"schema": plan.envelope_schema_fragment, "payload": payload}, default=json_default
+        )
+
+    def key_and_rows(
+        self, plan: EncodePlan, before: Sequence[RawValue] | None, after: Sequence[RawValue] | None
+    ) -> tuple[bytes | None, Row | None, Row | None]:
+        """The rows, then the key taken from them: key columns are converted once."""
+        # The steps of row/json_key_from_row/encode_key, inlined: this is the reader's
+        # per-event path. Any failure takes the slow paths that explain it.
+        fast = plan.fast_json_row
+        before_d = after_d = None
+        try:
+            if before is not None:
+                before_d = fast(before)
+            if after is not None:
+                after_d = fast(after)
+        except FAST_PATH_ERRORS:
+            before_d = None if before is None else plan.json_row(before)
+            after_d = None if after is None else plan.json_row(after)
+        if not plan.key_indexes:
+            return None, before_d, after_d
+        try:
+            if after_d is not None:
+                key_d = plan.fast_key_from_row(after_d)
+            elif before_d is not None:
+                key_d = plan.fast_key_from_row(before_d)
+            else:
+                key_d = plan.key(())  # raises: there is no row to take a key from
+        except KeyColumnNull:
+            key_d = plan.key(after if after is not None else before or ())  # raises
+        if self.schemas_enable:
+            key = orjson.dumps(
+                {"schema": plan.key_schema_fragment, "payload": key_d}, default=json_default
+            )
+        else:
+            key = orjson.dumps(key_d, default=json_default)
+        return key, before_d, after_d
+
+
+class AvroFormat:
+    """Avro binary through fastavro; Confluent-framed with registry ids when given a registry.
+
+    ``registry`` None writes schemaless Avro (no framing, nothing registered).
+    """
+
+    def __init__(self, registry: SchemaRegistry | None) -> None:
+        self.registry = registry
+
+    def row(self, plan: EncodePlan, values: Sequence[RawValue]) -> Row:
+        """Connect values (bytes for BYTES, as fastavro takes them)."""
+        return plan.row(values)
+
+    def encode_key(self, plan: EncodePlan, values: Sequence[RawValue]) -> bytes:
+        """Avro key bytes (framed when a registry is configured)."""
+        payload = plan.key(values)
+        ap = avro_plan(plan)
+        assert ap.key_parsed is not None
+        body = serialize(ap.key_parsed, payload)
+        if self.registry is None:
+            return body
+        if ap.key_id is None:
+            ap.key_id = self.registry.register(f"{plan.topic}-key", ap.key)
+        return frame(ap.key_id, body)
+
+    def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
+        """Avro envelope bytes (framed when a registry is configured)."""
+        ap = avro_plan(plan)
+        body = serialize(ap.envelope_parsed, payload)
+        if self.registry is None:
+            return body
+        if ap.envelope_id is None:
+            ap.envelope_id = self.registry.register(f"{plan.topic}-value", ap.envelope)
+        return frame(ap.envelope_id, body)
+
+    def key_and_rows(
+        self, plan: EncodePlan, before: Sequence[RawValue] | None, after: Sequence[RawValue] | None
+    ) -> tuple[bytes | None, Row | None, Row | None]:
+        """The key (as :meth:`encode_key`), then the rows' Connect values."""
+        keyed = after if after is not None else before
+        key = None if keyed is None or not plan.key_indexes else self.encode_key(plan, keyed)
+        return (
+            key,
+            None if before is None else plan.row(before),
+            None if after is None else plan.row(after),
+        )
+
+
+def format_for(settings: SchemaSettings) -> EventFormat:
+    """The format the settings ask for; Avro gets a registry client when a URL is set."""
+    if settings.value_format is ValueFormat.AVRO:
+        url = settings.registry_url
+        return AvroFormat(SchemaRegistryClient(url) if url else None)
+    return JsonFormat(settings.schemas_enable)

@@ -88,10 +88,6 @@ class Change:
         """The exact, unclamped ordering key ``(commit_lsn, order)``."""
         return VersionOrder(self.commit_lsn, self.order)
 
-    @property
-    def is_delete(self) -> bool:
-        return self.doc is None
-
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:

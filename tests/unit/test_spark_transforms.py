@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
+from pgcdc.core.contract import Headers, VersionOrder
+
 pytestmark = [pytest.mark.spark]
 
 PREFIX = "shop"
@@ -33,8 +35,8 @@ def _key(i: int) -> bytes:
     return orjson.dumps({"schema": {"type": "struct"}, "payload": {"id": i}})
 
 
-def _headers(commit_lsn: int, order: int) -> list[tuple[str, bytes]]:
-    return [("cdc.commit_lsn", str(commit_lsn).encode()), ("cdc.order", str(order).encode())]
+def _headers(commit_lsn: int, order: int) -> Headers:
+    return VersionOrder(commit_lsn, order).headers()
 
 
 def _frame(spark: Any, records: list[tuple[Any, ...]]) -> Any:

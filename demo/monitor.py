@@ -28,6 +28,7 @@ from demo.sample import SEARCH_WORD
 from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB, redis_watermark_key
 from pgcdc.core.lsn import Lsn
 from sinks.search import SearchSink
+from sinks.search_index import index_name
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def search_products(
     client: OpenSearch, names: DemoNames, text: str
 ) -> tuple[int | None, list[Hit]]:
     """Full-text match on product titles and descriptions; (total hits, top 5)."""
-    index = f"{names.index_prefix}-public.products"
+    index = index_name(names.index_prefix, "public.products")
     body: dict[str, Any] = {
         "size": 5,
         "track_total_hits": True,

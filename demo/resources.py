@@ -1,8 +1,9 @@
 """The demo's own names on every server, and removing what a previous run left behind.
 
 The demo never touches anything outside these names: database ``demo``, slot ``demo_slot``,
-publication ``demo_pub``, topics ``demo.*`` and ``__cdc-heartbeat.demo``, indices ``demo-*``, Redis keys ``demo:*``, and
-``.stack/demo/`` for checkpoints, logs and the ids of its child processes.
+publication ``demo_pub``, topics ``demo.*`` and the heartbeat topic of prefix ``demo``, indices
+``demo-*``, Redis keys ``demo:*``, and ``.stack/demo/`` for checkpoints, logs and the ids of
+its child processes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from opensearchpy import OpenSearch
 from psycopg.conninfo import make_conninfo
 
 from demo.processes import ROOT
+from pgcdc.core.contract import heartbeat_topic
+from pgcdc.core.settings import KafkaSettings
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,10 @@ class DemoNames:
 
     @property
     def heartbeat_topic(self) -> str:
-        """Debezium's naming, which the jobs expect: ``__cdc-heartbeat.<topic prefix>``."""
-        return f"__cdc-heartbeat.{self.topic_prefix}"
+        """The reader's default heartbeat topic for the demo's prefix (the jobs expect it)."""
+        topic = heartbeat_topic(KafkaSettings(topic_prefix=self.topic_prefix))
+        assert topic is not None  # heartbeats are on by default
+        return topic
 
 
 def remember_pids(names: DemoNames, pids: list[int]) -> None:

@@ -1,7 +1,7 @@
 """The demo's final check: every table's rows in PostgreSQL, Redis and OpenSearch, compared.
 
-Counts and contents: each row is brought to one comparable form with the e2e tests' own
-functions (tests/e2e/pipeline.py), so the demo and the tests agree on what "equal" means.
+Counts and contents: each row is brought to one comparable form by :mod:`demo.compare`,
+which the end-to-end tests use too, so the demo and the tests agree on what "equal" means.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from typing import Any
 
 import psycopg
 
+from demo.compare import cache_state, canonical, column_types, diff, search_state
 from demo.resources import DemoNames
 from demo.sample import KEYS, TABLES
 from sinks.base import key_id
-from tests.conftest import Endpoints
-from tests.e2e.pipeline import Pipeline, cache_state, canonical, column_types, diff, search_state
 
 
 @dataclass(frozen=True)
@@ -32,24 +31,6 @@ class TableCheck:
         return not self.redis_diff and not self.search_diff
 
 
-def as_pipeline(names: DemoNames) -> Pipeline:
-    """The e2e helpers' view of the demo's resources."""
-    return Pipeline(
-        endpoints=Endpoints(
-            postgres_dsn=names.admin_dsn,
-            kafka_bootstrap=names.kafka_bootstrap,
-            redis_url=names.redis_url,
-            search_url=names.search_url,
-            via="native",
-        ),
-        dsn=names.dsn,
-        name=names.topic_prefix,
-        index_prefix=names.index_prefix,
-        key_prefix=names.key_prefix,
-        checkpoint_dir=names.checkpoint_dir,
-    )
-
-
 def leader_rows(dsn: str, table: str) -> dict[str, dict[str, Any]]:
     """The table's rows by document id (composite keys too, encoded as the sinks do)."""
     types = column_types(dsn, table)
@@ -63,10 +44,9 @@ def leader_rows(dsn: str, table: str) -> dict[str, dict[str, Any]]:
 
 
 def check_table(names: DemoNames, table: str) -> TableCheck:
-    p = as_pipeline(names)
     leader = leader_rows(names.dsn, table)
-    cache = cache_state(p, table)
-    search = search_state(p, table)
+    cache = cache_state(names.dsn, names.redis_url, names.key_prefix, table)
+    search = search_state(names.dsn, names.search_url, names.index_prefix, table)
     return TableCheck(
         table, len(leader), len(cache), len(search), diff(leader, cache), diff(leader, search)
     )

@@ -7,23 +7,31 @@ which names this test's own database, slot, topic prefix, index prefix and key p
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import redis
-from opensearchpy import OpenSearch
-
+from demo import compare
+from demo.compare import diff, leader_state
 from tests.conftest import ROOT, Endpoints
+
+__all__ = [
+    "Pipeline",
+    "cache_state",
+    "diff",
+    "kill_group",
+    "leader_state",
+    "run_jobs_available_now",
+    "run_reader_until_current",
+    "search_state",
+    "start_job",
+    "tail",
+]
 
 SPARK_SUBMIT = ROOT / "scripts" / "spark-submit"
 CDC = [sys.executable, "-m", "cdc"]
@@ -120,107 +128,12 @@ def tail(path: Path, n: int = 4000) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
 
-# --- state of the leader and the followers, in one comparable form -------------------------
-
-
-def canonical(value: Any, pg_type: str) -> Any:
-    """One form for a value whether PostgreSQL, Redis or OpenSearch holds it."""
-    if value is None:
-        return None
-    if pg_type == "numeric":
-        return Decimal(str(value))
-    if pg_type == "timestamptz":
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    if pg_type in ("int4", "int8", "int2"):
-        return int(value)
-    return value
-
-
-def column_types(dsn: str, table: str) -> dict[str, str]:
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
-            (table,),
-        ).fetchall()
-    return dict(rows)
-
-
-def leader_state(dsn: str, table: str, key: str = "id") -> dict[str, dict[str, Any]]:
-    types = column_types(dsn, table)
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(f"SELECT to_jsonb(t) FROM {table} t").fetchall()
-    return {str(r[key]): {c: canonical(v, types[c]) for c, v in r.items()} for (r,) in rows}
+# --- state of the leader and the followers, in one comparable form (demo.compare) ---------
 
 
 def cache_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
-    import orjson
-
-    types = column_types(p.dsn, table)
-    r = redis.Redis.from_url(p.endpoints.redis_url)
-    prefix = f"{p.key_prefix}:{table}:"
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        for k in r.scan_iter(match=f"{prefix}*", count=5000):
-            fields = r.hgetall(k)
-            row = {f.decode(): orjson.loads(v) for f, v in fields.items()}
-            out[k.decode()[len(prefix) :]] = {
-                c: canonical(v, types.get(c, "?")) for c, v in row.items()
-            }
-    finally:
-        r.close()
-    return out
+    return compare.cache_state(p.dsn, p.endpoints.redis_url, p.key_prefix, table)
 
 
 def search_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
-    types = column_types(p.dsn, table)
-    client = OpenSearch(p.endpoints.search_url, timeout=60)
-    index = f"{p.index_prefix}-{table}".lower()
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        if not client.indices.exists(index=index):
-            return out
-        client.indices.refresh(index=index)
-        after: list[Any] | None = None
-        while True:
-            body: dict[str, Any] = {
-                "size": 5000,
-                "sort": [{"_id": "asc"}],
-                "query": {"match_all": {}},
-            }
-            if after:
-                body["search_after"] = after
-            hits = client.search(index=index, body=body)["hits"]["hits"]
-            if not hits:
-                break
-            for h in hits:
-                out[h["_id"]] = {
-                    c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()
-                }
-            after = hits[-1]["sort"]
-    finally:
-        client.close()
-    return out
-
-
-def diff(leader: Mapping[str, Any], follower: Mapping[str, Any], limit: int = 5) -> str:
-    """A short, readable account of how two states differ ('' when equal)."""
-    missing = sorted(set(leader) - set(follower))
-    extra = sorted(set(follower) - set(leader))
-    changed = [k for k in leader if k in follower and leader[k] != follower[k]]
-    if not (missing or extra or changed):
-        return ""
-    lines = [f"{len(missing)} missing, {len(extra)} extra, {len(changed)} differ"]
-    lines += [f"missing {k}: {leader[k]}" for k in missing[:limit]]
-    lines += [f"extra {k}: {follower[k]}" for k in extra[:limit]]
-    for k in changed[:limit]:
-        cols = [c for c in leader[k] if leader[k].get(c) != follower[k].get(c)]
-        cols += [c for c in follower[k] if c not in leader[k]]
-        lines.append(
-            f"differs {k}: "
-            + ", ".join(
-                f"{c}: {str(leader[k].get(c))[:40]!r} vs {str(follower[k].get(c))[:40]!r}"
-                for c in cols
-            )
-        )
-    return "\n".join(lines)
+    return compare.search_state(p.dsn, p.endpoints.search_url, p.index_prefix, table)

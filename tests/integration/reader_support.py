@@ -12,10 +12,9 @@ from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks.workload import Change, Workload
 
-from workload import Change, Workload  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = [
     "Change",

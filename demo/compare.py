@@ -1,0 +1,131 @@
+"""The leader's and the followers' state in one comparable form, and how two states differ.
+
+Shared by the demo's final check and the end-to-end tests, so both agree on what "equal"
+means: rows by document id, each value in one form whether PostgreSQL, Redis or OpenSearch
+holds it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import psycopg
+import redis
+from opensearchpy import OpenSearch
+
+from sinks.search_index import index_name
+
+
+def canonical(value: Any, pg_type: str) -> Any:
+    """One form for a value whether PostgreSQL, Redis or OpenSearch holds it."""
+    if value is None:
+        return None
+    if pg_type == "numeric":
+        return Decimal(str(value))
+    if pg_type == "timestamptz":
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    if pg_type in ("int4", "int8", "int2"):
+        return int(value)
+    return value
+
+
+def column_types(dsn: str, table: str) -> dict[str, str]:
+    """Each column's type name."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+            (table,),
+        ).fetchall()
+    return dict(rows)
+
+
+def leader_state(dsn: str, table: str, key: str = "id") -> dict[str, dict[str, Any]]:
+    """The table's rows by their ``key`` column."""
+    types = column_types(dsn, table)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT to_jsonb(t) FROM {table} t").fetchall()
+    return {str(r[key]): {c: canonical(v, types[c]) for c, v in r.items()} for (r,) in rows}
+
+
+def cache_state(dsn: str, redis_url: str, key_prefix: str, table: str) -> dict[str, dict[str, Any]]:
+    """The Redis follower's rows of ``table`` (hashes ``<key_prefix>:<table>:<id>``)."""
+    types = column_types(dsn, table)
+    r = redis.Redis.from_url(redis_url)
+    prefix = f"{key_prefix}:{table}:"
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for k in r.scan_iter(match=f"{prefix}*", count=5000):
+            fields = r.hgetall(k)
+            row = {_text(f): orjson.loads(v) for f, v in fields.items()}
+            out[_text(k)[len(prefix) :]] = {
+                c: canonical(v, types.get(c, "?")) for c, v in row.items()
+            }
+    finally:
+        r.close()
+    return out
+
+
+def _text(b: bytes | str) -> str:
+    return b.decode() if isinstance(b, bytes) else b
+
+
+def search_state(
+    dsn: str, search_url: str, index_prefix: str, table: str
+) -> dict[str, dict[str, Any]]:
+    """The search follower's documents of ``table`` (index ``<index_prefix>-<table>``)."""
+    types = column_types(dsn, table)
+    client = OpenSearch(search_url, timeout=60)
+    index = index_name(index_prefix, table)
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        if not client.indices.exists(index=index):
+            return out
+        client.indices.refresh(index=index)
+        after: list[Any] | None = None
+        while True:
+            body: dict[str, Any] = {
+                "size": 5000,
+                "sort": [{"_id": "asc"}],
+                "query": {"match_all": {}},
+            }
+            if after:
+                body["search_after"] = after
+            hits = client.search(index=index, body=body)["hits"]["hits"]
+            if not hits:
+                break
+            for h in hits:
+                out[h["_id"]] = {
+                    c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()
+                }
+            after = hits[-1]["sort"]
+    finally:
+        client.close()
+    return out
+
+
+def diff(leader: Mapping[str, Any], follower: Mapping[str, Any], limit: int = 5) -> str:
+    """A short, readable account of how two states differ ('' when equal)."""
+    missing = sorted(set(leader) - set(follower))
+    extra = sorted(set(follower) - set(leader))
+    changed = [k for k in leader if k in follower and leader[k] != follower[k]]
+    if not (missing or extra or changed):
+        return ""
+    lines = [f"{len(missing)} missing, {len(extra)} extra, {len(changed)} differ"]
+    lines += [f"missing {k}: {leader[k]}" for k in missing[:limit]]
+    lines += [f"extra {k}: {follower[k]}" for k in extra[:limit]]
+    for k in changed[:limit]:
+        cols = [c for c in leader[k] if leader[k].get(c) != follower[k].get(c)]
+        cols += [c for c in follower[k] if c not in leader[k]]
+        lines.append(
+            f"differs {k}: "
+            + ", ".join(
+                f"{c}: {str(leader[k].get(c))[:40]!r} vs {str(follower[k].get(c))[:40]!r}"
+                for c in cols
+            )
+        )
+    return "\n".join(lines)

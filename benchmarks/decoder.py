@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Measure the pgoutput decoder and, optionally, a live replication stream.
 
-    .venv/bin/python scripts/bench_pgoutput.py                 # decoder only, on the fixture
-    .venv/bin/python scripts/bench_pgoutput.py --dsn "host=/tmp port=55499 user=postgres" \\
-        --rows 200000                                           # stream + decode, own table
+    .venv/bin/python -m benchmarks.decoder                 # decoder only, on the fixture
+    .venv/bin/python -m benchmarks.decoder --dsn "host=/tmp port=55499 user=postgres" \\
+        --rows 200000                                       # stream + decode, own table
 
 The decoder is timed on the captured 11-column Insert (tests/fixtures/pgoutput/insert.bin).
 Both wall-clock and process CPU time are reported: on a shared machine the CPU rate is the
@@ -17,6 +16,8 @@ import argparse
 import struct
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -27,7 +28,17 @@ from cdc.replication import ReplicationConnection, XLogData
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pgoutput" / "insert.bin"
 
 
+@dataclass(frozen=True)
+class Rate:
+    """The best of a measurement's runs: messages (or rows) per wall second and per CPU-second."""
+
+    label: str
+    wall_per_s: float
+    cpu_per_s: float
+
+
 def fixture_insert() -> bytes:
+    """The captured Insert message (the fixture's first 'I' frame)."""
     raw = FIXTURE.read_bytes()
     pos = 0
     while pos < len(raw):
@@ -36,19 +47,23 @@ def fixture_insert() -> bytes:
         if frame[:1] == b"I":
             return frame
         pos += 4 + n
-    raise SystemExit(f"no Insert in {FIXTURE}")
+    raise ValueError(f"no Insert in {FIXTURE}")
 
 
-def bench_decoder(n: int, repeats: int) -> None:
+def decoder_rates(n: int, repeats: int) -> list[Rate]:
+    """Decode the fixture's Insert ``n`` times, ``repeats`` times; the best rates of
+    ``decode(bytes)`` and of ``Decoder.decode`` on a memoryview."""
     data = fixture_insert()
     cols = len(po.decode(data).new)  # type: ignore[union-attr]
     # As replication.py hands it over: a memoryview slice of a larger frame.
     view = memoryview(b"w" * 25 + data)[25:]
     decoder = po.Decoder(1)
-    for label, fn in (
+    out = []
+    ways: list[tuple[str, Callable[[], object]]] = [
         ("decode(bytes)", lambda: po.decode(data)),
         ("Decoder.decode(memoryview)", lambda: decoder.decode(view)),
-    ):
+    ]
+    for label, fn in ways:
         best_wall = best_cpu = 0.0
         for _ in range(repeats):
             w0, c0 = time.perf_counter(), time.process_time()
@@ -56,13 +71,13 @@ def bench_decoder(n: int, repeats: int) -> None:
                 fn()
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             best_wall, best_cpu = max(best_wall, n / wall), max(best_cpu, n / max(cpu, 1e-9))
-        print(
-            f"{label:28s} {cols}-column Insert ({len(data)} B): "
-            f"{best_wall:,.0f} msg/s wall, {best_cpu:,.0f} msg/s per CPU-second"
-        )
+        out.append(Rate(f"{label:28s} {cols}-column Insert ({len(data)} B)", best_wall, best_cpu))
+    return out
 
 
-def bench_stream(dsn: str, rows: int) -> None:
+def stream_rate(dsn: str, rows: int) -> Rate:
+    """Stream ``rows`` 10-column inserts (1,000-row transactions) from a slot of our own
+    and decode them; rows per wall second and per reader CPU-second."""
     tag = uuid.uuid4().hex[:8]
     table, pub, slot = f"bench_{tag}", f"bench_pub_{tag}", f"bench_slot_{tag}"
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -87,7 +102,7 @@ def bench_stream(dsn: str, rows: int) -> None:
             while inserts < rows:
                 frame = repl.read(10)
                 if frame is None:
-                    raise SystemExit(f"stream stalled after {inserts} rows")
+                    raise TimeoutError(f"stream stalled after {inserts} rows")
                 if not isinstance(frame, XLogData):
                     continue
                 if not w0:
@@ -98,10 +113,8 @@ def bench_stream(dsn: str, rows: int) -> None:
                 elif isinstance(message, po.Commit):
                     repl.acknowledge(message.end_lsn)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            print(
-                f"stream+decode {rows} 10-column rows in 1,000-row transactions: "
-                f"{rows / wall:,.0f} rows/s wall, {rows / cpu:,.0f} rows per reader CPU-second"
-            )
+            label = f"stream+decode {rows} 10-column rows in 1,000-row transactions"
+            return Rate(label, rows / wall, rows / cpu)
         finally:
             repl.close()
             if conn.execute(
@@ -113,19 +126,25 @@ def bench_stream(dsn: str, rows: int) -> None:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    """Print the decoder's rates (and the stream's, with ``--dsn``)."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.decoder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("-n", type=int, default=200_000, help="decodes per repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dsn", help="also stream from this server (a throwaway database)")
     ap.add_argument("--rows", type=int, default=200_000)
-    args = ap.parse_args()
-    bench_decoder(args.n, args.repeats)
+    args = ap.parse_args(argv)
+    rates = decoder_rates(args.n, args.repeats)
     if args.dsn:
-        bench_stream(args.dsn, args.rows)
+        rates.append(stream_rate(args.dsn, args.rows))
+    for r in rates:
+        print(f"{r.label}: {r.wall_per_s:,.0f}/s wall, {r.cpu_per_s:,.0f} per CPU-second")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,10 +16,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from pgcdc.core import ports
+from pgcdc.core.contract import heartbeat_topic
+from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,11 @@ DEFAULT_BOOTSTRAP = ports.KAFKA_BOOTSTRAP
 # Every bench topic: compacted like the reader's, and stamped by the broker on append, so a
 # record's timestamp is when Kafka had it, the same way for every system measured.
 TOPIC_CONFIG = {"cleanup.policy": "compact", "message.timestamp.type": "LogAppendTime"}
+
+
+def dead_letter_topic(prefix: str) -> str:
+    """The followers' dead-letter topic of a bench topic prefix."""
+    return f"{prefix}_dlq"
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -191,7 +199,9 @@ class BenchEnv:
                 for t in admin.list_topics(timeout=10).topics
                 # Table topics, the reader's heartbeat topic, the followers' dead letters.
                 if any(
-                    t.startswith(p + ".") or t == f"__cdc-heartbeat.{p}" or t == p + "_dlq"
+                    t.startswith(p + ".")
+                    or t == heartbeat_topic(KafkaSettings(topic_prefix=p))
+                    or t == dead_letter_topic(p)
                     for p in self.topic_prefixes
                 )
             ]

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks.env import ROOT, BenchEnv
+from benchmarks.env import ROOT, BenchEnv, dead_letter_topic
 from benchmarks.kafka import percentile
 from benchmarks.lag import slope
 from benchmarks.proc import Measured
@@ -79,7 +79,7 @@ class SparkJobs:
         e.update({
             "CDC_KAFKA__BOOTSTRAP_SERVERS": self.env.bootstrap,
             "CDC_KAFKA__TOPIC_PREFIX": self.prefix,
-            "CDC_KAFKA__DEAD_LETTER_TOPIC": f"{self.prefix}_dlq",
+            "CDC_KAFKA__DEAD_LETTER_TOPIC": dead_letter_topic(self.prefix),
             "CDC_REDIS__KEY_PREFIX": self.prefix,
             "CDC_SEARCH__INDEX_PREFIX": self.prefix,
             "CDC_SPARK__CHECKPOINT_DIR": str(self.checkpoints),
@@ -88,7 +88,7 @@ class SparkJobs:
 
     def start(self) -> None:
         """spark-submit both jobs (small driver heaps: two JVMs share two cores)."""
-        self.env.create_topics([f"{self.prefix}_dlq"])
+        self.env.create_topics([dead_letter_topic(self.prefix)])
         env = self.environ()
         self.started = time.time()
         for job in JOBS:

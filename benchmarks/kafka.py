@@ -262,9 +262,10 @@ class LatencyConsumer:
             while not self._stop.is_set():
                 msgs = c.consume(10_000, 0.2)
                 for m in msgs:
-                    if m.error():
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("latency consumer: %s", m.error())
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("latency consumer: %s", err)
                         continue
                     v = m.value()
                     if v is None:

@@ -9,6 +9,7 @@ import sys
 
 from benchmarks.env import ROOT, BenchEnv
 from benchmarks.proc import Measured
+from pgcdc.core.contract import table_topic
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,11 @@ class OursReader:
 
     def topic(self, table: str) -> str:
         """Our topic for ``schema.table``."""
-        return f"{self.prefix}.{table}"
+        schema, _, name = table.partition(".")
+        return table_topic(self.prefix, schema, name)
 
     def available(self) -> str | None:
-        """None when ``cdc run`` is there; otherwise the reason."""
+        """None when ``cdc run`` starts here (its ``--help`` exits 0); otherwise the reason."""
         done = subprocess.run(
             [sys.executable, "-m", "cdc", "run", "--help"],
             capture_output=True,
@@ -42,7 +44,7 @@ class OursReader:
             timeout=60,
             check=False,
         )
-        if done.returncode != 0 or "--until" not in done.stdout:
+        if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             return f"`python -m cdc run` is not usable yet ({tail[0]})"
         return None

@@ -93,7 +93,7 @@ class Measured:
         if self.stats is not None:
             return False
         try:
-            return self._ps.status() != psutil.STATUS_ZOMBIE
+            return bool(self._ps.status() != psutil.STATUS_ZOMBIE)
         except psutil.Error:
             return False
 

@@ -1,6 +1,6 @@
 """The pgoutput decoder, on byte fixtures captured from a real PostgreSQL 15.
 
-The fixtures and their expected fields come from scripts/capture_pgoutput_fixtures.py, which
+The fixtures and their expected fields come from tests/pgoutput_capture/, which
 takes every expected value from PostgreSQL itself (output functions, catalogs, WAL records).
 """
 

@@ -94,6 +94,13 @@ class EncodeRate:
     cpu_per_s: float
     bytes_per_event: float
 
+    def summary(self) -> str:
+        """The conditions, for the report."""
+        return (
+            f"{self.label}, one core, best of {self.events:,} events: "
+            f"{self.cpu_per_s:,.0f} events/CPU-s, {self.bytes_per_event:,.0f} bytes/event"
+        )
+
     def line(self) -> str:
         """One readable line, as the command prints it."""
         return (

@@ -69,7 +69,7 @@ def envelope(b: Bench) -> None:
     with b.record.guarded("envelope", [metric], "one core"):
         events, repeats = (30_000, 1) if b.env.quick else (200_000, 3)
         rate = measure_envelope(events, repeats)[-1]
-        b.record.add(Figure("envelope", metric, rate.wall_per_s, "events/s", rate.line()))
+        b.record.add(Figure("envelope", metric, rate.wall_per_s, "events/s", rate.summary()))
 
 
 def stop_background(b: Bench) -> None:

@@ -159,14 +159,20 @@ def run(
 
 @app.command()
 def status(config: ConfigOpt = None, debug: DebugOpt = False) -> None:
-    """Show the slot (active, confirmed flush LSN, retained WAL, lag) and topic end offsets."""
+    """Show the slot (active, confirmed flush LSN, retained WAL, lag), topic end offsets and
+    the followers' watermarks."""
 
     def go() -> None:
         settings = _settings(config, {})
         _setup_logging("WARNING", debug)
         from cdc.status import gather_status
 
-        typer.echo(json.dumps(gather_status(settings), indent=2))
+        # The entry point composes the sections: the reader's package knows nothing of the
+        # followers, so their section is wired in here.
+        from sinks.status import status_hook
+
+        status = gather_status(settings, sections={"followers": status_hook})
+        typer.echo(json.dumps(status, indent=2))
 
     _guard(debug, go)
 
@@ -184,13 +190,12 @@ def reset_state(
     def go() -> None:
         settings = _settings(config, {})
         _setup_logging("INFO", debug)
-        from cdc.pipeline import connect
+        from cdc.connection import connect, current_database
         from cdc.slots import drop_slot as drop
         from cdc.state import StateStore
 
         with connect(settings.postgres.dsn.get_secret_value()) as conn:
-            row = conn.execute("SELECT current_database()").fetchone()
-            database = str(row[0]) if row else ""
+            database = current_database(conn)
             if drop_slot:
                 drop(conn, settings.postgres.slot_name)
         StateStore(settings.kafka.bootstrap_servers, settings.kafka.topic_prefix).reset(

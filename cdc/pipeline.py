@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import psycopg
 
 from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
+from cdc.connection import connect, current_database, current_wal_lsn
 from cdc.metrics import ReaderMetrics
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
@@ -45,7 +45,7 @@ from pgcdc.core.contract import (
     heartbeat_topic,
     version_headers,
 )
-from pgcdc.core.errors import ConnectionFailed, SlotError
+from pgcdc.core.errors import SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 from pgcdc.core.values import RawValue
@@ -70,26 +70,6 @@ class RunResult:
     events: int = 0
     acked_lsn: Lsn | None = None
     target_lsn: Lsn | None = None
-
-
-def describe_dsn(dsn: str) -> str:
-    """host:port/db of a DSN, without credentials, for error messages."""
-    try:
-        parts = urlsplit(dsn)
-        if parts.scheme.startswith("postgres"):
-            return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
-    except ValueError:
-        pass
-    return "the configured server"
-
-
-def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """A regular connection; an unreachable server becomes one clear ConnectionFailed."""
-    try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=5, **kwargs)
-    except psycopg.OperationalError as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise ConnectionFailed(f"PostgreSQL at {describe_dsn(dsn)} is unreachable: {first}") from e
 
 
 class Pipeline:
@@ -118,8 +98,7 @@ class Pipeline:
         admin = connect(self._dsn)
         with admin:
             check_wal_level(admin)
-            row = admin.execute("SELECT current_database()").fetchone()
-            database = str(row[0]) if row else "postgres"
+            database = current_database(admin)
             publisher = Publisher(self.settings.kafka)
             publisher.probe(timeout_s=5.0)
             if self.metrics is not None:
@@ -132,7 +111,7 @@ class Pipeline:
             store.ensure_topic()
             state = store.load(database, self._slot)
             tables = ensure_publication(admin, pg.publication_name, pg.tables)
-            target = self._current_lsn(admin) if self.until_current else None
+            target = current_wal_lsn(admin) if self.until_current else None
             # A predecessor killed a moment ago may still hold the slot: give its walsender
             # time to notice, instead of failing with "in use".
             info = wait_slot_released(admin, self._slot, SLOT_RELEASE_TIMEOUT_S)
@@ -233,12 +212,6 @@ class Pipeline:
                     store.reset(database, self._slot)
                 store.close()
             return result
-
-    @staticmethod
-    def _current_lsn(conn: psycopg.Connection[Any]) -> Lsn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        return Lsn.parse(row[0])
 
 
 class _Streamer:

@@ -13,29 +13,25 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
 
+from cdc.kafka_clients import (
+    admin_client,
+    cluster_metadata,
+    create_topics,
+    rdkafka_log,
+    read_topic,
+)
 from pgcdc.core.contract import Headers
-from pgcdc.core.errors import ConnectionFailed, PublishError
+from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-# librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
-rdkafka_log = logging.getLogger("cdc.librdkafka")
 
 
 # Topic settings for every table topic: compacted, so a replay from offset 0 rebuilds state.
@@ -67,58 +63,27 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
     return conf
 
 
-# Answers a partition gives while its leader is still being elected (a topic created a moment
-# ago); they pass, so they are retried.
-_TRANSIENT = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._TIMED_OUT,
-    }
-)
-
-
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
-    """(low, high) offsets of a partition, retrying while its leader is not yet known."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=5)
-            return int(low), int(high)
-        except KafkaException as e:
-            err = e.args[0]
-            if err.code() not in _TRANSIENT or time.monotonic() >= deadline:
-                raise PublishError(
-                    f"cannot read the offsets of {tp.topic} [{tp.partition}]: {err.str()}"
-                ) from e
-            time.sleep(0.1)
-
-
 class TxnTracker:
     """Records of one transaction still waiting for Kafka's acknowledgment."""
 
-    __slots__ = ("_publisher", "closed", "commit_lsn", "end_lsn", "pending", "sent")
+    __slots__ = ("_publisher", "closed", "commit_lsn", "end_lsn", "pending")
 
     def __init__(self, publisher: Publisher, commit_lsn: Lsn) -> None:
         self._publisher = publisher
         self.commit_lsn = commit_lsn
         self.end_lsn: Lsn | None = None
         self.pending = 0
-        self.sent = 0
         self.closed = False
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self.pending -= 1
         if err is not None:
             self._publisher.record_failure(err, msg)
-        else:
-            self._publisher.delivered += 1
-            # The latency histogram needs a sample, not every record: 1 in 64.
-            if self._publisher.latency_observer is not None and not self.pending & 63:
-                ts_type, ts = msg.timestamp()
-                if ts_type and ts > 0:
-                    self._publisher.latency_observer(time.time() - ts / 1000.0)
+        # The latency histogram needs a sample, not every record: 1 in 64.
+        elif self._publisher.latency_observer is not None and not self.pending & 63:
+            ts_type, ts = msg.timestamp()
+            if ts_type and ts > 0:
+                self._publisher.latency_observer(time.time() - ts / 1000.0)
 
 
 class AckQueue:
@@ -154,28 +119,19 @@ class Publisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self._producer = Producer(producer_config(settings))
-        admin_conf: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "logger": rdkafka_log,
-        }
-        self._admin = AdminClient(admin_conf)
+        self._admin = admin_client(settings.bootstrap_servers)
         self._known_topics: set[str] = set()
         self._acks = AckQueue()
         self._failure: PublishError | None = None
-        self.produced = 0
-        self.delivered = 0
-        self.latency_observer: Any = None  # callable(seconds) set by metrics
+        self.produced = 0  # records queued so far; paces the polls in send()
+        # Called with a sample of delivery latencies (seconds) when metrics are on.
+        self.latency_observer: Callable[[float], None] | None = None
 
     # --- startup ------------------------------------------------------------------------
 
     def probe(self, timeout_s: float = 5.0) -> None:
         """Fail fast with ConnectionFailed when no broker answers a metadata request."""
-        try:
-            md = self._admin.list_topics(timeout=timeout_s)
-        except KafkaException as e:
-            raise ConnectionFailed(
-                f"Kafka at {self.settings.bootstrap_servers} is unreachable: {e.args[0].str()}"
-            ) from e
+        md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
         self._known_topics.update(md.topics)
 
     def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
@@ -196,63 +152,28 @@ class Publisher:
             )
             for t in missing
         ]
-        for topic, fut in self._admin.create_topics(new, operation_timeout=30).items():
-            try:
-                fut.result()
-                log.info("created topic", extra={"topic": topic})
-            except KafkaException as e:
-                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise PublishError(f"cannot create topic {topic}: {e.args[0].str()}") from e
-            self._known_topics.add(topic)
+        create_topics(self._admin, new)
+        self._known_topics.update(missing)
 
     def live_keys(self, topic: str, timeout_s: float = 300.0) -> set[bytes]:
         """Keys whose latest record in ``topic`` is not a tombstone (reads the whole topic)."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap_servers,
-                "group.id": "cdc-live-keys",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.max.bytes": 16 * 1024 * 1024,
-                "logger": rdkafka_log,
-            }
+        live: set[bytes] = set()
+        records = read_topic(
+            self.settings.bootstrap_servers,
+            topic,
+            "cdc-live-keys",
+            timeout_s,
+            **{"fetch.max.bytes": 16 * 1024 * 1024},
         )
-        try:
-            md = consumer.list_topics(topic, timeout=10).topics.get(topic)
-            if md is None or md.error is not None:
-                return set()
-            ends: dict[int, int] = {}
-            for p in md.partitions:
-                low, high = watermarks(consumer, TopicPartition(topic, p), timeout_s=30.0)
-                if high > low:
-                    ends[p] = high
-            live: set[bytes] = set()
-            if not ends:
-                return live
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-            done: set[int] = set()
-            deadline = time.monotonic() + timeout_s
-            while len(done) < len(ends):
-                if time.monotonic() > deadline:
-                    raise PublishError(f"timed out reading the keys of {topic}")
-                for msg in consumer.consume(10_000, 0.5):
-                    part, offset, err = msg.partition(), msg.offset(), msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF and part is not None:
-                            done.add(part)
-                            continue
-                        raise PublishError(f"cannot read {topic}: {err.str()}")
-                    key = msg.key()
-                    if key is not None:
-                        if msg.value() is None:
-                            live.discard(key)
-                        else:
-                            live.add(key)
-                    if part is not None and offset is not None and offset + 1 >= ends[part]:
-                        done.add(part)
-            return live
-        finally:
-            consumer.close()
+        for msg in records:
+            key = msg.key()
+            if key is None:
+                continue
+            if msg.value() is None:
+                live.discard(key)
+            else:
+                live.add(key)
+        return live
 
     # --- records ------------------------------------------------------------------------
 
@@ -273,7 +194,6 @@ class Publisher:
         """Queue one record; waits (serving delivery reports) while the queue is full."""
         self.raise_if_failed()
         txn.pending += 1
-        txn.sent += 1
         while True:
             try:
                 self._producer.produce(
@@ -323,9 +243,6 @@ class Publisher:
         """True when no transaction is waiting for acknowledgment."""
         self.acked_lsn()
         return len(self._acks) == 0
-
-    def in_flight(self) -> int:
-        return len(self._producer)
 
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until everything queued is acknowledged (or fail)."""

@@ -22,8 +22,8 @@ from typing import Any, Final
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
 
+from cdc.connection import connect, describe_dsn, first_line
 from cdc.pgoutput import PG_EPOCH_OFFSET_US
 from pgcdc.core.errors import CdcError, ConfigError, ConnectionFailed, SlotError
 from pgcdc.core.lsn import ZERO, Lsn
@@ -80,25 +80,6 @@ def _now_pg_us() -> int:
     return time.time_ns() // 1000 - PG_EPOCH_OFFSET_US
 
 
-def _where(dsn: str) -> str:
-    """host:port/dbname of a DSN, never its password."""
-    try:
-        d = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparseable DSN>"
-    return f"{d.get('host', 'localhost')}:{d.get('port', 5432)}/{d.get('dbname', '')}"
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _redact(text: str) -> str:
-    """Drop quoted fragments, which may hold parts of a DSN (and so a password)."""
-    return re.sub(r"\"[^\"]*\"", '"…"', text)
-
-
 def _check_name(kind: str, name: str) -> None:
     if not _NAME.match(name):
         raise ConfigError(
@@ -108,7 +89,7 @@ def _check_name(kind: str, name: str) -> None:
 
 def classify(e: psycopg.Error, action: str) -> CdcError:
     """Map a psycopg error raised while ``action`` to our hierarchy, as one clear line."""
-    msg = _first_line(e)
+    msg = first_line(e)
     sqlstate = getattr(e, "sqlstate", None)
     lowered = msg.lower()
     if "wal_level" in lowered:
@@ -153,25 +134,20 @@ class ReplicationConnection:
         """Open the replication connection. Raises ConnectionFailed (retryable) if the server
         cannot be reached, ConfigError for credentials or a missing database."""
         self.status_interval_s = status_interval_s
-        self._where = _where(dsn)
+        self._where = describe_dsn(dsn)
         self._flushed = ZERO
         self._received = ZERO
         self._last_status = 0.0  # monotonic time of the last status update sent
         self._streaming = False
         self._selector: selectors.BaseSelector | None = None
-        try:
-            self._conn = psycopg.connect(
-                dsn,
-                autocommit=True,
-                replication="database",
-                application_name=application_name,
-                connect_timeout=connect_timeout_s,
-            )
-        except psycopg.ProgrammingError as e:
-            # libpq could not parse the DSN; its message may quote parts of it, so redact.
-            raise ConfigError(f"invalid PostgreSQL DSN: {_redact(_first_line(e))}") from e
-        except psycopg.Error as e:
-            raise classify(e, f"cannot open a replication connection to {self._where}") from e
+        action = f"cannot open a replication connection to {self._where}"
+        self._conn = connect(
+            dsn,
+            replication="database",
+            application_name=application_name,
+            connect_timeout_s=connect_timeout_s,
+            on_error=lambda e: classify(e, action),
+        )
         self._pgconn = self._conn.pgconn
 
     # ----------------------------------------------------------------- commands
@@ -383,7 +359,7 @@ class ReplicationConnection:
         except (psycopg.Error, CdcError) as e:
             log.warning(
                 "could not send the final status update",
-                extra={"lsn": str(self._flushed), "error": _first_line(e)},
+                extra={"lsn": str(self._flushed), "error": first_line(e)},
             )
         finally:
             self._streaming = False

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from cdc.connection import connect
 from cdc.publisher import Publisher
 from pgcdc.core.contract import version_headers
 from pgcdc.core.errors import SnapshotError
@@ -154,7 +155,7 @@ class Snapshotter:
         """
         started = time.monotonic()
         try:
-            with psycopg.connect(self._dsn, autocommit=True) as lead:
+            with connect(self._dsn) as lead:
                 if snapshot_name is None:
                     lead.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     row = lead.execute(
@@ -214,7 +215,7 @@ class Snapshotter:
     def _worker_conn(self, snapshot_name: str) -> psycopg.Connection[Any]:
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = psycopg.connect(self._dsn, autocommit=True)
+            conn = connect(self._dsn)
             _begin_in_snapshot(conn, snapshot_name)
             self._local.conn = conn
             with self._conns_lock:

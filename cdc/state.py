@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 from confluent_kafka.cimpl import NewTopic
 
-from cdc.publisher import rdkafka_log, watermarks
+from cdc.kafka_clients import admin_client, create_topics, rdkafka_log, read_topic
 from pgcdc.core.contract import state_topic
 from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
@@ -91,71 +83,23 @@ class StateStore:
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
-        conf: dict[str, Any] = {"bootstrap.servers": self._bootstrap, "logger": rdkafka_log}
-        admin = AdminClient(conf)
+        admin = admin_client(self._bootstrap)
         if self.topic in admin.list_topics(timeout=10).topics:
             return
-        new = NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})
-        for fut in admin.create_topics([new], operation_timeout=30).values():
-            try:
-                fut.result()
-            except KafkaException as e:
-                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise PublishError(f"cannot create state topic {self.topic}: {e}") from e
+        create_topics(
+            admin, [NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})]
+        )
 
     def load(self, database: str, slot: str, timeout_s: float = 15.0) -> ReaderState | None:
         """The latest state record for the slot, or None if there is none (or it was reset)."""
         key = self.key(database, slot)
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": "cdc-state-reader",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "logger": rdkafka_log,
-            }
-        )
-        try:
-            md = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-            if md is None or md.error is not None or not md.partitions:
-                return None
-            parts = sorted(md.partitions)
-            ends: dict[int, int] = {}
-            for p in parts:
-                low, high = watermarks(consumer, TopicPartition(self.topic, p), 30.0)
-                if high > low:
-                    ends[p] = high
-            if not ends:
-                return None
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in ends])
-            latest: bytes | None = None
-            found = False
-            deadline = time.monotonic() + timeout_s
-            done: set[int] = set()
-            while len(done) < len(ends):
-                if time.monotonic() > deadline:
-                    raise PublishError(f"timed out reading state topic {self.topic}")
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    continue
-                err = msg.error()
-                part = msg.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF and part is not None:
-                        done.add(part)
-                        continue
-                    raise PublishError(f"cannot read state topic {self.topic}: {err}")
-                if msg.key() == key:
-                    latest = msg.value()
-                    found = True
-                offset = msg.offset()
-                if part is not None and offset is not None and offset + 1 >= ends[part]:
-                    done.add(part)
-            if not found or latest is None:  # never written, or reset by a tombstone
-                return None
-            return ReaderState.from_json(latest)
-        finally:
-            consumer.close()
+        latest: bytes | None = None
+        for msg in read_topic(self._bootstrap, self.topic, "cdc-state-reader", timeout_s):
+            if msg.key() == key:
+                latest = msg.value()
+        if latest is None:  # never written, or reset by a tombstone
+            return None
+        return ReaderState.from_json(latest)
 
     def _get_producer(self) -> Producer:
         if self._producer is None:

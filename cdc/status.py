@@ -1,46 +1,34 @@
 """``cdc status``: where the reader stands, read from PostgreSQL and Kafka.
 
-Other components add their own sections (e.g. the followers' watermarks) with
-:func:`register_status_hook`; a hook gets the settings and returns a JSON-able mapping.
+The reader knows only its own part (slot, state, topics). The entry point that calls
+:func:`gather_status` passes any further sections (e.g. the followers' watermarks): each is
+a function of the settings that returns a JSON-able mapping.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
-from cdc.publisher import rdkafka_log
+from cdc.connection import connect, current_database, current_wal_lsn
+from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds
 from cdc.slots import slot_info
 from cdc.state import StateStore
-from pgcdc.core.errors import ConnectionFailed
-from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 
-log = logging.getLogger(__name__)
-
-StatusHook = Callable[[Settings], dict[str, Any]]
-_HOOKS: dict[str, StatusHook] = {}
-
-
-def register_status_hook(name: str, hook: StatusHook) -> None:
-    """Add a section ``name`` to ``cdc status`` (e.g. "followers")."""
-    _HOOKS[name] = hook
+StatusSection = Callable[[Settings], dict[str, Any]]
 
 
 def slot_status(settings: Settings) -> dict[str, Any]:
     """The slot: active, confirmed flush LSN, retained WAL and lag in bytes."""
-    from cdc.pipeline import connect
-
     with connect(settings.postgres.dsn.get_secret_value()) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text, current_database()").fetchone()
-        assert row is not None
-        current = Lsn.parse(row[0])
+        current = current_wal_lsn(conn)
+        database = current_database(conn)
         info = slot_info(conn, settings.postgres.slot_name)
     out: dict[str, Any] = {
-        "database": row[1],
+        "database": database,
         "slot": settings.postgres.slot_name,
         "exists": info is not None,
         "server_wal_lsn": str(current),
@@ -60,40 +48,35 @@ def slot_status(settings: Settings) -> dict[str, Any]:
 def topic_status(settings: Settings) -> dict[str, dict[str, int]]:
     """End offsets of every partition of the reader's topics: {topic: {partition: offset}}."""
     prefix = settings.kafka.topic_prefix + "."
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.kafka.bootstrap_servers,
-            "group.id": "cdc-status",
-            "logger": rdkafka_log,
-        }
-    )
+    bootstrap = settings.kafka.bootstrap_servers
+    reader = consumer(bootstrap, "cdc-status")
     try:
-        try:
-            md = consumer.list_topics(timeout=5)
-        except KafkaException as e:
-            raise ConnectionFailed(
-                f"Kafka at {settings.kafka.bootstrap_servers} is unreachable: {e.args[0].str()}"
-            ) from e
+        md = cluster_metadata(reader, bootstrap, timeout_s=5)
         out: dict[str, dict[str, int]] = {}
         for name in sorted(md.topics):
             if not name.startswith(prefix):
                 continue
             ends: dict[str, int] = {}
             for p in sorted(md.topics[name].partitions):
-                _low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=5)
+                _low, high = offset_bounds(reader, TopicPartition(name, p), timeout_s=5)
                 ends[str(p)] = high
             out[name] = ends
         return out
     finally:
-        consumer.close()
+        reader.close()
 
 
-def gather_status(settings: Settings) -> dict[str, Any]:
-    """Everything ``cdc status`` shows, as one JSON-able mapping."""
+def gather_status(
+    settings: Settings, sections: Mapping[str, StatusSection] | None = None
+) -> dict[str, Any]:
+    """Everything ``cdc status`` shows, as one JSON-able mapping.
+
+    ``sections`` adds one key per entry, computed by its function from the settings.
+    """
     slot = slot_status(settings)
     store = StateStore(settings.kafka.bootstrap_servers, settings.kafka.topic_prefix)
     topics = topic_status(settings)
-    state = store.load(str(slot["database"]), settings.postgres.slot_name)
+    state = store.load(slot["database"], settings.postgres.slot_name)
     out: dict[str, Any] = {
         "slot": slot,
         "state": None
@@ -104,10 +87,6 @@ def gather_status(settings: Settings) -> dict[str, Any]:
         },
         "topics": topics,
     }
-    if "followers" not in _HOOKS:
-        from sinks.status import status_hook
-
-        register_status_hook("followers", status_hook)
-    for name, hook in _HOOKS.items():
-        out[name] = hook(settings)
+    for name, section in (sections or {}).items():
+        out[name] = section(settings)
     return out

@@ -35,10 +35,6 @@ class PublishError(CdcError):
     """Kafka refused or lost a record."""
 
 
-class RetryablePublishError(PublishError):
-    retryable = True
-
-
 class SchemaError(CdcError):
     """An event could not be built or encoded."""
 

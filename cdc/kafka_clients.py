@@ -1,0 +1,142 @@
+"""Kafka client plumbing the reader's modules share: clients, topic creation, reading back.
+
+The publisher, the state store and ``cdc status`` all open librdkafka clients, create
+compacted topics and read a topic from its start to its current end; they do it here, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._metadata import ClusterMetadata
+from confluent_kafka.cimpl import NewTopic
+
+from pgcdc.core.errors import ConnectionFailed, PublishError
+
+log = logging.getLogger(__name__)
+# librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
+rdkafka_log = logging.getLogger("cdc.librdkafka")
+
+# Answers a partition gives while its leader is still being elected (a topic created a moment
+# ago); they pass, so they are retried.
+_TRANSIENT = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
+
+
+def admin_client(bootstrap_servers: str) -> AdminClient:
+    """An admin client that logs through :data:`rdkafka_log`."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": rdkafka_log}
+    return AdminClient(conf)
+
+
+def consumer(bootstrap_servers: str, group_id: str, **conf: Any) -> Consumer:
+    """A consumer that logs through :data:`rdkafka_log`; ``conf`` adds librdkafka settings."""
+    base: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group_id,
+        "logger": rdkafka_log,
+    }
+    return Consumer(base | conf)
+
+
+def cluster_metadata(
+    client: AdminClient | Consumer, bootstrap_servers: str, timeout_s: float
+) -> ClusterMetadata:
+    """The cluster's topics; no broker answering is one clear ConnectionFailed."""
+    try:
+        return client.list_topics(timeout=timeout_s)
+    except KafkaException as e:
+        raise ConnectionFailed(
+            f"Kafka at {bootstrap_servers} is unreachable: {e.args[0].str()}"
+        ) from e
+
+
+def create_topics(admin: AdminClient, topics: Sequence[NewTopic]) -> None:
+    """Create ``topics``; one that already exists (another client was quicker) is fine."""
+    for topic, fut in admin.create_topics(list(topics), operation_timeout=30).items():
+        try:
+            fut.result()
+            log.info("created topic", extra={"topic": topic})
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise PublishError(f"cannot create topic {topic}: {e.args[0].str()}") from e
+
+
+def offset_bounds(reader: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """(low, high) offsets of a partition, retrying while its leader is not yet known."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = reader.get_watermark_offsets(tp, timeout=5)
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.code() not in _TRANSIENT or time.monotonic() >= deadline:
+                raise PublishError(
+                    f"cannot read the offsets of {tp.topic} [{tp.partition}]: {err.str()}"
+                ) from e
+            time.sleep(0.1)
+
+
+def read_to_end(reader: Consumer, topic: str, timeout_s: float) -> Iterator[Message]:
+    """Every record of ``topic``, from each partition's start to its end as of this call.
+
+    ``reader`` must be created with ``enable.partition.eof``. A missing or empty topic yields
+    nothing; records of one partition come in offset order.
+    """
+    md = reader.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error is not None:
+        return
+    ends: dict[int, int] = {}
+    for p in sorted(md.partitions):
+        low, high = offset_bounds(reader, TopicPartition(topic, p), timeout_s=30.0)
+        if high > low:
+            ends[p] = high
+    if not ends:
+        return
+    reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    done: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(done) < len(ends):
+        if time.monotonic() > deadline:
+            raise PublishError(f"timed out reading {topic}")
+        for msg in reader.consume(10_000, 0.5):
+            part, offset, err = msg.partition(), msg.offset(), msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF and part is not None:
+                    done.add(part)
+                    continue
+                raise PublishError(f"cannot read {topic}: {err.str()}")
+            yield msg
+            if part is not None and offset is not None and offset + 1 >= ends[part]:
+                done.add(part)
+
+
+def read_topic(
+    bootstrap_servers: str, topic: str, group_id: str, timeout_s: float, **conf: Any
+) -> Iterator[Message]:
+    """:func:`read_to_end` with a consumer of its own, closed when the reading ends."""
+    reading = {"enable.auto.commit": False, "enable.partition.eof": True}
+    reader = consumer(bootstrap_servers, group_id, **(reading | conf))
+    try:
+        yield from read_to_end(reader, topic, timeout_s)
+    finally:
+        reader.close()

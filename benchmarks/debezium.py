@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.env import ROOT, BenchEnv
 from benchmarks.proc import Measured
+from pgcdc.core import ports
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def find_java() -> Path:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((ports.HOST, 0))
         return int(s.getsockname()[1])
 
 
@@ -147,14 +148,13 @@ class DebeziumServer:
         self.env = env
         self.tables = tables
         self.role = role
-        self.slot = env.register_slot(env.name(role))
-        self.publication = env.name(role) + "_pub"
-        self.prefix = env.register_prefix(env.name(role))
+        names = env.names_for(role)
+        self.slot, self.publication, self.prefix = names.slot, names.publication, names.prefix
+        self.workdir = names.workdir
         self.snapshot_mode = snapshot_mode
         # Only these tables are snapshotted; the others are only streamed (one JVM start
         # can then measure a snapshot and go on as the streaming instance).
         self.snapshot_tables = snapshot_tables
-        self.workdir = env.run_dir / role
         self.home: Path | None = None
         self.java: Path | None = None
 
@@ -209,7 +209,7 @@ class DebeziumServer:
             "debezium.source.slot.name": self.slot,
             "debezium.source.publication.name": self.publication,
             "debezium.source.publication.autocreate.mode": "disabled",
-            "debezium.source.database.hostname": dsn.hostname or "127.0.0.1",
+            "debezium.source.database.hostname": dsn.hostname or ports.HOST,
             "debezium.source.database.port": str(dsn.port or 5432),
             "debezium.source.database.user": dsn.username or "cdc",
             "debezium.source.database.password": dsn.password or "",

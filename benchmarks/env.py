@@ -45,6 +45,17 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(parts._replace(path="/" + database))
 
 
+@dataclass(frozen=True)
+class SystemNames:
+    """A system's own slot, publication, topic prefix and work folder in one run."""
+
+    role: str
+    slot: str
+    publication: str
+    prefix: str
+    workdir: Path
+
+
 @dataclass
 class BenchEnv:
     """One run's isolated resources on the shared stack."""
@@ -90,6 +101,14 @@ class BenchEnv:
     def name(self, role: str) -> str:
         """A slot/publication/topic-prefix name unique to this run, e.g. bench_ab12cd_ours."""
         return f"bench_{self.run_id}_{role}"
+
+    def names_for(self, role: str) -> SystemNames:
+        """Names for the system playing ``role``; cleanup drops its slot and topics."""
+        name = self.name(role)
+        workdir = self.run_dir / role
+        workdir.mkdir(parents=True, exist_ok=True)
+        slot, prefix = self.register_slot(name), self.register_prefix(name)
+        return SystemNames(role, slot, name + "_pub", prefix, workdir)
 
     # --- PostgreSQL -----------------------------------------------------------------------
 

@@ -120,31 +120,6 @@ def _read_one(c: Consumer, tp: TopicPartition, offset: int) -> int | None:
     return None
 
 
-def edge_timestamps(bootstrap: str, topics: Sequence[str]) -> tuple[int, int, int]:
-    """(first record ms, last record ms, record count) over ``topics``."""
-    c = _consumer(bootstrap)
-    try:
-        first: int | None = None
-        last: int | None = None
-        total = 0
-        for tp in partitions(c, topics):
-            lo, hi = c.get_watermark_offsets(tp, timeout=10, cached=False)
-            if hi <= lo:
-                continue
-            total += hi - lo
-            a = _read_one(c, tp, lo)
-            b = _read_one(c, tp, hi - 1)
-            if a is not None:
-                first = a if first is None else min(first, a)
-            if b is not None:
-                last = b if last is None else max(last, b)
-        if first is None or last is None:
-            raise RuntimeError(f"no records readable in {list(topics)}")
-        return first, last, total
-    finally:
-        c.close()
-
-
 def span_timestamps(bootstrap: str, start: dict[tuple[str, int], int]) -> tuple[int, int, int]:
     """(first ms, last ms, count) of the records after ``start`` (from :func:`end_offsets`)."""
     c = _consumer(bootstrap)

@@ -23,11 +23,9 @@ class OursReader:
         self.env = env
         self.tables = tables
         self.role = role
-        self.slot = env.register_slot(env.name(role))
-        self.publication = env.name(role) + "_pub"
-        self.prefix = env.register_prefix(env.name(role))
-        self.workdir = env.run_dir / role
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        names = env.names_for(role)
+        self.slot, self.publication, self.prefix = names.slot, names.publication, names.prefix
+        self.workdir = names.workdir
 
     def topic(self, table: str) -> str:
         """Our topic for ``schema.table``."""

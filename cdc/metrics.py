@@ -1,20 +1,26 @@
 """Prometheus metrics of the reader, served only when ``metrics_port`` is set.
 
-The components never import this module: the pipeline reads their counters and feeds them
-here, so metrics stay a decoration around the reader, not part of it.
+No component imports this module: :class:`ReaderMetrics` is a
+:class:`cdc.observer.StreamObserver` that the pipeline hands to the streaming loop (and whose
+delivery histogram it gives the publisher), so metrics stay a decoration around the reader.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pgcdc.core.lsn import Lsn
 
 log = logging.getLogger(__name__)
 
 
 class ReaderMetrics:
     """Events, lag, acknowledged position and delivery latency."""
+
+    measures_lag = True
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -37,8 +43,31 @@ class ReaderMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=self.registry,
         )
+        # One labelled child per op, looked up once: on_event runs for every event.
+        self._event_counters: dict[str, Any] = {}
 
     def serve(self, port: int) -> None:
         """Expose ``/metrics`` on ``port`` (a daemon thread)."""
         start_http_server(port, addr="127.0.0.1", registry=self.registry)
         log.info("metrics on http://127.0.0.1:%d/metrics", port)
+
+    # --- StreamObserver -------------------------------------------------------------------
+
+    def on_event(self, op: str) -> None:
+        """Count one change event."""
+        counter = self._event_counters.get(op)
+        if counter is None:
+            counter = self._event_counters[op] = self.events.labels(op)
+        counter.inc()
+
+    def on_acknowledged(self, lsn: Lsn) -> None:
+        """Record the slot's new flush position."""
+        self.acked_lsn.set(lsn.value)
+
+    def on_lag(self, lag_bytes: int) -> None:
+        """Record how far the server's WAL is ahead of the acknowledged position."""
+        self.lag_bytes.set(lag_bytes)
+
+    def on_delivery(self, seconds: float) -> None:
+        """Record one sampled produce-to-acknowledgment latency."""
+        self.delivery_latency.observe(seconds)

@@ -1,0 +1,377 @@
+"""The streaming loop: decoded pgoutput messages in, Kafka records out, the slot acknowledged.
+
+Order of a checkpoint: records are produced as they are decoded (a transaction is never
+buffered); delivery reports mark transactions complete; the slot's flush LSN then advances to
+the end of the last transaction that is complete together with all before it
+(:meth:`cdc.publisher.Publisher.acked_lsn`). When nothing is pending, a keepalive's position is
+acknowledged too, so an idle slot (or one whose changes are all filtered out) keeps advancing.
+
+The loop gets everything it uses from its caller: the replication connection, the settings,
+the publisher, the encoder, the catalog, a stop signal, a checkpoint function that saves the
+acknowledged LSN, and an observer for metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import orjson
+import psycopg
+
+from cdc import pgoutput
+from cdc.catalog import SchemaCatalog
+from cdc.connection import current_wal_lsn
+from cdc.observer import NullObserver, StreamObserver
+from cdc.publisher import Publisher, TxnTracker
+from cdc.replication import Keepalive, ReplicationConnection, XLogData
+from cdc.toast import fetch_current, fill_from_old, unchanged_columns
+from pgcdc.core.contract import (
+    HEARTBEAT_LSN_FIELD,
+    HEARTBEAT_SERVER_FIELD,
+    heartbeat_topic,
+    version_headers,
+)
+from pgcdc.core.errors import SlotError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import Settings
+from pgcdc.core.values import RawValue
+from schemas.envelope import EventEncoder
+from schemas.model import SourceInfo, TableSchema, TransactionInfo
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, str | bytes | None]]
+Row = tuple[RawValue, ...]
+# Saves the acknowledged LSN in the reader's durable state (without waiting for Kafka).
+Checkpoint = Callable[[Lsn | None], None]
+
+ACK_INTERVAL_S = 0.2  # how often at most a new flush position is sent to the server
+STATE_INTERVAL_S = 10.0  # how often the acked LSN is written to the state topic
+LAG_INTERVAL_S = 5.0  # how often the server's WAL position is read for the lag metric
+READ_TIMEOUT_S = 0.1  # how long one read waits for a frame before the loop looks around
+
+
+class Streamer:
+    """Streams one slot's changes to Kafka, acknowledging as Kafka confirms them."""
+
+    def __init__(
+        self,
+        repl: ReplicationConnection,
+        *,
+        settings: Settings,
+        publisher: Publisher,
+        encoder: EventEncoder,
+        catalog: SchemaCatalog,
+        stop: threading.Event,
+        checkpoint: Checkpoint,
+        observer: StreamObserver | None = None,
+        target: Lsn | None = None,
+    ) -> None:
+        """``target``: stop once everything up to it is acknowledged (``--until current``)."""
+        self._repl = repl
+        self._publisher = publisher
+        self._encoder = encoder
+        self._catalog = catalog
+        self._stop = stop
+        self._checkpoint = checkpoint
+        self._observer: StreamObserver = observer or NullObserver()
+        self._target = target
+        self._slot = settings.postgres.slot_name
+        self._proto = settings.postgres.proto_version
+        self._complete_toast = settings.postgres.complete_unchanged_toast
+        self._tx_metadata = settings.schema_.provide_transaction_metadata
+        self._server_name = settings.kafka.topic_prefix
+        self._heartbeat_topic = heartbeat_topic(settings.kafka)
+        self._heartbeat_interval_s = settings.kafka.heartbeat_interval_s
+        self._relations: dict[int, TableSchema] = {}
+        self._topics: dict[int, str] = {}
+        # The open transaction (between Begin and Commit).
+        self._txn: TxnTracker | None = None
+        self._order = 0
+        self._xid: int | None = None
+        self._commit_ts_us = 0
+        self._commit_lsn_header = b"0"
+        self._per_table: dict[int, int] = {}
+        self._last_commit_lsn: int | None = None
+        # A keepalive's position, safe to acknowledge while nothing is in flight.
+        self._idle_lsn: Lsn | None = None
+        # When the periodic duties (see _duties) are next due, as monotonic times.
+        self._next_duty = self._ack_due = self._heartbeat_due = self._lag_due = 0.0
+        self._state_due = 0.0
+        self.last_ack: Lsn | None = None
+        self.events = 0
+
+    def run(self, start: Lsn) -> None:
+        """Stream from ``start`` until stopped or caught up; acknowledge on the way out.
+
+        An open transaction stays unacknowledged when stopped: the next run replays all of it.
+        """
+        self.last_ack = start
+        self._state_due = time.monotonic() + STATE_INTERVAL_S
+        if self._heartbeat_topic:
+            # One partition: a follower reads every heartbeat in order from one place.
+            self._publisher.ensure_topics([self._heartbeat_topic], partitions=1)
+        while not self._stop.is_set():
+            msg = self._repl.read(READ_TIMEOUT_S)
+            if isinstance(msg, XLogData):
+                self._handle(msg)
+            else:
+                # Between frames: serve delivery reports (send() also polls every 1,024
+                # records, so a busy stream does not pay for a poll per message).
+                self._publisher.poll(0)
+                if isinstance(msg, Keepalive) and self._txn is None and self._publisher.idle():
+                    # Everything before wal_end has reached us and is in Kafka: safe to confirm.
+                    self._idle_lsn = msg.wal_end
+            now = time.monotonic()
+            if now >= self._next_duty:
+                self._duties(now)
+                # last_ack moves only in the duties, so this is the only place to look.
+                if self._caught_up():
+                    self._finish()
+                    log.info(
+                        "caught up with %s; stopping",
+                        self._target,
+                        extra={"slot": self._slot, "lsn": str(self.last_ack)},
+                    )
+                    return
+        log.info(
+            "stop requested: flushing and acknowledging",
+            extra={"slot": self._slot, "lsn": str(self.last_ack)},
+        )
+        self._finish()
+
+    def _caught_up(self) -> bool:
+        return (
+            self._target is not None
+            and self.last_ack is not None
+            and (self.last_ack >= self._target)
+        )
+
+    # --- periodic duties ----------------------------------------------------------------
+
+    def _duties(self, now: float) -> None:
+        """Acknowledge, save state, send a heartbeat, measure lag: each when it is due."""
+        if now >= self._ack_due:
+            self._ack_due = now + ACK_INTERVAL_S
+            self._acknowledge()
+        if now >= self._state_due:
+            self._state_due = now + STATE_INTERVAL_S
+            self._checkpoint(self.last_ack)
+        due = [self._ack_due, self._state_due]
+        if self._heartbeat_topic:
+            if now >= self._heartbeat_due:
+                self._heartbeat_due = now + self._heartbeat_interval_s
+                self._heartbeat()
+            due.append(self._heartbeat_due)
+        if self._observer.measures_lag:
+            if now >= self._lag_due:
+                self._lag_due = now + LAG_INTERVAL_S
+                self._report_lag()
+            due.append(self._lag_due)
+        self._next_duty = min(due)
+
+    def _finish(self) -> None:
+        """Wait for Kafka, acknowledge what it holds, tell the followers how far that is."""
+        self._publisher.flush(timeout_s=60)
+        self._acknowledge(force=True)
+        self._final_heartbeat()
+
+    def _acknowledge(self, *, force: bool = False) -> None:
+        acked = self._publisher.acked_lsn()
+        idle = self._idle_lsn if self._publisher.idle() and self._txn is None else None
+        candidate = self.last_ack
+        for lsn in (acked, idle):
+            if lsn is not None and (candidate is None or lsn > candidate):
+                candidate = lsn
+        if candidate is not None and (force or candidate != self.last_ack):
+            self._repl.acknowledge(candidate)
+            self.last_ack = candidate
+            self._observer.on_acknowledged(candidate)
+
+    def _report_lag(self) -> None:
+        try:
+            current = current_wal_lsn(self._catalog.conn)
+        except psycopg.Error as e:
+            log.warning("cannot read the server's WAL position: %s", e, extra={"slot": self._slot})
+            return
+        if self.last_ack is not None:
+            self._observer.on_lag(max(0, current - self.last_ack))
+
+    def _final_heartbeat(self) -> None:
+        """On the way out, tell the followers how far everything is in Kafka: without it, a
+        short run (``--until current``) could leave their watermark behind its changes."""
+        if self._heartbeat_topic:
+            self._heartbeat()
+            self._publisher.flush(timeout_s=30)
+
+    def _heartbeat(self) -> None:
+        """Publish the last acknowledged LSN (followers' read-your-writes watermark).
+
+        ``last_ack`` only ever moves to a position whose transactions are all acknowledged by
+        Kafka (or to an idle keepalive's position, with nothing in flight), so every event
+        committed before the reported LSN is already in its topic when this is produced.
+        """
+        assert self._heartbeat_topic is not None
+        self._publisher.produce_plain(
+            self._heartbeat_topic,
+            orjson.dumps({HEARTBEAT_SERVER_FIELD: self._server_name}),
+            orjson.dumps(
+                {
+                    "ts_ms": int(time.time() * 1000),
+                    HEARTBEAT_LSN_FIELD: self.last_ack.value if self.last_ack else None,
+                }
+            ),
+        )
+
+    # --- messages -----------------------------------------------------------------------
+
+    def _handle(self, frame: XLogData) -> None:
+        msg = pgoutput.decode(frame.payload, self._proto)
+        if isinstance(msg, pgoutput.Insert):
+            self._change(frame, msg.relation_id, "c", None, msg.new)
+        elif isinstance(msg, pgoutput.Update):
+            self._update(frame, msg)
+        elif isinstance(msg, pgoutput.Delete):
+            self._change(frame, msg.relation_id, "d", msg.old, None)
+        elif isinstance(msg, pgoutput.Begin):
+            self._txn = self._publisher.begin(msg.final_lsn)
+            self._order = 0
+            self._xid = msg.xid
+            self._commit_ts_us = msg.commit_ts_us
+            self._commit_lsn_header = str(msg.final_lsn.value).encode()
+            self._per_table.clear()
+        elif isinstance(msg, pgoutput.Commit):
+            if self._txn is not None:
+                self._publisher.close_txn(self._txn, msg.end_lsn)
+            self._txn = None
+            self._last_commit_lsn = msg.commit_lsn.value
+        elif isinstance(msg, pgoutput.Relation):
+            schema = self._catalog.from_relation(msg)
+            self._relations[msg.relation_id] = schema
+            topic = self._encoder.topic(schema)
+            self._publisher.ensure_topics([topic])
+            self._topics[msg.relation_id] = topic
+        elif isinstance(msg, pgoutput.Truncate):
+            for rid in msg.relation_ids:
+                table = self._table(rid)
+                self._send(rid, None, self._encoder.encode_truncate(table, self._source(frame)))
+                self._count("t")
+        # Origin, Type and logical messages carry nothing we publish.
+
+    def _table(self, relation_id: int) -> TableSchema:
+        try:
+            return self._relations[relation_id]
+        except KeyError as e:
+            raise SlotError(
+                f"change for relation {relation_id} arrived before its Relation message"
+            ) from e
+
+    def _source(self, frame: XLogData) -> SourceInfo:
+        return SourceInfo(
+            self._commit_ts_us, "false", self._xid, frame.wal_start.value, self._last_commit_lsn
+        )
+
+    def _transaction(self, relation_id: int) -> TransactionInfo | None:
+        if not self._tx_metadata:
+            return None
+        n = self._per_table.get(relation_id, 0) + 1
+        self._per_table[relation_id] = n
+        txid = f"{self._xid}:{self._commit_lsn_header.decode()}"
+        return TransactionInfo(txid, self._order + 1, n)
+
+    def _send(
+        self,
+        relation_id: int,
+        key: bytes | None,
+        value: bytes | None,
+        extra_headers: Headers = (),
+    ) -> None:
+        if self._txn is None:
+            raise SlotError("a change arrived outside a transaction")
+        headers: list[tuple[str, str | bytes | None]] = [
+            *version_headers(self._commit_lsn_header, self._order),
+            *extra_headers,
+        ]
+        self._publisher.send(self._txn, self._topics[relation_id], key, value, headers)
+        self._order += 1
+
+    def _count(self, op: str) -> None:
+        self.events += 1
+        self._observer.on_event(op)
+
+    def _change(
+        self,
+        frame: XLogData,
+        relation_id: int,
+        op: str,
+        before: Row | None,
+        after: Row | None,
+        *,
+        key: bytes | None = None,
+        headers: Headers = (),
+    ) -> None:
+        table = self._table(relation_id)
+        source = self._source(frame)
+        if key is None:
+            # One call converts the key columns once, for both the key and the value.
+            key, value = self._encoder.encode_change(
+                table, op, before, after, source, self._transaction(relation_id)
+            )
+        else:
+            value = self._encoder.encode_value(
+                table, op, before, after, source, self._transaction(relation_id)
+            )
+        self._send(relation_id, key, value, headers)
+        self._count(op)
+        if op == "d" and key is not None:
+            self._send(relation_id, key, None)  # tombstone, so compaction drops the key
+
+    def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
+        table = self._table(msg.relation_id)
+        new = msg.new
+        if msg.old is not None and msg.old_kind == "O" and unchanged_columns(new):
+            # REPLICA IDENTITY FULL: the old row is complete, so this is exact.
+            new = fill_from_old(new, msg.old)
+        if msg.old is not None and table.key_columns:
+            old_key = self._encoder.encode_key(table, msg.old)
+            new_key = self._encoder.encode_key(table, new)
+            if old_key != new_key:
+                self._key_change(frame, msg, table, new, old_key, new_key)
+                return
+        if self._complete_toast:
+            # Log compaction keeps only a key's newest event: with the placeholder in it,
+            # a follower rebuilt from the compacted topic would never see the value.
+            new = self._fill_unchanged_toast(table, new)
+        self._change(frame, msg.relation_id, "u", msg.old, new)
+
+    def _key_change(
+        self,
+        frame: XLogData,
+        msg: pgoutput.Update,
+        table: TableSchema,
+        new: Row,
+        old_key: bytes | None,
+        new_key: bytes | None,
+    ) -> None:
+        """A primary-key change: Debezium emits a delete (+ tombstone) for the old key and a
+        create for the new one, each naming the other key in a header."""
+        # No follower holds the new key yet, so the marker would lose the value; see
+        # cdc.toast for why the current value is safe to use.
+        new = self._fill_unchanged_toast(table, new)
+        rid = msg.relation_id
+        self._change(
+            frame, rid, "d", msg.old, None, key=old_key, headers=[("__debezium.newkey", new_key)]
+        )
+        self._change(
+            frame, rid, "c", None, new, key=new_key, headers=[("__debezium.oldkey", old_key)]
+        )
+
+    def _fill_unchanged_toast(self, table: TableSchema, row: Row) -> Row:
+        """``row`` with its unchanged TOAST values read by key (see :mod:`cdc.toast`)."""
+        missing = unchanged_columns(row)
+        if not missing:
+            return row
+        return fetch_current(self._catalog.conn, table, row, missing, self._xid)

@@ -1,0 +1,320 @@
+"""The streaming loop without servers: pgoutput frames in, records and acknowledgments out.
+
+:class:`cdc.streamer.Streamer` gets every dependency from its caller, so these tests hand it
+a scripted replication connection, a publisher that keeps records in a list (Kafka
+acknowledges each at once), a stand-in encoder and catalog, and a recording observer.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from cdc import pgoutput, streamer
+from cdc.publisher import AckQueue, TxnTracker
+from cdc.replication import Keepalive, XLogData
+from cdc.streamer import Streamer
+from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER, HEARTBEAT_LSN_FIELD
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings, PostgresSettings, SchemaSettings, Settings
+from schemas.model import Column, PgType, TableSchema
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def acknowledge_every_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acknowledge on every turn of the loop, not every 0.2 s: the outcome does not depend
+    on how fast the machine runs the test."""
+    monkeypatch.setattr(streamer, "ACK_INTERVAL_S", 0.0)
+
+
+TEXT = PgType(25, "text", "b")
+INT4 = PgType(23, "int4", "b")
+RELATION_ID = 16384
+TOPIC = "cdc.public.items"
+
+# --- pgoutput frames, as the server sends them -----------------------------------------------
+
+
+def begin(final_lsn: int, xid: int) -> bytes:
+    return b"B" + struct.pack("!QqI", final_lsn, 0, xid)
+
+
+def commit(commit_lsn: int, end_lsn: int) -> bytes:
+    return b"C" + struct.pack("!BQQq", 0, commit_lsn, end_lsn, 0)
+
+
+def relation() -> bytes:
+    cols = b"".join(
+        struct.pack("!B", flags) + name + b"\x00" + struct.pack("!Ii", oid, -1)
+        for flags, name, oid in ((1, b"id", INT4.oid), (0, b"v", TEXT.oid))
+    )
+    head = struct.pack("!I", RELATION_ID) + b"public\x00items\x00d" + struct.pack("!H", 2)
+    return b"R" + head + cols
+
+
+def tuple_data(*values: str) -> bytes:
+    out = struct.pack("!H", len(values))
+    for v in values:
+        raw = v.encode()
+        out += b"t" + struct.pack("!I", len(raw)) + raw
+    return out
+
+
+def insert(*values: str) -> bytes:
+    return b"I" + struct.pack("!I", RELATION_ID) + b"N" + tuple_data(*values)
+
+
+def delete(key: str) -> bytes:
+    return b"D" + struct.pack("!I", RELATION_ID) + b"K" + tuple_data(key, "")
+
+
+def xlog(payload: bytes, at: int) -> XLogData:
+    return XLogData(Lsn(at), Lsn(at), 0, payload)
+
+
+# --- stand-ins for the streamer's dependencies -----------------------------------------------
+
+
+class ScriptedReplication:
+    """Hands out the scripted frames, then nothing; sets ``stop`` once they are all read
+    (after ``idle_reads`` empty reads), so a test ends without sleeping."""
+
+    def __init__(
+        self, frames: Sequence[XLogData | Keepalive], stop: threading.Event | None, idle_reads: int
+    ) -> None:
+        self.frames = deque(frames)
+        self.stop = stop
+        self.idle_reads = idle_reads
+        self.acknowledged: list[Lsn] = []
+        self.reads = 0
+
+    def read(self, timeout_s: float) -> XLogData | Keepalive | None:
+        self.reads += 1
+        assert self.reads < 1_000, "the loop never ended"
+        if self.frames:
+            return self.frames.popleft()
+        self.idle_reads -= 1
+        if self.idle_reads <= 0 and self.stop is not None:
+            self.stop.set()
+        return None
+
+    def acknowledge(self, lsn: Lsn) -> None:
+        self.acknowledged.append(lsn)
+
+
+class ListPublisher:
+    """Keeps records in order; Kafka acknowledges each record as it is sent."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes | None, dict[str, Any]]] = []
+        self.plain: list[tuple[str, bytes | None, bytes | None]] = []
+        self.topics: list[str] = []
+        self._acks = AckQueue()
+
+    def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
+        self.topics.extend(topics)
+
+    def begin(self, commit_lsn: Lsn) -> TxnTracker:
+        txn = TxnTracker(self, commit_lsn)  # type: ignore[arg-type]
+        self._acks.append(txn)
+        return txn
+
+    def send(
+        self,
+        txn: TxnTracker,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, Any]],
+    ) -> None:
+        self.records.append((topic, key, value, dict(headers)))
+
+    def close_txn(self, txn: TxnTracker, end_lsn: Lsn) -> None:
+        txn.end_lsn = end_lsn
+        txn.closed = True
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        pass
+
+    def acked_lsn(self) -> Lsn | None:
+        return self._acks.advance()
+
+    def idle(self) -> bool:
+        self._acks.advance()
+        return len(self._acks) == 0
+
+    def flush(self, timeout_s: float = 60.0) -> None:
+        pass
+
+    def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        self.plain.append((topic, key, value))
+
+
+class JsonEncoder:
+    """Just enough of the event encoder: the key is the id, the value names op and rows."""
+
+    def topic(self, table: TableSchema) -> str:
+        return f"cdc.{table.schema}.{table.table}"
+
+    def encode_key(self, table: TableSchema, row: Sequence[Any]) -> bytes:
+        return orjson.dumps({"id": row[0]})
+
+    def encode_change(
+        self, table: TableSchema, op: str, before: Any, after: Any, source: Any, txn: Any
+    ) -> tuple[bytes, bytes]:
+        row = after if after is not None else before
+        return self.encode_key(table, row), self.encode_value(table, op, before, after, source, txn)
+
+    def encode_value(
+        self, table: TableSchema, op: str, before: Any, after: Any, source: Any, txn: Any
+    ) -> bytes:
+        return orjson.dumps({"op": op, "before": before, "after": after, "lsn": source.lsn})
+
+
+class RelationCatalog:
+    """Table schemas straight from Relation messages (no pg_catalog behind it)."""
+
+    conn: Any = None
+
+    def from_relation(self, rel: pgoutput.Relation) -> TableSchema:
+        types = {TEXT.oid: TEXT, INT4.oid: INT4}
+        columns = tuple(
+            Column(c.name, types[c.type_oid], c.type_modifier, not c.is_key, c.is_key)
+            for c in rel.columns
+        )
+        keys = tuple(c.name for c in rel.columns if c.is_key)
+        return TableSchema(rel.namespace, rel.name, columns, keys, rel.replica_identity)
+
+
+class RecordingObserver:
+    measures_lag = False
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.acknowledged: list[Lsn] = []
+
+    def on_event(self, op: str) -> None:
+        self.events.append(op)
+
+    def on_acknowledged(self, lsn: Lsn) -> None:
+        self.acknowledged.append(lsn)
+
+    def on_lag(self, lag_bytes: int) -> None:
+        raise AssertionError("lag is measured only when the observer asks for it")
+
+
+def settings(heartbeats: bool = False) -> Settings:
+    return Settings(
+        postgres=PostgresSettings(slot_name="s"),
+        kafka=KafkaSettings(topic_prefix="cdc", heartbeat_enabled=heartbeats),
+        schema=SchemaSettings(),
+    )
+
+
+def make(
+    frames: Sequence[XLogData | Keepalive],
+    *,
+    target: Lsn | None = None,
+    heartbeats: bool = False,
+    idle_reads: int = 3,
+    checkpoints: list[Lsn | None] | None = None,
+) -> tuple[Streamer, ScriptedReplication, ListPublisher, RecordingObserver]:
+    stop = threading.Event()
+    repl = ScriptedReplication(frames, None if target else stop, idle_reads)
+    publisher = ListPublisher()
+    observer = RecordingObserver()
+    s = Streamer(
+        repl,  # type: ignore[arg-type]
+        settings=settings(heartbeats),
+        publisher=publisher,  # type: ignore[arg-type]
+        encoder=JsonEncoder(),  # type: ignore[arg-type]
+        catalog=RelationCatalog(),  # type: ignore[arg-type]
+        stop=stop,
+        checkpoint=(checkpoints if checkpoints is not None else []).append,
+        observer=observer,
+        target=target,
+    )
+    return s, repl, publisher, observer
+
+
+ONE_TRANSACTION = [
+    xlog(begin(0x200, 7), 0x100),
+    xlog(relation(), 0x100),
+    xlog(insert("1", "a"), 0x110),
+    xlog(delete("2"), 0x120),
+    xlog(commit(0x200, 0x210), 0x200),
+]
+
+
+def test_a_transaction_becomes_records_in_order_and_is_acknowledged_at_its_end() -> None:
+    s, repl, publisher, observer = make(ONE_TRANSACTION)
+    s.run(Lsn(0x100))
+    assert publisher.topics == [TOPIC]
+    assert [(t, k, v is None) for t, k, v, _ in publisher.records] == [
+        (TOPIC, b'{"id":"1"}', False),
+        (TOPIC, b'{"id":"2"}', False),
+        (TOPIC, b'{"id":"2"}', True),  # the delete's tombstone
+    ]
+    headers = [h for *_, h in publisher.records]
+    assert [h[HEADER_COMMIT_LSN] for h in headers] == [str(0x200).encode()] * 3
+    assert [h[HEADER_ORDER] for h in headers] == [b"0", b"1", b"2"]
+    created = orjson.loads(publisher.records[0][2] or b"")
+    assert created == {"op": "c", "before": None, "after": ["1", "a"], "lsn": 0x110}
+    assert s.events == 2 and observer.events == ["c", "d"]
+    assert s.last_ack == Lsn(0x210)
+    assert repl.acknowledged[-1] == Lsn(0x210)
+    assert observer.acknowledged[-1] == Lsn(0x210)
+
+
+def test_an_open_transaction_is_not_acknowledged_when_stopped() -> None:
+    s, repl, publisher, _ = make(ONE_TRANSACTION[:-1])
+    s.run(Lsn(0x100))
+    assert len(publisher.records) == 3
+    assert s.last_ack == Lsn(0x100)
+    assert repl.acknowledged == [Lsn(0x100)]  # the start position, forced on the way out
+
+
+def test_an_idle_keepalive_position_is_acknowledged() -> None:
+    s, repl, _, _ = make([Keepalive(Lsn(0x500), 0, False)])
+    s.run(Lsn(0x100))
+    assert s.last_ack == Lsn(0x500) and repl.acknowledged[-1] == Lsn(0x500)
+
+
+def test_a_keepalive_inside_a_transaction_is_not_acknowledged() -> None:
+    s, _, _, _ = make([*ONE_TRANSACTION[:3], Keepalive(Lsn(0x500), 0, False)])
+    s.run(Lsn(0x100))
+    assert s.last_ack == Lsn(0x100)
+
+
+def test_until_a_target_the_loop_returns_once_it_is_acknowledged() -> None:
+    s, repl, _, _ = make(ONE_TRANSACTION, target=Lsn(0x210))
+    s.run(Lsn(0x100))  # nothing sets the stop signal: only reaching the target ends the run
+    assert s.last_ack == Lsn(0x210) and repl.acknowledged[-1] == Lsn(0x210)
+
+
+def test_heartbeats_carry_the_acknowledged_position_up_to_the_last() -> None:
+    s, _, publisher, _ = make(ONE_TRANSACTION, heartbeats=True)
+    s.run(Lsn(0x100))
+    assert "__cdc-heartbeat.cdc" in publisher.topics
+    assert publisher.plain, "no heartbeat"
+    topic, key, value = publisher.plain[-1]
+    assert topic == "__cdc-heartbeat.cdc" and key is not None
+    assert orjson.loads(value or b"")[HEARTBEAT_LSN_FIELD] == 0x210
+
+
+def test_the_checkpoint_receives_the_acknowledged_position(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(streamer, "STATE_INTERVAL_S", 0.0)
+    saved: list[Lsn | None] = []
+    s, _, _, _ = make(ONE_TRANSACTION, checkpoints=saved)
+    s.run(Lsn(0x100))
+    assert saved and saved[0] == Lsn(0x100) and saved[-1] == Lsn(0x210)

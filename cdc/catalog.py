@@ -201,7 +201,10 @@ class SchemaCatalog:
         except SchemaError:
             # Dropped since (a replay of its old changes): the message's flags are all we
             # have; under REPLICA IDENTITY FULL they mark every column, which is no key.
-            log.warning("table of a Relation message no longer exists", extra={"table": rel.name})
+            log.warning(
+                "table of a Relation message no longer exists",
+                extra={"table": f"{rel.namespace}.{rel.name}"},
+            )
             full = rel.replica_identity == "f"
             key_order = () if full else tuple(c.name for c in rel.columns if c.is_key)
             not_null = frozenset()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -17,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from pgcdc.core.errors import CdcError, ConfigError
+from pgcdc.core.logs import configure_logging
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
 
 log = logging.getLogger("cdc")
@@ -33,16 +33,26 @@ ConfigOpt = Annotated[
     str | None, typer.Option("--config", help="TOML config file (also CDC_CONFIG).")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Verbose logs and tracebacks.")]
+LogJsonOpt = Annotated[
+    bool, typer.Option("--log-json", help="Log one JSON object per line (also CDC_LOG_JSON).")
+]
 
 
-def _setup_logging(level: str, debug: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+def _setup_logging(settings: Settings, debug: bool, level: str | None = None) -> None:
+    """Logs on stderr with their structured fields (slot, lsn, table, topic), text or JSON.
+
+    ``level`` overrides the configured level (a command whose output is on stdout keeps its
+    logs quiet); ``debug`` shows everything.
+    """
+    configure_logging(
+        logging.DEBUG if debug else (level or settings.log_level), json_logs=settings.log_json
     )
     # librdkafka reports every failed connection attempt; that is noise unless debugging.
     logging.getLogger("cdc.librdkafka").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+
+
+def _log_overrides(log_json: bool) -> dict[str, Any]:
+    return {"log_json": True} if log_json else {}
 
 
 def _guard(debug: bool, fn: Callable[[], T]) -> T:
@@ -102,6 +112,7 @@ def run(
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics here.")
     ] = None,
     debug: DebugOpt = False,
+    log_json: LogJsonOpt = False,
 ) -> None:
     """Snapshot if needed, then stream changes to Kafka until stopped (SIGTERM/SIGINT)."""
     pg: dict[str, Any] = {}
@@ -115,7 +126,7 @@ def run(
         pg["publication_name"] = publication
     if drop_slot_on_exit:
         pg["drop_slot_on_exit"] = True
-    overrides: dict[str, Any] = {}
+    overrides = _log_overrides(log_json)
     if pg:
         overrides["postgres"] = pg
     if topic_prefix is not None:
@@ -127,7 +138,7 @@ def run(
         if until not in (None, "current"):
             raise ConfigError(f"--until accepts only 'current', not {until!r}")
         settings = _settings(config, overrides)
-        _setup_logging(settings.log_level, debug)
+        _setup_logging(settings, debug)
         from cdc.metrics import ReaderMetrics
         from cdc.pipeline import Pipeline
 
@@ -152,19 +163,20 @@ def run(
             result.snapshot_rows,
             result.events,
             result.acked_lsn,
+            extra={"slot": settings.postgres.slot_name, "lsn": str(result.acked_lsn)},
         )
 
     _guard(debug, go)
 
 
 @app.command()
-def status(config: ConfigOpt = None, debug: DebugOpt = False) -> None:
+def status(config: ConfigOpt = None, debug: DebugOpt = False, log_json: LogJsonOpt = False) -> None:
     """Show the slot (active, confirmed flush LSN, retained WAL, lag), topic end offsets and
     the followers' watermarks."""
 
     def go() -> None:
-        settings = _settings(config, {})
-        _setup_logging("WARNING", debug)
+        settings = _settings(config, _log_overrides(log_json))
+        _setup_logging(settings, debug, level="WARNING")
         from cdc.status import gather_status
 
         # The entry point composes the sections: the reader's package knows nothing of the
@@ -184,12 +196,13 @@ def reset_state(
         bool, typer.Option("--drop-slot", help="Also drop the replication slot.")
     ] = False,
     debug: DebugOpt = False,
+    log_json: LogJsonOpt = False,
 ) -> None:
     """Forget the reader's state for this slot, so the next run takes a new snapshot."""
 
     def go() -> None:
-        settings = _settings(config, {})
-        _setup_logging("INFO", debug)
+        settings = _settings(config, _log_overrides(log_json))
+        _setup_logging(settings, debug, level="INFO")
         from cdc.connection import connect, current_database
         from cdc.slots import drop_slot as drop
         from cdc.state import StateStore

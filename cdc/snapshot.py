@@ -407,7 +407,7 @@ class _Progress:
                 plan.rows,
                 plan.estimated_rows,
                 rate,
-                extra={"table": plan.schema.table},
+                extra={"table": f"{plan.schema.schema}.{plan.schema.table}"},
             )
 
     def close(self) -> None:

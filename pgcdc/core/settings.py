@@ -189,6 +189,8 @@ class Settings(BaseSettings):
     spark: SparkSettings = SparkSettings()
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     log_level: str = "INFO"
+    # One JSON object per log line (with the structured fields), for log shippers.
+    log_json: bool = False
 
     @classmethod
     def settings_customise_sources(

@@ -22,6 +22,7 @@ Standard library only.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from typing import Final, NamedTuple, Protocol, TypeAlias
 
@@ -52,22 +53,103 @@ def version_headers(commit_lsn: bytes, order: int) -> Headers:
     return [(HEADER_COMMIT_LSN, commit_lsn), (HEADER_ORDER, str(order).encode())]
 
 
-# -- topics --------------------------------------------------------------------------------
+# -- names ---------------------------------------------------------------------------------
+#
+# PostgreSQL allows any character in a schema or table name (dots, quotes, spaces, upper case,
+# unicode). Topic names, index names and Redis keys are built from them by encodings that are
+# injective (two tables never share a topic, an index or a key) and leave plain lower-case
+# names ([a-z0-9_]) unchanged:
+#
+# - a *topic part* keeps [A-Za-z0-9_] and writes every other character as ``-HH`` per UTF-8
+#   byte (upper-case hex): ``order.items`` → ``order-2Eitems``, ``Café`` → ``Caf-C3-A9``;
+# - an *index part* (OpenSearch names are lower case) keeps [a-z0-9_] and writes every other
+#   character, upper-case letters included, as ``-hh`` (lower-case hex): ``Orders`` → ``-4frders``.
+#
+# ``-`` always starts an escape, so decoding is unambiguous. ``.`` appears only between the
+# prefix, the schema and the table. A name too long for Kafka (249) or OpenSearch (255 bytes)
+# is cut and ends in ``--`` and 16 hex digits of its SHA-256 (``--`` never occurs otherwise).
 
-_INVALID_TOPIC_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]")
+_TOPIC_KEEP: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_INDEX_KEEP: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+_ESCAPE: Final = re.compile(r"-([0-9A-Fa-f]{2})")
+MAX_TOPIC_LENGTH: Final = 249
+MAX_INDEX_NAME_BYTES: Final = 255
 
 DEFAULT_DEAD_LETTER_TOPIC: Final = "cdc.dlq"
 
 
+def _encode(name: str, keep: frozenset[str], hex_format: str) -> str:
+    out = []
+    for c in name:
+        if c in keep:
+            out.append(c)
+        else:
+            out.extend("-" + format(b, hex_format) for b in c.encode())
+    return "".join(out)
+
+
+def encode_topic_part(name: str) -> str:
+    """A schema or table name as it stands in a topic name (see the names note above)."""
+    return _encode(name, _TOPIC_KEEP, "02X")
+
+
+def encode_index_part(name: str) -> str:
+    """A schema or table name as it stands in an OpenSearch index name (lower case)."""
+    return _encode(name, _INDEX_KEEP, "02x")
+
+
+def decode_part(part: str) -> str:
+    """The name a topic or index part encodes (hashed long names cannot be decoded)."""
+    if "--" in part:
+        raise ValueError(f"{part!r} is a shortened name and cannot be decoded")
+    raw = bytearray()
+    i = 0
+    while i < len(part):
+        m = _ESCAPE.match(part, i)
+        if m:
+            raw.append(int(m.group(1), 16))
+            i = m.end()
+        else:
+            raw.extend(part[i].encode())
+            i += 1
+    return raw.decode()
+
+
+def _fit(name: str, limit: int) -> str:
+    """``name`` if it fits ``limit`` bytes, else a cut of it plus ``--`` and a hash."""
+    if len(name.encode()) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name[: limit - 18].rstrip("-") + "--" + digest
+
+
+def table_id(schema: str, table: str) -> str:
+    """``<schema>.<table>`` with each part encoded as in topic names: how the followers name
+    a table (Redis keys, dead letters), recovered from a topic by :func:`table_of_topic`."""
+    return f"{encode_topic_part(schema)}.{encode_topic_part(table)}"
+
+
 def table_topic(prefix: str, schema: str, table: str) -> str:
-    """``<prefix>.<schema>.<table>``, characters Kafka refuses replaced with ``_``."""
-    return _INVALID_TOPIC_CHARS.sub("_", f"{prefix}.{schema}.{table}")
+    """``<prefix>.<schema>.<table>`` with the parts encoded (see the names note above)."""
+    return _fit(f"{prefix}.{table_id(schema, table)}", MAX_TOPIC_LENGTH)
 
 
 def table_of_topic(prefix: str, topic: str) -> str:
-    """The ``<schema>.<table>`` part of a table topic (the topic itself if it is not one)."""
+    """The table id (``<schema>.<table>``, encoded) of a table topic of ``prefix``."""
     head = prefix + "."
     return topic[len(head) :] if topic.startswith(head) else topic
+
+
+def table_index(index_prefix: str, table_id_: str) -> str:
+    """The OpenSearch index of a table id: ``<index_prefix>-<schema>.<table>`` with the parts
+    re-encoded for index names (lower case), e.g. ``cdc-public.orders``."""
+    parts = table_id_.split(".")
+    if len(parts) != 2:
+        raise ValueError(f"table id {table_id_!r} is not <schema>.<table>")
+    encoded = ".".join(
+        encode_index_part(decode_part(p)) if "--" not in p else p.lower() for p in parts
+    )
+    return _fit(f"{index_prefix.lower()}-{encoded}", MAX_INDEX_NAME_BYTES)
 
 
 def table_topic_pattern(prefix: str) -> str:

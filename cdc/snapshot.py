@@ -34,6 +34,7 @@ from psycopg import sql
 
 from cdc.connection import connect
 from cdc.publisher import Publisher
+from cdc.snapshot_progress import SnapshotProgress
 from pgcdc.core.contract import version_headers
 from pgcdc.core.errors import SnapshotError
 from pgcdc.core.lsn import Lsn
@@ -291,7 +292,7 @@ class Snapshotter:
         # its commit record exactly at the consistent point, and it is streamed (not in the
         # snapshot): so the snapshot's version is the LSN just before that point.
         headers_lsn = str(position.value - 1).encode()
-        progress = _Progress(plans, self._progress)
+        progress = SnapshotProgress(plans, self._progress)
         counter = 0
         held: tuple[int, Row, bool] | None = None  # (table index, row, first in its table)
         ts_us = int(time.time() * 1_000_000)
@@ -352,64 +353,3 @@ class Snapshotter:
         self._publisher.close_txn(txn, position)
         self._publisher.flush(timeout_s=300)
         return counter
-
-
-class _Progress:
-    """A rich progress bar per table on a terminal; periodic log lines otherwise."""
-
-    def __init__(self, plans: list[TablePlan], tty: bool) -> None:
-        self._plans = plans
-        self._started = time.monotonic()
-        self._last_log = self._started
-        self._bar: Any = None
-        self._tasks: dict[int, Any] = {}
-        if tty:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]} rows/s"),
-                TimeElapsedColumn(),
-                transient=False,
-            )
-            for p in plans:
-                self._tasks[id(p)] = self._bar.add_task(
-                    f"{p.schema.schema}.{p.schema.table}",
-                    total=p.estimated_rows or None,
-                    rate="0",
-                )
-            self._bar.start()
-
-    def update(self, plan: TablePlan) -> None:
-        now = time.monotonic()
-        rate = plan.rows / max(1e-6, now - self._started)
-        if self._bar is not None:
-            self._bar.update(
-                self._tasks[id(plan)],
-                completed=plan.rows,
-                total=max(plan.rows, plan.estimated_rows) or None,
-                rate=f"{rate:,.0f}",
-            )
-        elif now - self._last_log >= 5.0:
-            self._last_log = now
-            log.info(
-                "snapshot progress: %s.%s %d rows (~%d), %.0f rows/s",
-                plan.schema.schema,
-                plan.schema.table,
-                plan.rows,
-                plan.estimated_rows,
-                rate,
-                extra={"table": f"{plan.schema.schema}.{plan.schema.table}"},
-            )
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> int:
     """Run the sync job ``job`` with the sink ``make_sink`` builds; the exit status."""
     settings, opts = parse_args(job, argv)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, json_logs=settings.log_json)
     spark = spark_session(settings, f"cdc-{opts.name}")
     spark.sparkContext.setLogLevel("WARN")
 

@@ -186,7 +186,8 @@ class Settings(BaseSettings):
     schema_: SchemaSettings = Field(default=SchemaSettings(), alias="schema")
     redis: RedisSettings = RedisSettings()
     search: SearchSettings = SearchSettings()
-    spark: SparkSettings = SparkSettings()
+    # A factory, so the checkpoint folder resolves against the directory at load time.
+    spark: SparkSettings = Field(default_factory=SparkSettings)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     log_level: str = "INFO"
     # One JSON object per log line (with the structured fields), for log shippers.

@@ -1,15 +1,24 @@
 """Connections to PostgreSQL: open one, name its server without credentials, ask where it is.
 
-Every connection the reader opens goes through :func:`connect`, so a DSN is never printed
-(only :func:`describe_dsn`'s ``host:port/dbname``) and an unreachable server is one clear
-:class:`~pgcdc.core.errors.ConnectionFailed`.
+Every connection the reader opens goes through :func:`connect`, so
+
+- a DSN is never printed (only :func:`describe_dsn`'s ``host:port/dbname``), a DSN libpq
+  cannot parse is one ConfigError that quotes none of it, and the DSN's secrets are scrubbed
+  from any error text a failed attempt produces;
+- every session runs with the same pinned settings (:data:`SESSION_SETTINGS`), sent in the
+  startup packet so they hold before the first query, whatever ``ALTER DATABASE … SET`` or
+  ``ALTER ROLE … SET`` chose: the text of dates, intervals, money and floats that pgoutput
+  and COPY send is then always in the form :mod:`schemas.pgtext` parses, and text arrives
+  as UTF-8 whatever the database's encoding;
+- an unreachable server is one clear :class:`~pgcdc.core.errors.ConnectionFailed`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+from urllib.parse import quote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -19,6 +28,41 @@ from pgcdc.core.lsn import Lsn
 
 # Maps a failed connection attempt to one of our errors; the default calls it unreachable.
 ErrorMapper = Callable[[psycopg.Error], CdcError]
+
+# The session settings of every connection the reader opens (the server's defaults, which
+# the parsers of schemas.pgtext and schemas.convert expect). A client's startup options beat
+# database and role defaults, so these hold on the replication connection's walsender too.
+SESSION_SETTINGS: Final = (
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "3"),
+    ("lc_monetary", "C"),
+    ("TimeZone", "UTC"),
+)
+# Text in UTF-8 whatever the database's encoding (LATIN1, WIN1252, ...): the decoder and
+# the event format read UTF-8. A libpq parameter of its own rather than a -c option.
+CLIENT_ENCODING: Final = "UTF8"
+
+# Connection parameters whose values are secrets (libpq's "*" display flag).
+SECRET_PARAMETERS: Final = ("password", "sslpassword")
+
+
+def parse_dsn(dsn: str) -> dict[str, Any]:
+    """The DSN's parameters (URL or ``key=value`` form).
+
+    Raises ConfigError when libpq cannot parse it, with libpq's reason stripped of every
+    quoted part (which may hold the password) and no chained cause (which would show it in a
+    traceback).
+    """
+    try:
+        return conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:
+        reason = redact(first_line(e))
+    # Outside the except block, so the message holding the DSN is not chained.
+    raise ConfigError(
+        f"invalid PostgreSQL DSN (postgres.dsn): {reason}; the DSN is not shown because it "
+        "may hold a password"
+    )
 
 
 def describe_dsn(dsn: str) -> str:
@@ -37,8 +81,46 @@ def first_line(e: BaseException) -> str:
 
 
 def redact(text: str) -> str:
-    """Drop quoted fragments, which may hold parts of a DSN (and so a password)."""
-    return re.sub(r"\"[^\"]*\"", '"…"', text)
+    """Drop everything between the first and the last double quote of libpq's message.
+
+    libpq quotes the parts of a DSN it complains about; a password may itself hold quotes,
+    so the whole span is dropped, not each quoted pair.
+    """
+    return re.sub(r"\".*\"", '"…"', text, flags=re.DOTALL)
+
+
+def secrets_of(params: dict[str, Any]) -> list[str]:
+    """The secret values of parsed DSN parameters, as they may appear in text: raw, and
+    percent-encoded as a URL would carry them."""
+    out: list[str] = []
+    for name in SECRET_PARAMETERS:
+        value = params.get(name)
+        if value:
+            out += [str(value), quote(str(value), safe=""), quote(str(value))]
+    return out
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret replaced by ``***``."""
+    for s in sorted(set(secrets), key=len, reverse=True):
+        if s:
+            text = text.replace(s, "***")
+    return text
+
+
+def _scrubbed(error: CdcError, secrets: list[str]) -> CdcError:
+    """The same error with the DSN's secrets scrubbed from its message."""
+    text = str(error)
+    clean = scrub(text, secrets)
+    if clean == text:
+        return error
+    return type(error)(clean)
+
+
+def session_options(existing: str | None = None) -> str:
+    """libpq ``options`` that pin :data:`SESSION_SETTINGS`, after the DSN's own (later wins)."""
+    pinned = " ".join(f"-c {name}={value}" for name, value in SESSION_SETTINGS)
+    return f"{existing} {pinned}" if existing else pinned
 
 
 def connect(
@@ -48,26 +130,41 @@ def connect(
     on_error: ErrorMapper | None = None,
     **kwargs: Any,
 ) -> psycopg.Connection[Any]:
-    """An autocommit connection (``kwargs`` go to :func:`psycopg.connect`).
+    """An autocommit connection with the pinned session settings (``kwargs`` go to
+    :func:`psycopg.connect`).
 
-    A DSN libpq cannot parse is a ConfigError whose text holds no quoted part of it. A failed
-    attempt goes through ``on_error``; without one, an OperationalError becomes
-    "PostgreSQL at host:port/db is unreachable" (ConnectionFailed, worth retrying).
+    A DSN libpq cannot parse is a ConfigError that quotes no part of it. A failed attempt
+    goes through ``on_error``; without one, an OperationalError becomes "PostgreSQL at
+    host:port/db is unreachable" (ConnectionFailed, worth retrying). Either way the DSN's
+    secrets are scrubbed from the message.
     """
+    params = parse_dsn(dsn)
+    secrets = secrets_of(params)
+    options = session_options(params.get("options"))
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=connect_timeout_s, **kwargs)
-    except psycopg.ProgrammingError as e:
-        # libpq could not parse the DSN; its message may quote parts of it, so redact.
-        raise ConfigError(f"invalid PostgreSQL DSN: {redact(first_line(e))}") from e
+        return psycopg.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=connect_timeout_s,
+            options=options,
+            client_encoding=CLIENT_ENCODING,
+            **kwargs,
+        )
     except psycopg.Error as e:
         if on_error is not None:
-            raise on_error(e) from e
+            raise _scrubbed(on_error(e), secrets) from e
         if not isinstance(e, psycopg.OperationalError):
-            raise
+            raise ConfigError(
+                scrub(
+                    f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(e)}", secrets
+                )
+            ) from e
         text = str(e).strip()
         # libpq's last line says why ("Connection refused", "timeout expired", ...).
         why = text.splitlines()[-1] if text else type(e).__name__
-        raise ConnectionFailed(f"PostgreSQL at {describe_dsn(dsn)} is unreachable: {why}") from e
+        raise ConnectionFailed(
+            scrub(f"PostgreSQL at {describe_dsn(dsn)} is unreachable: {why}", secrets)
+        ) from e
 
 
 def current_database(conn: psycopg.Connection[Any]) -> str:

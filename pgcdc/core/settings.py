@@ -55,6 +55,13 @@ class ValueFormat(StrEnum):
     AVRO = "avro"
 
 
+class UnproducibleRecords(StrEnum):
+    """What the reader does with a record Kafka refuses for good (too large, invalid)."""
+
+    FAIL = "fail"  # stop with one line naming the table and key; acknowledge nothing after it
+    DEAD_LETTER = "dead_letter"  # write it to kafka.dead_letter_topic with the reason; go on
+
+
 class PostgresSettings(BaseModel):
     model_config = _FROZEN
 
@@ -74,6 +81,8 @@ class PostgresSettings(BaseModel):
     complete_unchanged_toast: bool = True
     status_interval_s: float = Field(default=5.0, gt=0)
     proto_version: int = Field(default=1, ge=1, le=4)
+    # `cdc status` warns when the slot holds back more WAL than this (bytes).
+    retained_wal_warn_bytes: int = Field(default=1024**3, ge=1)
 
     @field_validator("tables", mode="before")
     @classmethod
@@ -119,6 +128,8 @@ class KafkaSettings(BaseModel):
     heartbeat_enabled: bool = True
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
+    # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
+    unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL
     # Extra librdkafka producer settings, merged over ours.
     producer: dict[str, str] = Field(default_factory=dict)
 

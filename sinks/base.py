@@ -26,13 +26,6 @@ from pgcdc.core.contract import (
     VersionOrder,
 )
 
-# Change.version packs the commit LSN above a 16-bit ordinal so that it fits OpenSearch's
-# external version, a signed 64-bit long: LSN < 2**47 (128 TiB of WAL) and ordinals are
-# clamped to 0xFFFF.
-ORDER_BITS: Final = 16
-MAX_ORDER: Final = (1 << ORDER_BITS) - 1
-MAX_VERSION_LSN: Final = (1 << (63 - ORDER_BITS)) - 1
-
 
 class Outcome(StrEnum):
     """What a follower did with one change."""
@@ -43,8 +36,11 @@ class Outcome(StrEnum):
 
 
 # Debezium writes the placeholder as text, as one-element arrays for array columns, and as
-# the placeholder's bytes (base64 in JSON) for bytea columns.
-_PLACEHOLDER_TEXTS: Final = frozenset(UNAVAILABLE_VALUE_PLACEHOLDERS)
+# the placeholder's bytes for binary columns: base64 or hex text, by binary.handling.mode.
+_PLACEHOLDER_HEX: Final = UNAVAILABLE_VALUE_PLACEHOLDER.encode().hex()
+PLACEHOLDER_TEXTS: Final = frozenset(
+    (*UNAVAILABLE_VALUE_PLACEHOLDERS, _PLACEHOLDER_HEX, _PLACEHOLDER_HEX.upper())
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +64,6 @@ class Change:
             raise ValueError(
                 f"commit_lsn and order must not be negative (got {self.commit_lsn}, {self.order})"
             )
-
-    @property
-    def version(self) -> int:
-        """``commit_lsn << 16 | min(order, 0xFFFF)``: a signed 64-bit external version.
-
-        Limits: the LSN must be below 2**47 (ValueError otherwise). Ordinals above 65535 are
-        clamped, so two changes to the same key both past the 65535th change of one
-        transaction share a version and only the first of them to arrive is kept.
-        """
-        if self.commit_lsn > MAX_VERSION_LSN:
-            raise ValueError(
-                f"commit LSN {self.commit_lsn:#x} is too large to pack into a 64-bit version"
-            )
-        return self.commit_lsn << ORDER_BITS | min(self.order, MAX_ORDER)
 
     @property
     def version_order(self) -> VersionOrder:
@@ -179,11 +161,18 @@ def _jsonable(value: Any) -> Any:
 
 
 def is_placeholder(value: Any) -> bool:
-    """True if ``value`` is Debezium's unchanged-TOAST placeholder in any of its forms."""
+    """True if ``value`` is Debezium's unchanged-TOAST placeholder in any of its forms: the
+    text, the placeholder's bytes as base64 or hex, or a one-element array of one of those.
+
+    Records of our reader name their unchanged columns in a header, whatever the value
+    (:func:`pgcdc.core.contract` ``HEADER_UNCHANGED``); this is for records from elsewhere,
+    and a safety net: a value in one of these forms is never written to a follower.
+    """
     if isinstance(value, str):
-        return value in _PLACEHOLDER_TEXTS
+        return value in PLACEHOLDER_TEXTS
     if isinstance(value, list) and len(value) == 1:
-        return bool(value[0] == UNAVAILABLE_VALUE_PLACEHOLDER)
+        only = value[0]
+        return isinstance(only, str) and only in PLACEHOLDER_TEXTS
     return False
 
 

@@ -1,6 +1,9 @@
 """The Redis follower's writer.
 
-Layout (``table`` is ``schema.table``):
+Layout (``table`` is the table id the jobs take from the topic, the contract's
+:func:`~pgcdc.core.contract.table_id`: ``<schema>.<table>`` with each part encoded as in topic
+names, so plain lower-case names read as they are, any other character is ``-HH``, and the
+id holds exactly one ``.`` and never ``:``; two tables never share a key):
 
 - ``<prefix>:<table>:<key>`` holds the row. ``value_mode="hash"``: a hash with one field per
   column whose value is the column's value as JSON, so types round-trip and SQL NULL is the
@@ -13,8 +16,9 @@ Layout (``table`` is ``schema.table``):
   refused. With ``ttl_s`` the version key expires with its row.
 - ``<prefix>:__watermark__:<job>`` holds a job's watermark LSN (20 digits), only increasing.
 
-Row keys' second segment is a table name, which contains a dot; the other keys' does not,
-so the namespaces cannot collide. Tables whose names contain ``:`` are refused.
+Row keys' second segment is a table id, which contains a dot; the other keys' does not,
+so the namespaces cannot collide. A table that is no table id (no ``.``, two of them, or a
+``:``) is refused.
 
 Every write goes through one Lua script (:data:`sinks.cache_script.SCRIPT`; loaded once,
 then EVALSHA, one pipeline per ``apply``) that compares the incoming version with the stored one and writes only if it is
@@ -330,5 +334,5 @@ class CacheSink:
 
 
 def _check_table(table: str) -> None:
-    if ":" in table or "." not in table:
-        raise SinkError(f"table {table!r} must be schema.table without ':'")
+    if ":" in table or table.count(".") != 1:
+        raise SinkError(f"table {table!r} must be a table id <schema>.<table> without ':'")

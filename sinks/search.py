@@ -1,16 +1,33 @@
 """The OpenSearch follower's writer.
 
-Every write carries ``Change.version`` as an external version, so the index itself rejects
-stale writes: a replayed or reordered change can never overwrite a newer one. Deletes carry
-the version too and leave a tombstone that OpenSearch remembers for ``index.gc_deletes``
-(see :mod:`sinks.search_index`).
+Versions. Every write carries its transaction's commit LSN as an external version with
+``version_type=external_gte``: OpenSearch refuses a write whose LSN is below the held one,
+so a replayed or reordered change of an older transaction never overwrites a newer one.
+Deletes carry the LSN too and leave a tombstone that OpenSearch remembers for
+``index.gc_deletes`` (see :mod:`sinks.search_index`). External versions are signed 64-bit,
+so the pair (commit LSN, order) does not fit; the order inside one transaction is decided
+before writing instead:
+
+- a batch keeps only the newest change per key by (commit LSN, order, Kafka offset)
+  (``spark_jobs.transforms.latest_per_key``, or :func:`sinks.base.one_per_key` here);
+- one key's events live in one Kafka partition and are applied in offset order, batch after
+  batch, so a write with the held LSN (same transaction) is never older than what it
+  replaces, and ``external_gte`` lets it through: a transaction that deletes and re-inserts
+  the same keys ends with the re-insert, however many changes it holds and however many
+  micro-batches it spans. Only an in-order replay of older batches rewrites older states of
+  a transaction for a moment, and it converges as it goes on.
+
+The rule holds below LSN 2**63 (8 EiB of WAL); a change beyond it stops the sink with one
+line (:func:`sinks.search_requests.check_versionable`).
 
 Unchanged TOAST columns: OpenSearch's partial ``update`` does not take an external version,
 so a change that leaves columns untouched is written as a whole document: the sink reads the
 held document (a realtime get, with its version), copies the held values of those columns
-into the new one and indexes it with the new external version. If the held document is
-already at this version or newer the change is stale and skipped. If there is no held
-document the columns are left out (never the placeholder) and the result says so.
+into the new one and indexes it with the new external version. The same rule decides: a held
+version above the change's LSN means the change is stale (skipped); an equal one is an
+earlier change of the same transaction (offset order), so it is merged over. No order is
+stored in the document: ``_source`` stays exactly the row. If there is no held document the
+columns are left out (never the placeholder) and the result says so.
 
 Race: a concurrent write to the same key between the read and the write is caught by the
 version check only if it is newer than ours. An older-than-ours, newer-than-held write
@@ -49,6 +66,7 @@ from sinks.search_requests import (
     RETRY,
     Retrying,
     bulk_action,
+    check_versionable,
     error_type,
     item_outcome,
     retryable_status,
@@ -186,9 +204,12 @@ class SearchSink:
 
         Raises :class:`RetryableSinkError` if OpenSearch stays unreachable (or answers 429/5xx
         to whole requests) through every retry, and :class:`SinkError` if it refuses a whole
-        request for a reason that is not about a document (e.g. authentication): the caller
-        fails the batch rather than dead-lettering it. Applying a batch again is safe.
+        request for a reason that is not about a document (e.g. authentication) or a commit
+        LSN cannot be a version: the caller fails the batch rather than dead-lettering it.
+        Applying a batch again is safe.
         """
+        for change in changes:
+            check_versionable(change)
         outcomes = BatchOutcomes(changes)
         ops: list[_Op] = []
         partial: list[tuple[int, Change, str]] = []
@@ -220,7 +241,6 @@ class SearchSink:
             raise SinkError("empty document id")
         if len(change.key.encode()) > _MAX_ID_BYTES:
             raise SinkError(f"document id is longer than {_MAX_ID_BYTES} bytes")
-        change.version  # noqa: B018 - raises ValueError for an LSN that does not fit
         return self.index_for(change.table)
 
     def _add_index_op(
@@ -266,7 +286,7 @@ class SearchSink:
                 note = f"unchanged columns {sorted(held)} not held by the follower: left out"
                 self._add_index_op(ops, outcomes, slot, change, index, values, note)
                 continue
-            if doc["_version"] >= change.version:
+            if doc["_version"] > change.commit_lsn:
                 outcomes.set(slot, Outcome.SKIPPED, "a newer version is held")
                 continue
             source = doc.get("_source", {})

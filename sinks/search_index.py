@@ -1,7 +1,10 @@
 """OpenSearch index layout: index names, index settings, and mappings from Connect schemas.
 
-Pure code, no I/O. One index per table, named ``<index_prefix>-<schema>.<table>`` in lower
-case, and one for the followers' watermarks.
+Pure code, no I/O. One index per table, named by the contract's
+:func:`~pgcdc.core.contract.table_index`: ``<index_prefix>-<schema>.<table>`` with each part
+encoded for index names (plain lower-case names unchanged; upper case, dots, spaces, quotes
+and unicode escaped as ``-hh``, so ``Orders`` and ``orders`` get indices of their own), and
+one index for the followers' watermarks.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from pgcdc.core.contract import table_index
 from pgcdc.core.errors import ConfigError, SinkError
 
 # OpenSearch's rules for index names: lower case, at most 255 bytes, not "." or "..",
@@ -102,9 +106,16 @@ _SEMANTIC_TYPES: Final[dict[str, dict[str, Any]]] = {
 
 
 def index_name(index_prefix: str, table: str) -> str:
-    """``<index_prefix>-<schema>.<table>`` in lower case; SinkError if OpenSearch would
-    refuse the name. Tables whose names differ only in case share an index."""
-    name = f"{index_prefix}-{table}".lower()
+    """The index of ``table``, a table id as the jobs take it from the topic
+    (``<schema>.<table>``, parts encoded as in topic names: :func:`~pgcdc.core.contract.table_id`).
+
+    Injective: two tables never share an index. SinkError if ``table`` is no table id or
+    OpenSearch would refuse the name (an unusable prefix).
+    """
+    try:
+        name = table_index(index_prefix, table)
+    except ValueError as e:
+        raise SinkError(f"table {table!r} is not a table id <schema>.<table>: {e}") from e
     problem = _index_name_problem(name)
     if problem:
         raise SinkError(f"table {table!r} gives index name {name!r}, which {problem}")

@@ -74,14 +74,30 @@ class Retrying:
         self.sleep(delay * random.uniform(0.5, 1.0))
 
 
+# OpenSearch's external versions are signed 64-bit longs.
+MAX_EXTERNAL_VERSION: Final = (1 << 63) - 1
+
+
+def check_versionable(change: Change) -> None:
+    """SinkError (not retryable, the job stops) if ``change``'s commit LSN is beyond the
+    largest external version: no later change could be ordered either, so failing fast is
+    the only honest answer (8 EiB of WAL over the cluster's life)."""
+    if change.commit_lsn > MAX_EXTERNAL_VERSION:
+        raise SinkError(
+            f"{change.table}/{change.key}: commit LSN {change.commit_lsn:#x} is beyond 2**63-1, "
+            "the largest external version OpenSearch takes; this follower cannot order it"
+        )
+
+
 def bulk_action(kind: str, index: str, change: Change) -> bytes:
-    """The bulk action line for ``change``, carrying its version as an external version."""
+    """The bulk action line for ``change``: its commit LSN as an ``external_gte`` version
+    (see :mod:`sinks.search` for why the LSN alone is enough)."""
     meta = {
         kind: {
             "_index": index,
             "_id": change.key,
-            "version": change.version,
-            "version_type": "external",
+            "version": change.commit_lsn,
+            "version_type": "external_gte",
         }
     }
     return orjson.dumps(meta) + b"\n"

@@ -100,6 +100,28 @@ def test_versions_beyond_53_bits_compare_exactly(sink: CacheSink) -> None:
     assert sink.read_row(T, "9") == {"v": "high"}
 
 
+def test_any_lsn_and_any_order_compare_exactly(sink: CacheSink) -> None:
+    """LSNs from 2**47 (where the search follower's old packed version overflowed) up to
+    2**64-1, and orders past 2**16 (where it was clamped), as exact pairs."""
+    lsns = [2**47 - 1, 2**47, 2**47 + 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1]
+    for lsn in lsns:
+        applied = sink.apply([Change(T, "8", lsn, 2**16, {"v": str(lsn)})])
+        assert _outcomes(applied) == ["applied"], lsn
+        assert sink.read_version(T, "8") == (lsn, 2**16)
+        # The same transaction, a later order: applied; an earlier one: refused.
+        later = {"v": f"later {lsn}"}
+        assert _outcomes(sink.apply([Change(T, "8", lsn, 2**16 + 1, later)])) == ["applied"]
+        assert _outcomes(sink.apply([Change(T, "8", lsn, 2**16 - 1, None)])) == ["skipped"]
+        assert sink.read_row(T, "8") == later
+    # A delete then a re-insert of the key, orders past 65535 in one transaction.
+    last = lsns[-1]
+    assert _outcomes(sink.apply([Change(T, "8", last, 10**9, None)])) == ["applied"]
+    assert sink.read_row(T, "8") is None
+    assert _outcomes(sink.apply([Change(T, "8", last, 10**9 + 1, {"v": "back"})])) == ["applied"]
+    assert sink.read_row(T, "8") == {"v": "back"}
+    assert sink.read_version(T, "8") == (last, 10**9 + 1)
+
+
 def test_replaying_a_batch_skips_everything(sink: CacheSink, raw: redis.Redis) -> None:
     batch = [Change(T, str(i), 500, i, {"id": i, "n": i * 2}) for i in range(50)]
     batch.append(Change(T, "7", 501, 0, None))
@@ -207,7 +229,7 @@ def test_a_refused_write_fails_alone(sink: CacheSink, raw: redis.Redis) -> None:
     assert sink.read_row(T, "ok") == {"id": "ok"}
     assert results[1].reason and "WRONGTYPE" in results[1].reason
     assert "not JSON" in (results[2].reason or "") or "serializable" in (results[2].reason or "")
-    assert "schema.table" in (results[3].reason or "")
+    assert "<schema>.<table>" in (results[3].reason or "")
     assert not any(r.retryable for r in results)
     assert raw.lrange(sink.row_key(T, "bad"), 0, -1) == [b"x"]
 

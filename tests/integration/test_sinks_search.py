@@ -10,7 +10,7 @@ import pytest
 from opensearchpy.exceptions import NotFoundError
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
-from pgcdc.core.errors import RetryableSinkError
+from pgcdc.core.errors import RetryableSinkError, SinkError
 from sinks.base import Change
 from sinks.search import SearchSink
 from tests.conftest import Endpoints, wait_until
@@ -58,13 +58,13 @@ def test_creates_updates_and_deletes(sink: SearchSink) -> None:
     )
     assert _outcomes(results) == ["applied", "applied"]
     assert _doc(sink, "1") == {
-        "version": Change(T, "1", 100, 0, None).version,
+        "version": 100,  # the commit LSN (external_gte)
         "source": {"id": 1, "status": "new", "note": None},
     }
     assert _outcomes(sink.apply([Change(T, "1", 200, 0, {"id": 1, "status": "paid"})])) == [
         "applied"
     ]
-    assert _doc(sink, "1") == {"version": 200 << 16, "source": {"id": 1, "status": "paid"}}
+    assert _doc(sink, "1") == {"version": 200, "source": {"id": 1, "status": "paid"}}
     assert _outcomes(sink.apply([Change(T, "2", 300, 0, None)])) == ["applied"]
     assert _doc(sink, "2") is None
     settings = sink.client.indices.get_settings(index=sink.index_for(T))
@@ -79,20 +79,57 @@ def test_creates_updates_and_deletes(sink: SearchSink) -> None:
 def test_stale_write_is_skipped_and_changes_nothing(sink: SearchSink) -> None:
     sink.apply([Change(T, "1", 0x2_0000_0000, 5, {"id": 1, "status": "newer"})])
     before = _doc(sink, "1")
-    results = sink.apply([Change(T, "1", 0x2_0000_0000, 4, {"id": 1, "status": "older"})])
-    results += sink.apply([Change(T, "1", 0x1_FFFF_FFFF, 99, {"id": 1, "status": "oldest"})])
+    results = sink.apply([Change(T, "1", 0x1_FFFF_FFFF, 99, {"id": 1, "status": "older"})])
+    results += sink.apply([Change(T, "1", 0x1_FFFF_FFFF, 0, None)])
     assert _outcomes(results) == ["skipped", "skipped"]
     assert _doc(sink, "1") == before
 
 
-def test_replaying_a_batch_skips_everything(sink: SearchSink) -> None:
+def test_a_later_change_of_the_same_transaction_wins_at_any_order(sink: SearchSink) -> None:
+    """The held LSN does not refuse a write of the same transaction: changes of one key come
+    in offset order, so it is the newer one (orders past 65535 collided before)."""
+    lsn = 0x2_0000_0000
+    sink.apply([Change(T, "1", lsn, 5, {"id": 1, "status": "first"})])
+    assert _outcomes(sink.apply([Change(T, "1", lsn, 70_000, None)])) == ["applied"]
+    assert _doc(sink, "1") is None
+    # The re-insert after the delete, in a later batch of the same transaction, comes back.
+    again = sink.apply([Change(T, "1", lsn, 140_001, {"id": 1, "status": "re-inserted"})])
+    assert _outcomes(again) == ["applied"]
+    assert _doc(sink, "1") == {"version": lsn, "source": {"id": 1, "status": "re-inserted"}}
+    # An older transaction is still refused, deletes included.
+    stale = sink.apply([Change(T, "1", lsn - 1, 0, None)])
+    assert _outcomes(stale) == ["skipped"]
+    assert _doc(sink, "1") == {"version": lsn, "source": {"id": 1, "status": "re-inserted"}}
+
+
+def test_lsns_beyond_2_to_the_47_are_exact_and_beyond_2_to_the_63_fail_fast(
+    sink: SearchSink,
+) -> None:
+    """The packed version overflowed at LSN 2**47 and every change was dead-lettered."""
+    for lsn in (2**47, 2**47 + 1, 2**63 - 2, 2**63 - 1):
+        assert _outcomes(sink.apply([Change(T, "1", lsn, 3, {"id": 1, "lsn": str(lsn)})])) == [
+            "applied"
+        ]
+        assert _doc(sink, "1") == {"version": lsn, "source": {"id": 1, "lsn": str(lsn)}}
+    assert _outcomes(sink.apply([Change(T, "1", 2**62, 0, {"id": 1})])) == ["skipped"]
+    with pytest.raises(SinkError, match=r"2\*\*63-1"):
+        sink.apply([Change(T, "2", 2**63, 0, {"id": 2})])
+    assert _doc(sink, "2") is None
+
+
+def test_replaying_a_batch_changes_nothing(sink: SearchSink) -> None:
     batch = [Change(T, str(i), 500, i, {"id": i, "n": i * 2}) for i in range(50)]
     batch.append(Change(T, "7", 501, 0, None))
     assert _outcomes(sink.apply(batch)).count("applied") == 50
     before = _all_docs(sink)
     assert len(before) == 49 and "7" not in before
+    # The same LSNs again: written over with the same values (external_gte), or skipped.
     again = sink.apply(batch)
-    assert set(_outcomes(again)) == {"skipped"}
+    assert set(_outcomes(again)) <= {"applied", "skipped"}
+    assert _all_docs(sink) == before
+    # A batch of an older transaction is refused outright.
+    older = [Change(T, str(i), 499, i, {"id": i, "n": -1}) for i in range(50)]
+    assert set(_outcomes(sink.apply(older))) == {"skipped"}
     assert _all_docs(sink) == before
 
 
@@ -116,7 +153,7 @@ def test_delete_then_late_older_insert_stays_deleted(sink: SearchSink) -> None:
     assert _doc(sink, "5") is None
     # A newer insert (the key re-used) does come back.
     assert _outcomes(sink.apply([Change(T, "1", 40, 0, {"id": 1, "again": True})])) == ["applied"]
-    assert _doc(sink, "1") == {"version": 40 << 16, "source": {"id": 1, "again": True}}
+    assert _doc(sink, "1") == {"version": 40, "source": {"id": 1, "again": True}}
 
 
 def test_unchanged_toast_keeps_the_held_value(sink: SearchSink) -> None:
@@ -127,18 +164,37 @@ def test_unchanged_toast_keeps_the_held_value(sink: SearchSink) -> None:
     )
     (result,) = sink.apply([update])
     assert (result.outcome, result.reason) == ("applied", None)
-    assert _doc(sink, "1") == {"version": 11 << 16, "source": {"id": 1, "body": body, "n": 2}}
+    assert _doc(sink, "1") == {"version": 11, "source": {"id": 1, "body": body, "n": 2}}
     # A stale partial change is skipped before anything is written.
     stale = Change(
         T, "1", 10, 5, {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 0}, frozenset({"body"})
     )
     assert _outcomes(sink.apply([stale])) == ["skipped"]
-    assert _doc(sink, "1") == {"version": 11 << 16, "source": {"id": 1, "body": body, "n": 2}}
+    assert _doc(sink, "1") == {"version": 11, "source": {"id": 1, "body": body, "n": 2}}
     sink.refresh_indices(T)
     found = sink.client.count(
         index=sink.index_for(T), body={"query": {"term": {"body": UNAVAILABLE_VALUE_PLACEHOLDER}}}
     )
     assert found["count"] == 0
+
+
+def test_unchanged_toast_merges_over_an_earlier_change_of_the_same_transaction(
+    sink: SearchSink,
+) -> None:
+    """Held at the change's own LSN: an earlier change of the same transaction (offset
+    order), so the partial change is merged over it, at any order."""
+    body = "word " * 5_000
+    sink.apply([Change(T, "1", 30, 70_000, {"id": 1, "body": body, "n": 1})])
+    partial = Change(T, "1", 30, 70_001, {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 2})
+    (result,) = sink.apply([partial])
+    assert (result.outcome, result.reason) == ("applied", None)
+    assert _doc(sink, "1") == {"version": 30, "source": {"id": 1, "body": body, "n": 2}}
+    # Hex placeholders (binary.handling.mode=hex) are recognised too, never written.
+    hex_partial = Change(
+        T, "1", 31, 0, {"id": 1, "body": UNAVAILABLE_VALUE_PLACEHOLDER.encode().hex(), "n": 3}
+    )
+    assert _outcomes(sink.apply([hex_partial])) == ["applied"]
+    assert _doc(sink, "1") == {"version": 31, "source": {"id": 1, "body": body, "n": 3}}
 
 
 def test_unchanged_toast_without_a_held_doc_leaves_the_column_out(sink: SearchSink) -> None:
@@ -148,7 +204,7 @@ def test_unchanged_toast_without_a_held_doc_leaves_the_column_out(sink: SearchSi
     (result,) = sink.apply([update])
     assert result.outcome == "applied"
     assert result.reason and "body" in result.reason
-    assert _doc(sink, "3") == {"version": 11 << 16, "source": {"id": 3}}
+    assert _doc(sink, "3") == {"version": 11, "source": {"id": 3}}
 
 
 def test_a_refused_document_fails_alone(sink: SearchSink) -> None:
@@ -159,18 +215,18 @@ def test_a_refused_document_fails_alone(sink: SearchSink) -> None:
             Change(T, "3", 20, 1, {"id": 3, "qty": "three"}),
             Change(T, "4", 20, 2, {"id": 4, "qty": 7}),
             Change(T, "x" * 600, 20, 3, {"id": 5}),
-            Change("public.bad name", "1", 20, 4, {"id": 6}),
+            Change("public", "1", 20, 4, {"id": 6}),  # no table id
             Change(T, "6", 20, 5, {"id": object()}),
-            Change(T, "7", 2**47, 0, {"id": 7}),  # an LSN too large for a 64-bit version
+            Change(T, "7", 2**47, 0, {"id": 7}),  # was too large for the packed version
         ]
     )
     outcomes = _outcomes(results)
-    assert outcomes == ["applied", "failed", "applied", "failed", "failed", "failed", "failed"]
-    assert "too large" in (results[6].reason or "")
+    assert outcomes == ["applied", "failed", "applied", "failed", "failed", "failed", "applied"]
+    assert "not JSON" in (results[5].reason or "")
     reason = results[1].reason or ""
     assert "mapper_parsing_exception" in reason and "qty" in reason
     assert "512 bytes" in (results[3].reason or "")
-    assert "forbidden" in (results[4].reason or "")
+    assert "table id" in (results[4].reason or "")
     assert not any(r.retryable for r in results)
     assert _doc(sink, "3") is None
     assert [_doc(sink, k)["source"]["qty"] for k in ("2", "4")] == [5, 7]  # type: ignore[index]
@@ -308,7 +364,7 @@ def test_throttled_documents_are_retried_with_backoff(
         )
         assert _outcomes(results) == ["applied", "applied"]
         assert len(delays) == 1
-        assert _doc(sink, "1") == {"version": 20 << 16, "source": {"id": 1, "n": 2}}
+        assert _doc(sink, "1") == {"version": 20, "source": {"id": 1, "n": 2}}
     finally:
         _block_writes(sink, False)
         sink.close()
@@ -331,7 +387,7 @@ def test_documents_still_throttled_after_every_retry_fail_retryable(
     finally:
         _block_writes(sink, False)
         sink.close()
-    assert _doc(sink, "1") == {"version": 10 << 16, "source": {"id": 1}}
+    assert _doc(sink, "1") == {"version": 10, "source": {"id": 1}}
 
 
 def test_an_unreachable_cluster_raises_retryable() -> None:

@@ -1,4 +1,5 @@
-"""Pure parts of the sink contract: ids, versions, batch reduction, unchanged TOAST."""
+"""Pure parts of the sink contract: ids, batch reduction, unchanged TOAST. (The search
+follower's external versions are tested in test_search_versions.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from hypothesis import strategies as st
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks.base import (
-    MAX_ORDER,
-    MAX_VERSION_LSN,
     ApplyResult,
     BatchOutcomes,
     Change,
@@ -88,40 +87,31 @@ def test_key_id_refuses_empty_and_unknown() -> None:
         key_id({"a": object()})
 
 
-positions = st.tuples(
-    st.integers(min_value=0, max_value=MAX_VERSION_LSN),
-    st.integers(min_value=0, max_value=MAX_ORDER),
-)
-
-
-@given(positions, positions)
-def test_version_orders_like_the_position(a: tuple[int, int], b: tuple[int, int]) -> None:
-    va = Change("public.t", "1", a[0], a[1], {}).version
-    vb = Change("public.t", "1", b[0], b[1], {}).version
-    assert 0 <= va < 2**63
-    assert (va < vb) == (a < b)
-    assert (va == vb) == (a == b)
-
-
-@given(st.integers(min_value=0, max_value=MAX_VERSION_LSN), st.integers(min_value=MAX_ORDER))
-def test_version_clamps_the_ordinal(lsn: int, order: int) -> None:
-    assert Change("public.t", "1", lsn, order, {}).version == (lsn << 16) | 0xFFFF
-
-
-def test_version_refuses_an_lsn_that_does_not_fit() -> None:
-    with pytest.raises(ValueError, match="too large"):
-        _ = Change("public.t", "1", MAX_VERSION_LSN + 1, 0, {}).version
+def test_change_refuses_negative_positions() -> None:
     with pytest.raises(ValueError):
         Change("public.t", "1", -1, 0, {})
+    with pytest.raises(ValueError):
+        Change("public.t", "1", 0, -1, {})
+    # Any LSN and any order are exact: nothing is packed or clamped.
+    big = Change("public.t", "1", 2**64 - 1, 2**40, {})
+    assert big.version_order == VersionOrder(2**64 - 1, 2**40)
 
 
 def test_placeholder_forms() -> None:
+    raw = UNAVAILABLE_VALUE_PLACEHOLDER.encode()
     assert is_placeholder(UNAVAILABLE_VALUE_PLACEHOLDER)
     assert is_placeholder([UNAVAILABLE_VALUE_PLACEHOLDER])
-    assert is_placeholder(base64.b64encode(UNAVAILABLE_VALUE_PLACEHOLDER.encode()).decode())
+    assert is_placeholder(base64.b64encode(raw).decode())
+    # binary.handling.mode=hex, and arrays of binary values in either mode
+    assert is_placeholder(raw.hex())
+    assert is_placeholder(raw.hex().upper())
+    assert is_placeholder([raw.hex()])
+    assert is_placeholder([base64.b64encode(raw).decode()])
     assert not is_placeholder("x")
     assert not is_placeholder(None)
     assert not is_placeholder(float("nan"))
+    assert not is_placeholder([UNAVAILABLE_VALUE_PLACEHOLDER, "x"])
+    assert not is_placeholder([None])
 
 
 def test_split_unchanged_never_keeps_the_placeholder() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, SinkError
 from sinks.search_index import (
     check_index_prefix,
@@ -175,12 +176,34 @@ def test_row_fields_reads_the_after_struct() -> None:
 
 
 def test_index_names() -> None:
-    assert index_name("cdc", "public.Orders") == "cdc-public.orders"
-    for bad in ("public.a b", "public.a*", "public.a:b", 'public."x"', "public.a#b"):
-        with pytest.raises(SinkError, match="forbidden"):
+    # Plain lower-case names are unchanged; table ids come from topics (contract.table_id).
+    assert index_name("cdc", "public.orders") == "cdc-public.orders"
+    assert index_name("CDC", "public.orders") == "cdc-public.orders"
+    # Was lower-cased (Orders and orders shared an index): upper case is escaped now.
+    assert index_name("cdc", "public.Orders") == "cdc-public.-4frders"
+    # Names OpenSearch would refuse as they are are encoded, not refused.
+    awkward = [
+        table_id("public", n) for n in ("a b", "a*", "a:b", '"x"', "a#b", "Orders", "orders")
+    ]
+    names = [index_name("cdc", t) for t in awkward]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert name == name.lower() and not set(name) & set('\\/*?"<>| ,#:')
+    # The pairs that collided before get indices of their own.
+    pairs = [
+        (table_id("public", "order.items"), table_id("public.order", "items")),
+        (table_id("public", "Café"), table_id("public", "Caf_")),
+        (table_id("public", "Orders"), table_id("public", "orders")),
+    ]
+    for a, b in pairs:
+        assert index_name("cdc", a) != index_name("cdc", b)
+    # A very long name is shortened (with a hash), never refused.
+    long_name = index_name("cdc", table_id("public", "é" * 63))
+    assert len(long_name.encode()) <= 255
+    assert long_name != index_name("cdc", table_id("public", "é" * 62 + "e"))
+    for bad in ("public", "a.b.c"):
+        with pytest.raises(SinkError, match="table id"):
             index_name("cdc", bad)
-    with pytest.raises(SinkError, match="255"):
-        index_name("cdc", "public." + "x" * 300)
     with pytest.raises(SinkError, match="starts with"):
         index_name("_cdc", "public.t")
 

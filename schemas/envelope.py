@@ -22,6 +22,8 @@ from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from schemas.plan import EncodePlan
 
 _SNAPSHOT_SET = frozenset(SNAPSHOT_VALUES)
+# Plans kept at most: far more tables than a database usually captures.
+MAX_CACHED_PLANS = 10_000
 
 
 def sequence(last_commit_lsn: int | None, lsn: int | None) -> str:
@@ -51,15 +53,27 @@ class EventEncoder:
         self.server_name = settings.server_name or topic_prefix
         self.version = pgcdc.__version__
         self.format = format_for(settings) if event_format is None else event_format
-        self._plans: dict[int, EncodePlan] = {}
+        # One plan per table, by name: a new description of a table (a Relation message
+        # after DDL, sent again and again on a long-running stream) replaces its old plan
+        # instead of adding one, so the cache holds as many plans as there are tables.
+        self._plans: dict[tuple[str, str], EncodePlan] = {}
         self._tx_metadata = settings.provide_transaction_metadata
 
     def plan(self, table: TableSchema) -> EncodePlan:
-        """The table's precomputed plan (cached by identity of the TableSchema object)."""
-        plan = self._plans.get(id(table))
-        if plan is None or plan.table is not table:
-            plan = EncodePlan(table, self.settings, self.topic_prefix)
-            self._plans[id(table)] = plan
+        """The table's precomputed plan, built again when the table's description changes."""
+        plan = self._plans.get((table.schema, table.table))
+        if plan is not None:
+            if plan.table is table:
+                return plan
+            if plan.table == table:  # the same description, loaded again
+                plan.table = table  # so the next lookup is an identity check
+                return plan
+        plan = EncodePlan(table, self.settings, self.topic_prefix)
+        plans = self._plans
+        if len(plans) >= MAX_CACHED_PLANS and (table.schema, table.table) not in plans:
+            # Tables renamed over and over: forget the oldest (it is rebuilt if needed).
+            del plans[next(iter(plans))]
+        plans[(table.schema, table.table)] = plan
         return plan
 
     def topic(self, table: TableSchema) -> str:
@@ -198,7 +212,7 @@ class EventEncoder:
         ``encode_value(...)``; the JSON format converts the key columns once, for the
         value, and the key reuses them.
         """
-        plan = self._plans.get(id(table))
+        plan = self._plans.get((table.schema, table.table))
         if plan is None or plan.table is not table:
             plan = self.plan(table)
         fmt = self.format

@@ -145,17 +145,25 @@ def format_utc_time(micros_of_day: int) -> str:
     return f"{h:02d}:{mi:02d}:{s:02d}{format_fraction(micros, None)}Z"
 
 
-def parse_array(text: str) -> list[object]:
-    """An array literal (``{1,2,NULL}``, ``{{"a b",c}}``) → nested lists of ``str | None``."""
+# The element delimiter of every built-in type's arrays but box's (pg_type.typdelim).
+ARRAY_DELIMITER = ","
+BOX_ARRAY_DELIMITER = ";"  # a box's own text holds commas: "(1,1),(0,0)"
+
+
+def parse_array(text: str, delimiter: str = ARRAY_DELIMITER) -> list[object]:
+    """An array literal (``{1,2,NULL}``, ``{{"a b",c}}``) → nested lists of ``str | None``.
+
+    ``delimiter`` is the element type's ``typdelim``: ``;`` for ``box``, ``,`` otherwise.
+    """
     if text.startswith("["):  # explicit bounds, e.g. "[0:1]={1,2}"
         text = text[text.index("=") + 1 :]
-    pos, out = _parse_array_at(text, 0)
+    pos, out = _parse_array_at(text, 0, delimiter)
     if pos != len(text):
         raise SchemaError(f"trailing characters after array literal: {text!r}")
     return out
 
 
-def _parse_array_at(text: str, pos: int) -> tuple[int, list[object]]:
+def _parse_array_at(text: str, pos: int, delimiter: str) -> tuple[int, list[object]]:
     if pos >= len(text) or text[pos] != "{":
         raise SchemaError(f"not an array literal: {text!r}")
     pos += 1
@@ -163,10 +171,11 @@ def _parse_array_at(text: str, pos: int) -> tuple[int, list[object]]:
     if text[pos : pos + 1] == "}":
         return pos + 1, items
     n = len(text)
+    stops = (delimiter, "}")
     while pos < n:
         c = text[pos]
         if c == "{":
-            pos, sub = _parse_array_at(text, pos)
+            pos, sub = _parse_array_at(text, pos, delimiter)
             items.append(sub)
         elif c == '"':
             pos += 1
@@ -180,14 +189,14 @@ def _parse_array_at(text: str, pos: int) -> tuple[int, list[object]]:
             items.append("".join(buf))
         else:
             end = pos
-            while end < n and text[end] not in ",}":
+            while end < n and text[end] not in stops:
                 end += 1
             token = text[pos:end]
             items.append(None if token == "NULL" else token)
             pos = end
         if pos >= n:
             break
-        if text[pos] == ",":
+        if text[pos] == delimiter:
             pos += 1
         elif text[pos] == "}":
             return pos + 1, items

@@ -41,7 +41,7 @@ from schemas.convert import (
     unscaled_bytes,
 )
 from schemas.model import Column, PgType
-from schemas.pgtext import parse_array, parse_time
+from schemas.pgtext import ARRAY_DELIMITER, BOX_ARRAY_DELIMITER, parse_array, parse_time
 
 # Debezium's money.fraction.digits default.
 MONEY_FRACTION_DIGITS = 2
@@ -288,6 +288,13 @@ def type_codec(
     return Codec(schema, None, ph)
 
 
+def array_delimiter(element: PgType) -> str:
+    """The delimiter between the elements of an array of ``element`` (its typdelim)."""
+    while element.base is not None:  # a domain's arrays use its base type's delimiter
+        element = element.base
+    return BOX_ARRAY_DELIMITER if element.name == "box" else ARRAY_DELIMITER
+
+
 def _array_codec(
     col: str, element: PgType, typmod: int, optional: bool, settings: SchemaSettings
 ) -> Codec:
@@ -307,8 +314,10 @@ def _array_codec(
                 out.append(conv(v))
         return out
 
+    delimiter = array_delimiter(element)
+
     def convert(text: str) -> list[Any]:
-        return convert_items(parse_array(text))
+        return convert_items(parse_array(text, delimiter))
 
     placeholder = None if el.placeholder is None else [el.placeholder]
     return Codec(connect_schema("array", optional, items=el.schema), convert, placeholder)

@@ -6,6 +6,11 @@ pipeline's thread) decrement it. :meth:`Publisher.acked_lsn` advances past a tra
 when it is closed (its Commit seen) and every one of its records is acknowledged, and only if
 every earlier transaction is too. Counters, not lists: a 200k-row transaction costs one small
 object here, and the producer queue bounds how much is in flight.
+
+A record Kafka refuses for good (:mod:`cdc.dead_letters`) either stops the reader (nothing
+after it is acknowledged) or, with ``kafka.unproducible_records = dead_letter``, is replaced
+by a letter on the dead-letter topic that counts for its transaction in its place: the
+transaction is acknowledged once the letter is.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
 
+from cdc.dead_letters import RefusedRecord, fail_message, is_permanent, letter
 from cdc.kafka_clients import (
     admin_client,
     cluster_metadata,
@@ -26,10 +33,10 @@ from cdc.kafka_clients import (
     rdkafka_log,
     read_topic,
 )
-from pgcdc.core.contract import Headers
+from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
 from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
-from pgcdc.core.settings import KafkaSettings
+from pgcdc.core.settings import KafkaSettings, UnproducibleRecords
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ log = logging.getLogger(__name__)
 # Kafka's default limit is 1 MB: table topics and the producer allow 64 MiB records.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES)}
+# The dead-letter topic, when the reader creates it: letters are kept, not compacted.
+DEAD_LETTER_TOPIC_CONFIG = {"cleanup.policy": "delete"}
 
 
 def producer_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -78,7 +87,7 @@ class TxnTracker:
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self.pending -= 1
         if err is not None:
-            self._publisher.record_failure(err, msg)
+            self._publisher.record_failure(err, msg, self)
         # The latency histogram needs a sample, not every record: 1 in 64.
         elif self._publisher.latency_observer is not None and not self.pending & 63:
             ts_type, ts = msg.timestamp()
@@ -123,6 +132,11 @@ class Publisher:
         self._known_topics: set[str] = set()
         self._acks = AckQueue()
         self._failure: PublishError | None = None
+        self._dead_letter = settings.unproducible_records is UnproducibleRecords.DEAD_LETTER
+        # Refused records waiting for their letter (written outside librdkafka's callbacks).
+        self._refused: list[tuple[RefusedRecord, TxnTracker]] = []
+        self._dead_letter_topic_ready = False
+        self.dead_letters = 0  # letters written so far
         self.produced = 0  # records queued so far; paces the polls in send()
         # Called with a sample of delivery latencies (seconds) when metrics are on.
         self.latency_observer: Callable[[float], None] | None = None
@@ -134,8 +148,14 @@ class Publisher:
         md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
         self._known_topics.update(md.topics)
 
-    def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
-        """Create missing topics as compacted, with ``partitions`` (default: configured)."""
+    def ensure_topics(
+        self,
+        topics: Sequence[str],
+        partitions: int | None = None,
+        config: dict[str, str] | None = None,
+    ) -> None:
+        """Create missing topics with ``partitions`` (default: configured) and ``config``
+        (default: compacted table topics)."""
         missing = [t for t in topics if t not in self._known_topics]
         if not missing:
             return
@@ -148,7 +168,7 @@ class Publisher:
                 t,
                 partitions or self.settings.partitions,
                 self.settings.replication_factor,
-                config=dict(TABLE_TOPIC_CONFIG),
+                config=dict(TABLE_TOPIC_CONFIG if config is None else config),
             )
             for t in missing
         ]
@@ -194,22 +214,44 @@ class Publisher:
         """Queue one record; waits (serving delivery reports) while the queue is full."""
         self.raise_if_failed()
         txn.pending += 1
-        while True:
-            try:
-                self._producer.produce(
-                    topic, value=value, key=key, headers=headers, on_delivery=txn.on_delivery
-                )
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-                self.raise_if_failed()
-            except KafkaException as e:
+        try:
+            self._produce(topic, key, value, headers, txn.on_delivery)
+        except KafkaException as e:
+            err = e.args[0]
+            if not is_permanent(err.code()):
                 txn.pending -= 1
-                raise PublishError(f"cannot produce to {topic}: {e.args[0].str()}") from e
+                raise PublishError(f"cannot produce to {topic}: {err.str()}") from e
+            # Refused before it left (larger than the producer takes): the same as a refusal
+            # by the broker; its pending count passes to the letter, if one is written.
+            refused = RefusedRecord.of(topic, key, value, headers, err.str())
+            if not self._dead_letter:
+                txn.pending -= 1
+                self._failure = PublishError(self._fail_message(refused))
+                raise self._failure from e
+            self._write_letter(refused, txn)
         self.produced += 1
         # Serve delivery callbacks now and then without blocking.
         if self.produced & 0x3FF == 0:
             self._producer.poll(0)
+            self.raise_if_failed()
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """Queue one record, serving delivery reports while the queue is full."""
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.05)
 
     def close_txn(self, txn: TxnTracker, end_lsn: Lsn) -> None:
         """The transaction's Commit was seen: it may be acknowledged up to ``end_lsn``."""
@@ -218,14 +260,63 @@ class Publisher:
 
     # --- acknowledgment -----------------------------------------------------------------
 
-    def record_failure(self, err: KafkaError, msg: Message) -> None:
-        if self._failure is None:
-            self._failure = PublishError(
-                f"Kafka did not accept a record for {msg.topic()}: {err.str()}"
-            )
+    def record_failure(self, err: KafkaError, msg: Message, txn: TxnTracker) -> None:
+        """A delivery failed (run inside librdkafka's callback: no producing here).
+
+        A permanent refusal of a change record is dead-lettered when the settings say so:
+        ``txn`` then waits for the letter in the record's place. Anything else stops the
+        reader, and nothing after it is acknowledged.
+        """
+        if self._failure is not None:
+            return
+        topic = msg.topic() or "?"
+        # A delivery report carries no headers: the transaction knows the commit LSN.
+        headers = msg.headers() or [(HEADER_COMMIT_LSN, str(txn.commit_lsn.value).encode())]
+        refused = RefusedRecord.of(topic, msg.key(), msg.value(), headers, err.str())
+        letterable = topic != self.settings.dead_letter_topic and is_permanent(err.code())
+        if letterable and self._dead_letter:
+            txn.pending += 1
+            self._refused.append((refused, txn))
+        elif letterable:
+            self._failure = PublishError(self._fail_message(refused))
+        else:
+            self._failure = PublishError(f"Kafka did not accept a record for {topic}: {err.str()}")
+
+    def _fail_message(self, refused: RefusedRecord) -> str:
+        s = self.settings
+        return fail_message(refused, s.topic_prefix, s.dead_letter_topic)
+
+    def _write_letter(self, refused: RefusedRecord, txn: TxnTracker) -> None:
+        """Produce the letter for ``refused``; it counts for ``txn`` (already pending)."""
+        topic = self.settings.dead_letter_topic
+        if not self._dead_letter_topic_ready:
+            self.ensure_topics([topic], partitions=1, config=DEAD_LETTER_TOPIC_CONFIG)
+            self._dead_letter_topic_ready = True
+        log.warning(
+            "record refused by Kafka written to the dead-letter topic: %s",
+            refused.reason,
+            extra={"topic": refused.topic, "dead_letter_topic": topic},
+        )
+        headers: Headers = [(k, v) for k, v in refused.headers]
+        prefix = self.settings.topic_prefix
+        try:
+            self._produce(topic, refused.key, letter(refused, prefix), headers, txn.on_delivery)
+        except KafkaException as e:
+            if not is_permanent(e.args[0].code()) or refused.value is None:
+                raise PublishError(
+                    f"cannot write a dead letter to {topic}: {e.args[0].str()}"
+                ) from e
+            # Too large with the value in it: the letter says the value's size only.
+            bare = letter(replace(refused, value=None, value_size=refused.size), prefix)
+            self._produce(topic, refused.key, bare, headers, txn.on_delivery)
+        self.dead_letters += 1
 
     def raise_if_failed(self) -> None:
-        """A delivery failed: stop (nothing after the failure may be acknowledged)."""
+        """Write the letters of records refused since the last call; then, if a delivery
+        failed, stop (nothing after the failure may be acknowledged)."""
+        while self._refused and self._failure is None:
+            refused, txn = self._refused.pop(0)
+            self._write_letter(refused, txn)
         if self._failure is not None:
             raise self._failure
 
@@ -247,15 +338,16 @@ class Publisher:
     def flush(self, timeout_s: float = 60.0) -> None:
         """Wait until everything queued is acknowledged (or fail)."""
         deadline = time.monotonic() + timeout_s
-        while len(self._producer) > 0:
+        while True:
+            self._producer.poll(0)
+            self.raise_if_failed()  # also writes letters a poll asked for
+            if len(self._producer) == 0 and not self._refused:
+                return
             if time.monotonic() > deadline:
                 raise PublishError(
                     f"{len(self._producer)} records not acknowledged by Kafka after {timeout_s}s"
                 )
             self._producer.flush(min(1.0, max(0.01, deadline - time.monotonic())))
-            self.raise_if_failed()
-        self._producer.poll(0)
-        self.raise_if_failed()
 
     def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         """A record outside any transaction (heartbeats); failures are only logged."""

@@ -1,11 +1,14 @@
 """The ``cdc`` command line: run the reader, show its status, reset its state.
 
 Every error the reader raises on purpose ends as one line ``error: ...`` on stderr and a
-non-zero exit status; ``--debug`` shows the traceback too.
+non-zero exit status; ``--debug`` shows the traceback too. Whatever reaches the terminal (the
+error line, log lines, tracebacks) is scrubbed of the settings' secrets (passwords in the
+DSN and the followers' URLs, Kafka SASL passwords), in case a library quotes one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -15,12 +18,16 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from cdc.connection import MIN_SCRUBBED_CHARS, scrub, secrets_of
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
 
 log = logging.getLogger("cdc")
 T = TypeVar("T")
+
+# The loaded settings' secrets, scrubbed from every line this process prints.
+_SECRETS: list[str] = []
 
 app = typer.Typer(
     help="PostgreSQL change data capture into Kafka (Debezium-compatible events).",
@@ -47,8 +54,46 @@ def _setup_logging(settings: Settings, debug: bool, level: str | None = None) ->
     configure_logging(
         logging.DEBUG if debug else (level or settings.log_level), json_logs=settings.log_json
     )
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_ScrubbingFormatter(handler.formatter or logging.Formatter()))
     # librdkafka reports every failed connection attempt; that is noise unless debugging.
     logging.getLogger("cdc.librdkafka").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+
+
+class _ScrubbingFormatter(logging.Formatter):
+    """Formats with ``inner``, then scrubs the secrets (message, fields and traceback)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return scrub(self._inner.format(record), _SECRETS)
+
+
+def _secrets(settings: Settings) -> list[str]:
+    """Every secret the settings hold, as it could appear in text."""
+    from urllib.parse import unquote, urlsplit
+
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    dsn = settings.postgres.dsn.get_secret_value()
+    out = [dsn]
+    # Unparseable: the run stops with a line that quotes none of it.
+    with contextlib.suppress(psycopg.ProgrammingError):
+        out += secrets_of(conninfo_to_dict(dsn))
+    for url in (settings.redis.url, settings.search.url):
+        text = url.get_secret_value()
+        out.append(text)
+        try:
+            password = urlsplit(text).password
+        except ValueError:
+            password = None
+        if password:
+            out += [password, unquote(password)]
+    out += [v for k, v in settings.kafka.producer.items() if "password" in k or "secret" in k]
+    return [s for s in out if len(s) >= MIN_SCRUBBED_CHARS]
 
 
 def _log_overrides(log_json: bool) -> dict[str, Any]:
@@ -62,12 +107,12 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
     except CdcError as e:
         if debug:
             log.exception("failed")
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(scrub(f"error: {e}", _SECRETS), err=True)
         raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
     except Exception as e:
         if debug:
             log.exception("unexpected failure")
-        typer.echo(f"error: unexpected {type(e).__name__}: {e}", err=True)
+        typer.echo(scrub(f"error: unexpected {type(e).__name__}: {e}", _SECRETS), err=True)
         raise typer.Exit(1) from None
 
 
@@ -75,7 +120,9 @@ def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
     from pydantic_settings import SettingsError
 
     try:
-        return load_settings(config, overrides)
+        settings = load_settings(config, overrides)
+        _SECRETS[:] = _secrets(settings)
+        return settings
     except SettingsError as e:  # e.g. an environment variable that is not valid JSON
         cause = f" ({e.__cause__})" if e.__cause__ else ""
         raise ConfigError(f"{e}{cause}") from e
@@ -184,7 +231,9 @@ def status(config: ConfigOpt = None, debug: DebugOpt = False, log_json: LogJsonO
         from sinks.status import status_hook
 
         status = gather_status(settings, sections={"followers": status_hook})
-        typer.echo(json.dumps(status, indent=2))
+        typer.echo(scrub(json.dumps(status, indent=2), _SECRETS))
+        for warning in status["warnings"]:
+            typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
 
     _guard(debug, go)
 

@@ -36,6 +36,14 @@ class SlotInfo:
     active_pid: int | None
     confirmed_flush_lsn: Lsn | None
     restart_lsn: Lsn | None
+    # reserved | extended | unreserved | lost (PostgreSQL 13+); lost: the server removed WAL
+    # the slot still needed (max_slot_wal_keep_size), so it can never stream again.
+    wal_status: str | None = None
+    safe_wal_size: int | None = None  # bytes left before the slot is lost (None: no limit)
+
+    @property
+    def lost(self) -> bool:
+        return self.wal_status == "lost"
 
 
 def check_wal_level(conn: psycopg.Connection[Any]) -> None:
@@ -57,13 +65,23 @@ def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
     """The slot as the server sees it, or None if it does not exist."""
     row = conn.execute(
         "SELECT slot_name, plugin, database, active, active_pid, "
-        "confirmed_flush_lsn::text, restart_lsn::text "
+        "confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size "
         "FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     if row is None:
         return None
-    return SlotInfo(row[0], row[1], row[2], bool(row[3]), row[4], _lsn(row[5]), _lsn(row[6]))
+    return SlotInfo(
+        row[0],
+        row[1],
+        row[2],
+        bool(row[3]),
+        row[4],
+        _lsn(row[5]),
+        _lsn(row[6]),
+        row[7],
+        None if row[8] is None else int(row[8]),
+    )
 
 
 def wait_slot_released(
@@ -183,6 +201,20 @@ def _recovery_hint(slot: str, state: ReaderState) -> str:
     )
 
 
+def lost_slot_error(slot: str, info: SlotInfo, state: ReaderState | None) -> SlotError:
+    """The one line for a slot the server invalidated (``wal_status = lost``), with the ways
+    out. The slot is left alone: dropping it is the user's decision."""
+    acked = state.acked_lsn if state is not None and state.acked_lsn else info.confirmed_flush_lsn
+    return SlotError(
+        f"replication slot {slot} is lost (wal_status = lost): the server removed WAL it "
+        f"still needed (max_slot_wal_keep_size), so changes after LSN {acked} can no longer "
+        "be streamed. To recover with a new snapshot: rerun with --snapshot-mode when_needed "
+        "(CDC_POSTGRES__SNAPSHOT_MODE=when_needed; it drops this slot and snapshots again), or "
+        "run `cdc reset-state --drop-slot` and start again; to avoid it, raise "
+        "max_slot_wal_keep_size or keep the reader running"
+    )
+
+
 def plan_start(
     mode: SnapshotMode, slot: str, info: SlotInfo | None, state: ReaderState | None
 ) -> StartPlan:
@@ -200,6 +232,15 @@ def plan_start(
                 f"replication slot {slot} is in use by process {info.active_pid}; "
                 "is another reader running?"
             )
+        if info.lost and (phase is Phase.STREAMING or mode is SnapshotMode.NO_DATA):
+            if mode is SnapshotMode.WHEN_NEEDED:
+                return StartPlan(
+                    Action.SNAPSHOT,
+                    drop_existing_slot=True,
+                    reason=f"slot {slot} is lost (wal_status = lost); dropping it and taking "
+                    "a new snapshot (when_needed)",
+                )
+            raise lost_slot_error(slot, info, state)
         if phase is Phase.STREAMING or mode is SnapshotMode.NO_DATA:
             return StartPlan(Action.STREAM)
         # The slot exists but its snapshot never completed: its exported snapshot is gone, so

@@ -1,5 +1,9 @@
 """``cdc status``: where the reader stands, read from PostgreSQL and Kafka.
 
+Besides the figures it lists ``warnings``: a lost slot, or one that retains more WAL than
+``postgres.retained_wal_warn_bytes`` (a stopped reader makes the server keep WAL until its
+disk fills). No DSN or password is ever part of it.
+
 The reader knows only its own part (slot, state, topics). The entry point that calls
 :func:`gather_status` passes any further sections (e.g. the followers' watermarks): each is
 a function of the settings that returns a JSON-able mapping.
@@ -22,7 +26,7 @@ StatusSection = Callable[[Settings], dict[str, Any]]
 
 
 def slot_status(settings: Settings) -> dict[str, Any]:
-    """The slot: active, confirmed flush LSN, retained WAL and lag in bytes."""
+    """The slot: active, WAL status, confirmed flush LSN, retained WAL and lag in bytes."""
     with connect(settings.postgres.dsn.get_secret_value()) as conn:
         current = current_wal_lsn(conn)
         database = current_database(conn)
@@ -37,12 +41,48 @@ def slot_status(settings: Settings) -> dict[str, Any]:
         out.update(
             active=info.active,
             active_pid=info.active_pid,
+            wal_status=info.wal_status,
+            safe_wal_size=info.safe_wal_size,
             confirmed_flush_lsn=str(info.confirmed_flush_lsn) if info.confirmed_flush_lsn else None,
             restart_lsn=str(info.restart_lsn) if info.restart_lsn else None,
             retained_wal_bytes=(current - info.restart_lsn) if info.restart_lsn else None,
             lag_bytes=(current - info.confirmed_flush_lsn) if info.confirmed_flush_lsn else None,
         )
     return out
+
+
+def slot_warnings(slot: dict[str, Any], retained_wal_warn_bytes: int) -> list[str]:
+    """What an operator must know about the slot (from :func:`slot_status`), one line each."""
+    name = slot["slot"]
+    if not slot["exists"]:
+        return []
+    out: list[str] = []
+    if slot.get("wal_status") == "lost":
+        out.append(
+            f"replication slot {name} is lost (wal_status = lost): it can no longer stream; "
+            "`cdc run --snapshot-mode when_needed` drops it and takes a new snapshot"
+        )
+    retained = slot.get("retained_wal_bytes")
+    if retained is not None and retained > retained_wal_warn_bytes:
+        out.append(
+            f"replication slot {name} retains {_size(retained)} of WAL (more than "
+            f"postgres.retained_wal_warn_bytes = {_size(retained_wal_warn_bytes)}): the server "
+            "keeps it on disk until the reader acknowledges it; is the reader running?"
+        )
+    if slot.get("wal_status") == "unreserved":
+        out.append(
+            f"replication slot {name} is about to be lost (wal_status = unreserved): the "
+            "server may remove WAL it still needs at the next checkpoint"
+        )
+    return out
+
+
+def _size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps a whole number in front."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def topic_status(settings: Settings) -> dict[str, dict[str, int]]:
@@ -79,6 +119,7 @@ def gather_status(
     state = store.load(slot["database"], settings.postgres.slot_name)
     out: dict[str, Any] = {
         "slot": slot,
+        "warnings": slot_warnings(slot, settings.postgres.retained_wal_warn_bytes),
         "state": None
         if state is None
         else {

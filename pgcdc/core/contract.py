@@ -14,7 +14,15 @@ Standard library only.
 - **Heartbeats.** Key ``{"serverName": <prefix>}``, value ``{"ts_ms": …, "lsn": …}``: every
   change committed before ``lsn`` is already in its topic (the followers' watermark).
 - **Unchanged TOAST values** that an event could not carry are Debezium's placeholder
-  :data:`UNAVAILABLE_VALUE_PLACEHOLDER` (as text, or base64 of it in binary columns).
+  :data:`UNAVAILABLE_VALUE_PLACEHOLDER`, typed per column (text; the placeholder's bytes, or
+  their base64 or hex text, in binary columns; a one-element array in arrays of text; null
+  where the type has no room for it), and the record's :data:`HEADER_UNCHANGED` header names
+  those columns, so a follower knows them whatever their type.
+- **Truncates.** A TRUNCATE becomes a delete and a tombstone for every key live in the table's
+  topic; Debezium's ``t`` event (unless ``postgres.skipped_operations`` skips it) goes to the
+  table topic of a keyless table and to :func:`truncate_topic` for the others.
+- **Keyless tables** (no primary key, replica identity index or ``message_key_columns``) have
+  a table topic with ``cleanup.policy=delete`` and records with a null key.
 - **Followers** record their watermark per job (:data:`JOBS`) under
   :func:`redis_watermark_key` and in the index :func:`search_watermark_index`.
 """
@@ -24,12 +32,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Final, NamedTuple, Protocol, TypeAlias
 
 # -- headers -------------------------------------------------------------------------------
 
 HEADER_COMMIT_LSN: Final = "cdc.commit_lsn"
 HEADER_ORDER: Final = "cdc.order"
+# Columns whose value an event left out (unchanged TOAST): comma-separated names, each
+# percent-encoded for "%" and "," (see encode_unchanged_header).
+HEADER_UNCHANGED: Final = "cdc.unchanged"
 
 # Record headers as confluent-kafka takes them.
 Headers: TypeAlias = list[tuple[str, str | bytes | None]]
@@ -51,6 +63,27 @@ def version_headers(commit_lsn: bytes, order: int) -> Headers:
     """Headers for a change at ``order`` in the transaction committed at ``commit_lsn``
     (decimal ASCII, precomputed once per transaction by the reader's hot path)."""
     return [(HEADER_COMMIT_LSN, commit_lsn), (HEADER_ORDER, str(order).encode())]
+
+
+def encode_unchanged_header(columns: Iterable[str]) -> bytes:
+    """The :data:`HEADER_UNCHANGED` value naming ``columns``: comma-separated, with ``%`` and
+    ``,`` in a name written ``%25`` and ``%2C`` (UTF-8)."""
+    return ",".join(c.replace("%", "%25").replace(",", "%2C") for c in columns).encode()
+
+
+_UNCHANGED_ESCAPE: Final = re.compile("%(25|2C)")
+
+
+def _unescape(m: re.Match[str]) -> str:
+    return "%" if m.group(1) == "25" else ","
+
+
+def decode_unchanged_header(value: bytes | str | None) -> frozenset[str]:
+    """The column names a :data:`HEADER_UNCHANGED` value lists (empty for None or empty)."""
+    if not value:
+        return frozenset()
+    text = value.decode() if isinstance(value, bytes) else value
+    return frozenset(_UNCHANGED_ESCAPE.sub(_unescape, c) for c in text.split(","))
 
 
 # -- names ---------------------------------------------------------------------------------
@@ -158,6 +191,12 @@ def table_topic_pattern(prefix: str) -> str:
     return rf"{re.escape(prefix)}\.[^.]+\.[^.]+"
 
 
+def truncate_topic(prefix: str) -> str:
+    """The topic (``cleanup.policy=delete``) holding Debezium's ``t`` events of keyed tables,
+    keyed by ``<schema>.<table>``: a compacted table topic refuses their null key."""
+    return f"{prefix}.__cdc_truncates"
+
+
 def state_topic(prefix: str) -> str:
     """The compacted topic holding the reader's durable state."""
     return f"{prefix}.__cdc_state"
@@ -192,6 +231,7 @@ UNAVAILABLE_VALUE_PLACEHOLDER: Final = "__debezium_unavailable_value"
 UNAVAILABLE_VALUE_PLACEHOLDER_B64: Final = base64.b64encode(
     UNAVAILABLE_VALUE_PLACEHOLDER.encode()
 ).decode()
+UNAVAILABLE_VALUE_PLACEHOLDER_HEX: Final = UNAVAILABLE_VALUE_PLACEHOLDER.encode().hex()
 UNAVAILABLE_VALUE_PLACEHOLDERS: Final = (
     UNAVAILABLE_VALUE_PLACEHOLDER,
     UNAVAILABLE_VALUE_PLACEHOLDER_B64,

@@ -9,11 +9,12 @@ variables (``__`` separates sections, e.g. ``CDC_POSTGRES__DSN``), a TOML config
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -62,6 +63,41 @@ class UnproducibleRecords(StrEnum):
     DEAD_LETTER = "dead_letter"  # write it to kafka.dead_letter_topic with the reason; go on
 
 
+class KeyColumns(NamedTuple):
+    """One ``message_key_columns`` entry: tables whose ``schema.table`` matches the regular
+    expression ``table_pattern`` (the whole name) are keyed by ``columns``, in that order."""
+
+    table_pattern: str
+    columns: tuple[str, ...]
+
+
+def parse_message_key_columns(text: str) -> tuple[KeyColumns, ...]:
+    """Debezium's ``message.key.columns`` syntax: ``<table>:<col>,<col>;<table>:<col>``,
+    where each ``<table>`` is a regular expression matched against ``schema.table``."""
+    rules = []
+    for entry in text.split(";"):
+        if not entry.strip():
+            continue
+        pattern, sep, cols = entry.rpartition(":")
+        columns = tuple(c.strip() for c in cols.split(",") if c.strip())
+        if not sep or not pattern.strip() or not columns:
+            raise ValueError(
+                f"entry {entry.strip()!r} is not <schema>.<table>:<column>[,<column>...]"
+            )
+        try:
+            re.compile(pattern.strip())
+        except re.error as e:
+            raise ValueError(
+                f"table pattern {pattern.strip()!r} is not a regular expression: {e}"
+            ) from e
+        rules.append(KeyColumns(pattern.strip(), columns))
+    return tuple(rules)
+
+
+# Debezium's skipped.operations values (its "none" means the empty set).
+OPERATIONS = ("c", "u", "d", "t")
+
+
 class PostgresSettings(BaseModel):
     model_config = _FROZEN
 
@@ -83,6 +119,15 @@ class PostgresSettings(BaseModel):
     proto_version: int = Field(default=1, ge=1, le=4)
     # `cdc status` warns when the slot holds back more WAL than this (bytes).
     retained_wal_warn_bytes: int = Field(default=1024**3, ge=1)
+    # Debezium's message.key.columns: the Kafka key of tables without a usable key (or another
+    # key than theirs), e.g. "public.logs:id;inventory\..*:tenant,id". Checked at start: the
+    # columns exist and every UPDATE/DELETE's old row carries them (replica identity FULL, or
+    # columns within the replica identity).
+    message_key_columns: Annotated[tuple[KeyColumns, ...], NoDecode] = ()
+    # Debezium's skipped.operations: operations (c, u, d, t) left out of the topics; "none"
+    # skips nothing. "t" (the default, as Debezium >= 2.0) leaves out only the `t` event: a
+    # TRUNCATE still deletes every row it removed (a delete and a tombstone per key).
+    skipped_operations: Annotated[tuple[str, ...], NoDecode] = ("t",)
 
     @field_validator("tables", mode="before")
     @classmethod
@@ -106,6 +151,27 @@ class PostgresSettings(BaseModel):
         for t in v:
             if t.count(".") != 1 or not all(t.split(".")):
                 raise ValueError(f"table {t!r} must be written as schema.table")
+        return v
+
+    @field_validator("message_key_columns", mode="before")
+    @classmethod
+    def _parse_key_columns(cls, v: Any) -> Any:
+        return parse_message_key_columns(v) if isinstance(v, str) else v
+
+    @field_validator("skipped_operations", mode="before")
+    @classmethod
+    def _split_operations(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            ops = tuple(o.strip() for o in v.split(",") if o.strip())
+            return () if ops == ("none",) else ops
+        return v
+
+    @field_validator("skipped_operations")
+    @classmethod
+    def _known_operations(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [o for o in v if o not in OPERATIONS]
+        if unknown:
+            raise ValueError(f"unknown operations {unknown}; use c, u, d, t or none")
         return v
 
     @field_validator("slot_name", "publication_name")

@@ -12,12 +12,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 import pgcdc
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import SchemaSettings
 from pgcdc.core.values import RawValue
 from schemas.debezium import CONNECTOR, OPS, SNAPSHOT_VALUES
-from schemas.formats import EventFormat, Row, format_for
+from schemas.formats import EventFormat, Row, format_for, json_default
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from schemas.plan import EncodePlan
 
@@ -219,6 +221,36 @@ class EventEncoder:
         key, before_d, after_d = fmt.key_and_rows(plan, before, after)
         payload = self._payload(plan, op, before_d, after_d, source, transaction, time.time_ns())
         return key, fmt.encode_value(plan, payload)
+
+    def key_value(self, table: TableSchema, key: bytes) -> dict[str, Any] | None:
+        """What a record key of ``table`` says (field → value), None if it is not one."""
+        return self.format.decode_key(self.plan(table), key)
+
+    def key_identity(self, table: TableSchema, key: bytes) -> bytes:
+        """A record key by its value, not its bytes: keys written with and without schemas,
+        or before and after a key column went from int to bigint, have one identity (the
+        key's value as canonical JSON; a key that does not decode is its own bytes)."""
+        value = self.key_value(table, key)
+        if value is None:
+            return b"raw:" + key
+        return b"val:" + orjson.dumps(value, default=json_default)
+
+    def encode_delete_of_key(self, table: TableSchema, key: bytes, source: SourceInfo) -> bytes:
+        """The value of a delete event for the row ``key`` names (a TRUNCATE's row): before
+        holds the key columns when the key says them all, every other column null."""
+        plan = self.plan(table)
+        value = self.key_value(table, key)
+        before = None
+        if value is not None and plan.key_names and all(k in value for k in plan.key_names):
+            keys = set(plan.key_names)
+            before = {n: value[n] if n in keys else None for n in plan.names}
+        payload = self._payload(plan, "d", before, None, source, None, time.time_ns())
+        try:
+            return self.format.encode_value(plan, payload)
+        except SchemaError:
+            # An old key whose values no longer fit the key columns' types: no before.
+            payload["before"] = None
+            return self.format.encode_value(plan, payload)
 
     def encode_truncate(self, table: TableSchema, source: SourceInfo) -> bytes:
         """The record value of a truncate (``op: "t"``) event; it has no key."""

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 import orjson
 
+from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import SchemaSettings, ValueFormat
 from pgcdc.core.values import RawValue
-from schemas.avro import avro_plan, frame, serialize
+from schemas.avro import MAGIC_BYTE, avro_plan, decode_key, frame, serialize
 from schemas.connect import NonFiniteFloat
 from schemas.plan import FAST_PATH_ERRORS, EncodePlan
 from schemas.registry import SchemaRegistryClient
@@ -47,6 +48,11 @@ class EventFormat(Protocol):
 
     def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
         """The record value: an envelope payload whose rows came from :meth:`row`."""
+        ...
+
+    def decode_key(self, plan: EncodePlan, key: bytes) -> Row | None:
+        """A record key's value (field → value as this format reads it), or None when
+        ``key`` is not a key of this table in this format."""
         ...
 
     def key_and_rows(
@@ -94,6 +100,17 @@ class JsonFormat:
         return orjson.dumps(
             {"schema": plan.envelope_schema_fragment, "payload": payload}, default=json_default
         )
+
+    def decode_key(self, plan: EncodePlan, key: bytes) -> Row | None:
+        """The key's payload, with or without the ``{"schema", "payload"}`` envelope (so
+        keys written with and without schemas read the same)."""
+        try:
+            doc = orjson.loads(key)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(doc, dict) and doc.keys() == {"schema", "payload"}:
+            doc = doc["payload"]
+        return doc if isinstance(doc, dict) else None
 
     def key_and_rows(
         self, plan: EncodePlan, before: Sequence[RawValue] | None, after: Sequence[RawValue] | None
@@ -165,6 +182,18 @@ class AvroFormat:
         if ap.envelope_id is None:
             ap.envelope_id = self.registry.register(f"{plan.topic}-value", ap.envelope)
         return frame(ap.envelope_id, body)
+
+    def decode_key(self, plan: EncodePlan, key: bytes) -> Row | None:
+        """The key read with the table's key schema (framed or not, whatever the schema id:
+        Avro binary carries values, not types, so int and long keys read alike)."""
+        if plan.key_schema is None:
+            return None
+        framed = len(key) >= 5 and key[0] == MAGIC_BYTE and self.registry is not None
+        try:
+            return decode_key(plan, key, framed=framed)
+        # fastavro reading bytes that are not such a key fails in any of these ways.
+        except (SchemaError, IndexError, ValueError, TypeError, OverflowError, EOFError):
+            return None
 
     def key_and_rows(
         self, plan: EncodePlan, before: Sequence[RawValue] | None, after: Sequence[RawValue] | None

@@ -9,10 +9,13 @@ passes through as its text, with the type name in the schema: nothing is ever dr
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.contract import (
+    UNAVAILABLE_VALUE_PLACEHOLDER,
+    UNAVAILABLE_VALUE_PLACEHOLDER_B64,
+    UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
+)
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
 from schemas import oids
@@ -78,9 +81,10 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
             special = _SPECIAL_NUMERIC.get(text)
             return special if special is not None else str(to_decimal(text))
 
-        return Codec(connect_schema("string", optional), to_string, None)
+        # numeric is a varlena: a large one is TOASTed, so it has a placeholder.
+        return Codec(connect_schema("string", optional), to_string, UNAVAILABLE_VALUE_PLACEHOLDER)
     if mode is DecimalHandling.DOUBLE:
-        return Codec(connect_schema("float64", optional), to_float, None)
+        return Codec(connect_schema("float64", optional), to_float, None)  # no room: null
     if pm is None:
         # Unconstrained numeric: io.debezium.data.VariableScaleDecimal, scale stripped of
         # trailing zeros and never negative.
@@ -106,7 +110,7 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
                 with_field(connect_schema("bytes", False), "value"),
             ],
         )
-        return Codec(schema, to_vsd, None)
+        return Codec(schema, to_vsd, None)  # a struct has no room for a placeholder: null
     precision, scale = pm
 
     def to_decimal_bytes(text: str) -> bytes:
@@ -127,7 +131,8 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
         version=1,
         parameters={"scale": str(scale), "connect.decimal.precision": str(precision)},
     )
-    return Codec(schema, to_decimal_bytes, None)
+    # Connect's Decimal is bytes: the placeholder's bytes, as in a bytea column.
+    return Codec(schema, to_decimal_bytes, UNAVAILABLE_VALUE_PLACEHOLDER.encode())
 
 
 def _money_codec(mode: DecimalHandling, optional: bool) -> Codec:
@@ -152,16 +157,16 @@ def _money_codec(mode: DecimalHandling, optional: bool) -> Codec:
 
 
 def _binary_codec(mode: BinaryHandling, optional: bool) -> Codec:
-    ph = UNAVAILABLE_VALUE_PLACEHOLDER.encode()
+    # The placeholder's bytes in the binary mode in force, as Debezium writes them.
     if mode is BinaryHandling.BASE64:
-        return Codec(
-            connect_schema("string", optional),
-            bytea_base64,
-            base64.b64encode(ph).decode("ascii"),
-        )
+        schema = connect_schema("string", optional)
+        return Codec(schema, bytea_base64, UNAVAILABLE_VALUE_PLACEHOLDER_B64)
     if mode is BinaryHandling.HEX:
-        return Codec(connect_schema("string", optional), bytea_hex, ph.hex())
-    return Codec(connect_schema("bytes", optional), bytea_bytes, ph)
+        schema = connect_schema("string", optional)
+        return Codec(schema, bytea_hex, UNAVAILABLE_VALUE_PLACEHOLDER_HEX)
+    return Codec(
+        connect_schema("bytes", optional), bytea_bytes, UNAVAILABLE_VALUE_PLACEHOLDER.encode()
+    )
 
 
 def _time_precision(typmod: int) -> int:
@@ -319,5 +324,8 @@ def _array_codec(
     def convert(text: str) -> list[Any]:
         return convert_items(parse_array(text, delimiter))
 
-    placeholder = None if el.placeholder is None else [el.placeholder]
+    # Debezium's one-element array where the element is text; elsewhere (numbers, bytes,
+    # structs) an array of the placeholder would read as a value: null, named by the
+    # cdc.unchanged header like every unchanged column.
+    placeholder = [el.placeholder] if isinstance(el.placeholder, str) else None
     return Codec(connect_schema("array", optional, items=el.schema), convert, placeholder)

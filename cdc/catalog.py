@@ -4,8 +4,8 @@
 following array element types, domains down to their base and enum labels;
 ``table_from_relation`` turns a pgoutput Relation message's columns into a TableSchema;
 :class:`SchemaCatalog` is what the reader uses: tables by name for the snapshot and by
-Relation message for the stream, with one key rule for both (the primary key, else the replica
-identity index, else no key). Generated columns are left out: pgoutput does not send them.
+Relation message for the stream, with one key rule for both (:mod:`cdc.keys`). Generated columns
+are left out: pgoutput does not send them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 
 import psycopg
 
+from cdc.keys import KeyFacts, KeylessWarnings, key_columns
 from cdc.pgoutput import Relation
 from pgcdc.core.errors import SchemaError
+from pgcdc.core.settings import KeyColumns
 from schemas.model import Column, PgType, TableSchema
 
 log = logging.getLogger(__name__)
@@ -44,17 +46,15 @@ WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated
 ORDER BY a.attnum
 """
 
-# Primary key first, else the replica identity index; columns in index order.
-_KEY_SQL = """
-SELECT a.attname
+# The primary key and the replica identity index, each with its columns in index order.
+_KEY_INDEXES_SQL = """
+SELECT i.indisprimary, i.indisreplident,
+       ARRAY(SELECT a.attname::text
+             FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             ORDER BY k.ord)
 FROM pg_index i
-JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = %s AND i.indexrelid = (
-  SELECT i2.indexrelid FROM pg_index i2
-  WHERE i2.indrelid = %s AND (i2.indisprimary OR i2.indisreplident)
-  ORDER BY i2.indisprimary DESC LIMIT 1)
-ORDER BY k.ord
+WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident)
 """
 
 
@@ -106,24 +106,15 @@ def load_table(
     table: str | int,
     schema: str = "public",
     types: dict[int, PgType] | None = None,
+    rules: Sequence[KeyColumns] = (),
 ) -> TableSchema:
-    """A table's columns, key columns and replica identity, by name or relation OID.
+    """A table's columns, key columns (:func:`cdc.keys.key_columns` with ``rules``) and
+    replica identity, by name or relation OID.
 
     ``types`` is a cache of PgTypes; it is filled with any type loaded here.
     """
-    if isinstance(table, int):
-        rel = conn.execute(_RELATION_SQL.format(where="c.oid = %s"), (table,)).fetchone()
-    else:
-        rel = conn.execute(
-            _RELATION_SQL.format(where="n.nspname = %s AND c.relname = %s"), (schema, table)
-        ).fetchone()
-    if rel is None:
-        raise SchemaError(
-            f"table {table if isinstance(table, int) else f'{schema}.{table}'} not found"
-        )
-    relid, nsp, relname, replident = rel
-    cols = conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
-    keys = tuple(r[0] for r in conn.execute(_KEY_SQL, (relid, relid)).fetchall())
+    cols, facts = _describe(conn, table, schema)
+    keys = key_columns(facts, rules)
     cache = types if types is not None else {}
     need = {int(c[1]) for c in cols} - cache.keys()
     if need:
@@ -138,7 +129,44 @@ def load_table(
         )
         for name, typid, typmod, nullable in cols
     )
-    return TableSchema(nsp, relname, columns, keys, str(replident))
+    return TableSchema(facts.schema, facts.table, columns, keys, facts.replica_identity)
+
+
+def _describe(
+    conn: psycopg.Connection[Any], table: str | int, schema: str
+) -> tuple[list[tuple[Any, ...]], KeyFacts]:
+    """The table's columns (name, type OID, typmod, nullable) and its key facts."""
+    if isinstance(table, int):
+        rel = conn.execute(_RELATION_SQL.format(where="c.oid = %s"), (table,)).fetchone()
+    else:
+        rel = conn.execute(
+            _RELATION_SQL.format(where="n.nspname = %s AND c.relname = %s"), (schema, table)
+        ).fetchone()
+    if rel is None:
+        raise SchemaError(
+            f"table {table if isinstance(table, int) else f'{schema}.{table}'} not found"
+        )
+    relid, nsp, relname, replident = rel
+    cols = conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
+    primary: tuple[str, ...] = ()
+    index: tuple[str, ...] = ()
+    for is_primary, is_identity, names in conn.execute(_KEY_INDEXES_SQL, (relid,)).fetchall():
+        if is_primary:
+            primary = tuple(names)
+        if is_identity:
+            index = tuple(names)
+    names = tuple(c[0] for c in cols)
+    identity = {"d": primary, "i": index, "f": names}.get(str(replident), ())
+    facts = KeyFacts(
+        schema=nsp,
+        table=relname,
+        replica_identity=str(replident),
+        primary_key=primary,
+        identity=identity,
+        columns=names,
+        not_null=frozenset(c[0] for c in cols if not c[3]),
+    )
+    return cols, facts
 
 
 def table_from_relation(
@@ -148,12 +176,14 @@ def table_from_relation(
     columns: Sequence[tuple[int, str, int, int]],
     types: Mapping[int, PgType],
     not_null: frozenset[str] = frozenset(),
+    key_order: Sequence[str] | None = None,
 ) -> TableSchema:
     """A TableSchema from a pgoutput Relation message.
 
     ``columns`` holds (flags, name, type OID, typmod) per column; flag 1 marks a key column.
     Relation messages do not say which columns are NOT NULL: pass ``not_null`` (e.g. from
     :func:`load_table`) to make them required, otherwise non-key columns are optional.
+    ``key_order`` orders the key columns (default: column order).
     """
     cols = []
     keys = []
@@ -170,56 +200,77 @@ def table_from_relation(
         cols.append(
             Column(name, t, typmod, optional=not key and name not in not_null, part_of_key=key)
         )
+    if key_order is not None:
+        keys = [k for k in key_order if k in keys]
     return TableSchema(schema, table, tuple(cols), tuple(keys), replica_identity)
 
 
 class SchemaCatalog:
-    """TableSchemas for the reader, with loaded types cached across tables."""
+    """TableSchemas for the reader, with loaded types cached across tables.
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    Keys follow :mod:`cdc.keys` with ``rules`` (``postgres.message_key_columns``); a keyless
+    table is reported once (:class:`cdc.keys.KeylessWarnings`).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], rules: Sequence[KeyColumns] = ()) -> None:
         self.conn = conn
+        self.rules = tuple(rules)
         self._types: dict[int, PgType] = {}
+        self._keyless = KeylessWarnings()
 
     def load_table_in(self, conn: psycopg.Connection[Any], schema: str, table: str) -> TableSchema:
         """The table as ``conn`` sees it (e.g. inside the snapshot's transaction)."""
-        return load_table(conn, table, schema)
+        loaded = load_table(conn, table, schema, rules=self.rules)
+        if not loaded.key_columns:
+            self._keyless.note(loaded.schema, loaded.table)
+        return loaded
 
     def from_relation(self, rel: Relation) -> TableSchema:
         """Schema for a Relation message (sent again after DDL, so called for each one).
 
-        Columns and types come from the message; keys and NOT NULL from pg_catalog, because the
-        message's key flags mark every column under REPLICA IDENTITY FULL, while the Kafka key
-        must be the primary key in the snapshot and the stream alike.
+        Columns, types and the replica identity come from the message, as they were when the
+        change was made; so do the identity's columns (the message flags them), which are
+        what an old row carries. pg_catalog adds NOT NULL, the primary key of a FULL table
+        (the message flags every column then) and the index order of the key columns; for a
+        table dropped since, the message alone decides.
         """
         need = {c.type_oid for c in rel.columns} - self._types.keys()
         if need:
             self._types.update(load_types(self.conn, need))
+        flagged = tuple(c.name for c in rel.columns if c.is_key)
+        names = tuple(c.name for c in rel.columns)
+        ri = rel.replica_identity
         try:
-            current = load_table(self.conn, rel.relation_id, types=self._types)
-            key_order = current.key_columns
-            not_null = frozenset(c.name for c in current.columns if not c.optional)
+            _, now = _describe(self.conn, rel.relation_id, rel.namespace)
         except SchemaError:
-            # Dropped since (a replay of its old changes): the message's flags are all we
-            # have; under REPLICA IDENTITY FULL they mark every column, which is no key.
             log.warning(
                 "table of a Relation message no longer exists",
                 extra={"table": f"{rel.namespace}.{rel.name}"},
             )
-            full = rel.replica_identity == "f"
-            key_order = () if full else tuple(c.name for c in rel.columns if c.is_key)
-            not_null = frozenset()
-        keys = set(key_order)
-        table = table_from_relation(
+            now = None
+        identity = flagged if ri != "n" else ()
+        if now is not None and set(now.identity) == set(identity):
+            identity = now.identity  # the index's column order, as the snapshot keys it
+        if now is not None:
+            primary = now.primary_key if ri == "f" else identity if ri == "d" else ()
+            not_null = now.not_null & set(names)
+        else:
+            primary = identity if ri == "d" else ()
+            not_null = frozenset(identity) if ri in ("d", "i") else frozenset()
+        facts = KeyFacts(rel.namespace, rel.name, ri, primary, identity, names, not_null)
+        keys = key_columns(facts, self.rules)
+        if not keys:
+            self._keyless.note(rel.namespace, rel.name)
+        key_set = set(keys)
+        return table_from_relation(
             rel.namespace,
             rel.name,
-            rel.replica_identity,
+            ri,
             [
-                (1 if c.name in keys else 0, c.name, c.type_oid, c.type_modifier)
+                (1 if c.name in key_set else 0, c.name, c.type_oid, c.type_modifier)
                 for c in rel.columns
             ],
             self._types,
             not_null,
+            key_order=keys,
         )
-        # Key columns in index order (the Relation lists them in column order).
-        order = tuple(k for k in key_order if any(c.name == k for c in table.columns))
-        return TableSchema(table.schema, table.table, table.columns, order, table.replica_identity)

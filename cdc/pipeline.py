@@ -3,11 +3,12 @@
 replication → pgoutput decode → table schemas (catalog) → event encoding → Kafka → slot ack.
 
 A run, step by step: open (check the server, reach Kafka, load the reader's durable state,
-align the publication); plan (:func:`cdc.slots.plan_start` decides from the slot and the
-state); then either nothing, a snapshot without a slot, or replication: prepare the slot
-(snapshot inside its exported snapshot, create it, or resume it) and stream
-(:class:`cdc.streamer.Streamer`) until stopped or caught up. The state is saved at each step
-through :meth:`_Run.save_state`.
+align the publication, describe the captured tables: a bad ``message_key_columns`` entry or a
+keyless table whose topic is compacted stops here, and each keyless table is named once);
+plan (:func:`cdc.slots.plan_start` decides from the slot and the state); then either nothing,
+a snapshot without a slot, or replication: prepare the slot (snapshot inside its exported
+snapshot, create it, or resume it) and stream (:class:`cdc.streamer.Streamer`) until stopped
+or caught up. The state is saved at each step through :meth:`_Run.save_state`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from cdc.slots import (
 from cdc.snapshot import Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
+from cdc.table_checks import check_tables, warn_unsnapshotted
+from cdc.table_topics import TableTopics
 from pgcdc.core.errors import SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
@@ -70,6 +73,7 @@ class _Run:
     store: StateStore
     catalog: SchemaCatalog
     encoder: EventEncoder
+    table_topics: TableTopics
     tables: list[tuple[str, str]]
     state: ReaderState | None  # as loaded at startup
 
@@ -145,17 +149,20 @@ class Pipeline:
         state = store.load(database, slot)
         pg = self.settings.postgres
         tables = ensure_publication(admin, pg.publication_name, pg.tables)
-        return _Run(
+        run = _Run(
             admin=admin,
             slot=slot,
             database=database,
             publisher=publisher,
             store=store,
-            catalog=SchemaCatalog(admin),
+            catalog=SchemaCatalog(admin, pg.message_key_columns),
             encoder=EventEncoder(self.settings.schema_, kafka.topic_prefix, database),
+            table_topics=TableTopics(publisher, kafka.bootstrap_servers),
             tables=tables,
             state=state,
         )
+        check_tables(run.admin, run.catalog, run.encoder, run.table_topics, tables)
+        return run
 
     def _plan(self, run: _Run) -> StartPlan:
         """Decide from the slot and the loaded state what this run does."""
@@ -173,6 +180,8 @@ class Pipeline:
             self._dsn,
             encoder=run.encoder,
             publisher=run.publisher,
+            table_topics=run.table_topics,
+            bootstrap_servers=self.settings.kafka.bootstrap_servers,
             load_schema=run.catalog.load_table_in,
             workers=pg.snapshot_workers,
             chunk_rows=pg.snapshot_chunk_rows,
@@ -193,6 +202,11 @@ class Pipeline:
         )
         try:
             start = self._prepare_slot(run, plan, repl, result)
+            if plan.action is Action.STREAM:
+                kafka = self.settings.kafka
+                warn_unsnapshotted(
+                    run.admin, kafka.bootstrap_servers, kafka.topic_prefix, run.tables
+                )
             streamer = Streamer(
                 repl,
                 settings=self.settings,
@@ -203,6 +217,7 @@ class Pipeline:
                 checkpoint=lambda lsn: run.save_state(Phase.STREAMING, acked_lsn=lsn, wait=False),
                 observer=self.metrics,
                 target=result.target_lsn,
+                captured=set(run.tables),
             )
             repl.start(run.slot, pg.publication_name, start, proto_version=pg.proto_version)
             streamer.run(start)

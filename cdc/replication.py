@@ -308,6 +308,12 @@ class ReplicationConnection:
         if self._streaming:
             self._send_status()
 
+    def keep_alive(self) -> None:
+        """Send a status update if one is due: a caller busy for long between reads (a
+        TRUNCATE of a large table) stays within the server's wal_sender_timeout."""
+        if self._streaming and time.monotonic() - self._last_status >= self.status_interval_s:
+            self._send_status()
+
     def _send_status(self, reply_requested: bool = False) -> None:
         flushed = self._flushed.value
         written = max(self._received.value, flushed)

@@ -12,6 +12,14 @@ Debezium does: ``first`` on the first record, ``last`` on the very last,
 ``first_in_data_collection`` / ``last_in_data_collection`` on a table's first and last
 records, ``true`` otherwise.
 
+Keys already live in a table's topic (an earlier, interrupted snapshot, or a re-snapshot
+after ``cdc reset-state`` or a lost slot) are compared with the snapshot's keys by value, not
+bytes (:meth:`schemas.envelope.EventEncoder.key_identity`): a key whose row is still there
+but whose bytes changed (``schemas_enable`` switched, a key column from int to bigint) gets
+a tombstone for its old bytes ordered before its new ``r`` record, so followers keep the
+row and compaction drops the old bytes; keys whose row is gone get tombstones after the
+snapshot's rows. The live keys are kept on disk (:mod:`cdc.live_keys`).
+
 An interrupted snapshot is not resumed: its exported snapshot died with the connection. The
 next run drops the slot that was never streamed from and starts over (see
 :func:`cdc.slots.plan_start`).
@@ -27,14 +35,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
 from cdc.connection import connect
+from cdc.live_keys import LiveKeys, scan_many
 from cdc.publisher import Publisher
 from cdc.snapshot_progress import SnapshotProgress
+from cdc.table_topics import TableTopics
 from pgcdc.core.contract import version_headers
 from pgcdc.core.errors import SnapshotError
 from pgcdc.core.lsn import Lsn
@@ -56,6 +67,7 @@ class Encoder(Protocol):
 
     def topic(self, table: TableSchema) -> str: ...
     def encode_key(self, table: TableSchema, row: Sequence[RawValue]) -> bytes | None: ...
+    def key_identity(self, table: TableSchema, key: bytes) -> bytes: ...
     def encode_value(
         self,
         table: TableSchema,
@@ -122,6 +134,8 @@ class Snapshotter:
         *,
         encoder: Encoder,
         publisher: Publisher,
+        table_topics: TableTopics,
+        bootstrap_servers: str,
         load_schema: SchemaLoader,
         workers: int = 2,
         chunk_rows: int = 50_000,
@@ -131,6 +145,8 @@ class Snapshotter:
         self._dsn = dsn
         self._encoder = encoder
         self._publisher = publisher
+        self._table_topics = table_topics
+        self._bootstrap = bootstrap_servers
         self._load_schema = load_schema
         self._workers = workers
         self._chunk_rows = chunk_rows
@@ -280,39 +296,80 @@ class Snapshotter:
                 for _, f in window:
                     f.cancel()
 
+    def _live_keys(self, plans: list[TablePlan], topics: list[str]) -> list[LiveKeys | None]:
+        """Each keyed table's live keys with their identities (None for a keyless table)."""
+        scans = [
+            (topic, partial(self._encoder.key_identity, p.schema)) if p.schema.key_columns else None
+            for p, topic in zip(plans, topics, strict=True)
+        ]
+        return scan_many(self._bootstrap, scans, tick=lambda: self._publisher.poll(0))
+
     def _copy_all(self, plans: list[TablePlan], snapshot_name: str, position: Lsn) -> int:
         topics = [self._encoder.topic(p.schema) for p in plans]
-        self._publisher.ensure_topics(topics)
-        # Keys already live in the topics (an earlier, interrupted snapshot, or a re-snapshot
-        # after the slot was lost). Those the new snapshot does not contain were deleted in
-        # between: they get tombstones, or the topic would keep rows the table no longer has.
-        stale = [self._publisher.live_keys(t) for t in topics]
+        for plan, topic in zip(plans, topics, strict=True):
+            table = plan.schema
+            self._table_topics.ensure(
+                topic, keyless=not table.key_columns, table=f"{table.schema}.{table.table}"
+            )
+        stale = self._live_keys(plans, topics)
+        try:
+            return self._copy_tables(plans, topics, stale, snapshot_name, position)
+        finally:
+            for store in stale:
+                if store is not None:
+                    store.close()
+
+    def _copy_tables(
+        self,
+        plans: list[TablePlan],
+        topics: list[str],
+        stale: list[LiveKeys | None],
+        snapshot_name: str,
+        position: Lsn,
+    ) -> int:
         txn = self._publisher.begin(position)
         # Snapshot rows must sort before every streamed change. A transaction can commit with
         # its commit record exactly at the consistent point, and it is streamed (not in the
         # snapshot): so the snapshot's version is the LSN just before that point.
         headers_lsn = str(position.value - 1).encode()
         progress = SnapshotProgress(plans, self._progress)
-        counter = 0
-        held: tuple[int, Row, bool] | None = None  # (table index, row, first in its table)
+        counter = 0  # records written (the order in the snapshot's version)
+        emitted = 0  # rows written
+        # (table index, row, its key, first in its table)
+        held: tuple[int, Row, bytes | None, bool] | None = None
         ts_us = int(time.time() * 1_000_000)
 
-        def emit(index: int, row: Row, first_in: bool, last_in: bool, last_overall: bool) -> None:
+        def send(topic: str, key: bytes | None, value: bytes | None) -> None:
             nonlocal counter
-            plan = plans[index]
-            marker = snapshot_marker(counter == 0, last_overall, first_in, last_in)
-            source = SourceInfo(ts_us, marker, None, position.value, None)
-            key = self._encoder.encode_key(plan.schema, row)
-            if stale[index] and key is not None:
-                stale[index].discard(key)
-            self._publisher.send(
-                txn,
-                topics[index],
-                key,
-                self._encoder.encode_value(plan.schema, "r", None, row, source),
-                version_headers(headers_lsn, counter),
-            )
+            self._publisher.send(txn, topic, key, value, version_headers(headers_lsn, counter))
             counter += 1
+
+        def emit(
+            index: int,
+            row: Row,
+            key: bytes | None,
+            first_in: bool,
+            last_in: bool,
+            last_overall: bool,
+        ) -> None:
+            nonlocal emitted
+            plan = plans[index]
+            marker = snapshot_marker(emitted == 0, last_overall, first_in, last_in)
+            emitted += 1
+            source = SourceInfo(ts_us, marker, None, position.value, None)
+            value = self._encoder.encode_value(plan.schema, "r", None, row, source)
+            send(topics[index], key, value)
+
+        def keys_of(index: int, rows: list[Row]) -> list[bytes | None]:
+            """The rows' keys; old bytes of the same keys get their tombstones first."""
+            table = plans[index].schema
+            keys = [self._encoder.encode_key(table, row) for row in rows]
+            store = stale[index]
+            if store is not None and len(store):
+                claimed = [(k, self._encoder.key_identity(table, k)) for k in keys if k]
+                for old in store.claim(claimed):
+                    send(topics[index], old, None)
+            return keys
 
         try:
             current = -1
@@ -322,34 +379,29 @@ class Snapshotter:
                 if index != current:
                     current = index
                     first_in = True
-                for row in rows:
+                keys = keys_of(index, rows)
+                for row, key in zip(rows, keys, strict=True):
                     if held is not None:
-                        emit(held[0], held[1], held[2], held[0] != index, False)
-                    held = (index, row, first_in)
+                        emit(held[0], held[1], held[2], held[3], held[0] != index, False)
+                    held = (index, row, key, first_in)
                     first_in = False
                 plan.rows += len(rows)
                 progress.update(plan)
             if held is not None:
-                emit(held[0], held[1], held[2], True, True)
-            for index, keys in enumerate(stale):
-                if keys:
-                    log.info(
-                        "%d keys in %s are gone since an earlier snapshot: tombstones",
-                        len(keys),
-                        topics[index],
-                        extra={"topic": topics[index]},
-                    )
-                for key in keys:
-                    self._publisher.send(
-                        txn,
-                        topics[index],
-                        key,
-                        None,
-                        version_headers(headers_lsn, counter),
-                    )
-                    counter += 1
+                emit(held[0], held[1], held[2], held[3], True, True)
+            for index, store in enumerate(stale):
+                if store is None or not len(store):
+                    continue
+                log.info(
+                    "%d keys in %s are gone since an earlier snapshot: tombstones",
+                    len(store),
+                    topics[index],
+                    extra={"topic": topics[index]},
+                )
+                for key in store:
+                    send(topics[index], key, None)
         finally:
             progress.close()
         self._publisher.close_txn(txn, position)
         self._publisher.flush(timeout_s=300)
-        return counter
+        return sum(p.rows for p in plans)

@@ -6,6 +6,12 @@ the end of the last transaction that is complete together with all before it
 (:meth:`cdc.publisher.Publisher.acked_lsn`). When nothing is pending, a keepalive's position is
 acknowledged too, so an idle slot (or one whose changes are all filtered out) keeps advancing.
 
+Keys come from the table description the stream itself carries (:mod:`cdc.keys`, through
+the catalog); a key column always carries its value (an unchanged TOASTed key is taken from
+the old key the server sends). A TRUNCATE becomes deletes of every live key
+(:mod:`cdc.truncate`). Unchanged TOAST values left in an event are named by the
+``cdc.unchanged`` header. Operations in ``postgres.skipped_operations`` are left out.
+
 The loop gets everything it uses from its caller: the replication connection, the settings,
 the publisher, the encoder, the catalog, a stop signal, a checkpoint function that saves the
 acknowledged LSN, and an observer for metrics.
@@ -18,26 +24,30 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import orjson
 import psycopg
 
 from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
 from cdc.connection import current_wal_lsn
+from cdc.heartbeat import Heartbeats
 from cdc.observer import NullObserver, StreamObserver
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
-from cdc.toast import fetch_current, fill_from_old, unchanged_columns
+from cdc.table_checks import warn_not_snapshotted
+from cdc.table_topics import TableTopics
+from cdc.toast import fetch_current, fill_from_old, require_key, unchanged_columns
+from cdc.truncate import TruncateWriter
 from pgcdc.core.contract import (
-    HEARTBEAT_LSN_FIELD,
-    HEARTBEAT_SERVER_FIELD,
+    HEADER_UNCHANGED,
+    encode_unchanged_header,
     heartbeat_topic,
+    truncate_topic,
     version_headers,
 )
 from pgcdc.core.errors import SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
-from pgcdc.core.values import RawValue
+from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 
@@ -69,8 +79,11 @@ class Streamer:
         checkpoint: Checkpoint,
         observer: StreamObserver | None = None,
         target: Lsn | None = None,
+        captured: set[tuple[str, str]] | None = None,
     ) -> None:
-        """``target``: stop once everything up to it is acknowledged (``--until current``)."""
+        """``target``: stop once everything up to it is acknowledged (``--until current``).
+        ``captured``: the tables captured at start; another one showing up while streaming
+        was added to the publication since, and its earlier rows were never snapshotted."""
         self._repl = repl
         self._publisher = publisher
         self._encoder = encoder
@@ -83,11 +96,24 @@ class Streamer:
         self._proto = settings.postgres.proto_version
         self._complete_toast = settings.postgres.complete_unchanged_toast
         self._tx_metadata = settings.schema_.provide_transaction_metadata
-        self._server_name = settings.kafka.topic_prefix
-        self._heartbeat_topic = heartbeat_topic(settings.kafka)
+        topic = heartbeat_topic(settings.kafka)
+        server = settings.kafka.topic_prefix
+        self._heartbeats = Heartbeats(publisher, topic, server) if topic else None
         self._heartbeat_interval_s = settings.kafka.heartbeat_interval_s
+        self._skipped = frozenset(settings.postgres.skipped_operations)
+        self._captured = captured
         self._relations: dict[int, TableSchema] = {}
         self._topics: dict[int, str] = {}
+        self._table_topics = TableTopics(publisher, settings.kafka.bootstrap_servers)
+        self._truncates = TruncateWriter(
+            publisher=publisher,
+            encoder=encoder,
+            topics=self._table_topics,
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            truncate_topic=truncate_topic(settings.kafka.topic_prefix),
+            write_t_events="t" not in self._skipped,
+            tick=self._keep_alive,
+        )
         # The open transaction (between Begin and Commit).
         self._txn: TxnTracker | None = None
         self._order = 0
@@ -111,9 +137,8 @@ class Streamer:
         """
         self.last_ack = start
         self._state_due = time.monotonic() + STATE_INTERVAL_S
-        if self._heartbeat_topic:
-            # One partition: a follower reads every heartbeat in order from one place.
-            self._publisher.ensure_topics([self._heartbeat_topic], partitions=1)
+        if self._heartbeats:
+            self._heartbeats.ensure_topic()
         while not self._stop.is_set():
             msg = self._repl.read(READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
@@ -161,10 +186,10 @@ class Streamer:
             self._state_due = now + STATE_INTERVAL_S
             self._checkpoint(self.last_ack)
         due = [self._ack_due, self._state_due]
-        if self._heartbeat_topic:
+        if self._heartbeats:
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self._heartbeat_interval_s
-                self._heartbeat()
+                self._heartbeats.publish(self.last_ack)
             due.append(self._heartbeat_due)
         if self._observer.measures_lag:
             if now >= self._lag_due:
@@ -177,7 +202,8 @@ class Streamer:
         """Wait for Kafka, acknowledge what it holds, tell the followers how far that is."""
         self._publisher.flush(timeout_s=60)
         self._acknowledge(force=True)
-        self._final_heartbeat()
+        if self._heartbeats:
+            self._heartbeats.final(self.last_ack)
 
     def _acknowledge(self, *, force: bool = False) -> None:
         acked = self._publisher.acked_lsn()
@@ -199,32 +225,6 @@ class Streamer:
             return
         if self.last_ack is not None:
             self._observer.on_lag(max(0, current - self.last_ack))
-
-    def _final_heartbeat(self) -> None:
-        """On the way out, tell the followers how far everything is in Kafka: without it, a
-        short run (``--until current``) could leave their watermark behind its changes."""
-        if self._heartbeat_topic:
-            self._heartbeat()
-            self._publisher.flush(timeout_s=30)
-
-    def _heartbeat(self) -> None:
-        """Publish the last acknowledged LSN (followers' read-your-writes watermark).
-
-        ``last_ack`` only ever moves to a position whose transactions are all acknowledged by
-        Kafka (or to an idle keepalive's position, with nothing in flight), so every event
-        committed before the reported LSN is already in its topic when this is produced.
-        """
-        assert self._heartbeat_topic is not None
-        self._publisher.produce_plain(
-            self._heartbeat_topic,
-            orjson.dumps({HEARTBEAT_SERVER_FIELD: self._server_name}),
-            orjson.dumps(
-                {
-                    "ts_ms": int(time.time() * 1000),
-                    HEARTBEAT_LSN_FIELD: self.last_ack.value if self.last_ack else None,
-                }
-            ),
-        )
 
     # --- messages -----------------------------------------------------------------------
 
@@ -249,17 +249,36 @@ class Streamer:
             self._txn = None
             self._last_commit_lsn = msg.commit_lsn.value
         elif isinstance(msg, pgoutput.Relation):
-            schema = self._catalog.from_relation(msg)
-            self._relations[msg.relation_id] = schema
-            topic = self._encoder.topic(schema)
-            self._publisher.ensure_topics([topic])
-            self._topics[msg.relation_id] = topic
+            self._relation(msg)
         elif isinstance(msg, pgoutput.Truncate):
             for rid in msg.relation_ids:
-                table = self._table(rid)
-                self._send(rid, None, self._encoder.encode_truncate(table, self._source(frame)))
-                self._count("t")
+                self._truncate(frame, rid)
         # Origin, Type and logical messages carry nothing we publish.
+
+    def _relation(self, msg: pgoutput.Relation) -> None:
+        schema = self._catalog.from_relation(msg)
+        self._relations[msg.relation_id] = schema
+        topic = self._encoder.topic(schema)
+        name = f"{schema.schema}.{schema.table}"
+        self._table_topics.ensure(topic, keyless=not schema.key_columns, table=name)
+        self._topics[msg.relation_id] = topic
+        if self._captured is not None and (schema.schema, schema.table) not in self._captured:
+            self._captured.add((schema.schema, schema.table))
+            warn_not_snapshotted(name, "while streaming")
+
+    def _truncate(self, frame: XLogData, relation_id: int) -> None:
+        table = self._table(relation_id)
+        topic = self._topics[relation_id]
+        deleted = self._truncates.write(table, topic, self._source(frame), self._send_to)
+        for _ in range(deleted):
+            self._count("d")
+        if "t" not in self._skipped:
+            self._count("t")
+
+    def _keep_alive(self) -> None:
+        """During a long truncate: keep the replication session and delivery reports going."""
+        self._repl.keep_alive()
+        self._publisher.poll(0)
 
     def _table(self, relation_id: int) -> TableSchema:
         try:
@@ -282,20 +301,17 @@ class Streamer:
         txid = f"{self._xid}:{self._commit_lsn_header.decode()}"
         return TransactionInfo(txid, self._order + 1, n)
 
-    def _send(
-        self,
-        relation_id: int,
-        key: bytes | None,
-        value: bytes | None,
-        extra_headers: Headers = (),
+    def _send_to(
+        self, topic: str, key: bytes | None, value: bytes | None, extra_headers: Headers = ()
     ) -> None:
+        """Queue a record of the open transaction with its version (the next order)."""
         if self._txn is None:
             raise SlotError("a change arrived outside a transaction")
         headers: list[tuple[str, str | bytes | None]] = [
             *version_headers(self._commit_lsn_header, self._order),
             *extra_headers,
         ]
-        self._publisher.send(self._txn, self._topics[relation_id], key, value, headers)
+        self._publisher.send(self._txn, topic, key, value, headers)
         self._order += 1
 
     def _count(self, op: str) -> None:
@@ -313,8 +329,14 @@ class Streamer:
         key: bytes | None = None,
         headers: Headers = (),
     ) -> None:
+        if op in self._skipped:
+            return
         table = self._table(relation_id)
         source = self._source(frame)
+        if after is not None and UNCHANGED_TOAST in after:
+            # Followers keep what they hold for these columns, whatever their placeholder.
+            names = [table.columns[i].name for i in unchanged_columns(after)]
+            headers = [*headers, (HEADER_UNCHANGED, encode_unchanged_header(names))]
         if key is None:
             # One call converts the key columns once, for both the key and the value.
             key, value = self._encoder.encode_change(
@@ -324,17 +346,23 @@ class Streamer:
             value = self._encoder.encode_value(
                 table, op, before, after, source, self._transaction(relation_id)
             )
-        self._send(relation_id, key, value, headers)
+        topic = self._topics[relation_id]
+        self._send_to(topic, key, value, headers)
         self._count(op)
-        if op == "d" and key is not None:
-            self._send(relation_id, key, None)  # tombstone, so compaction drops the key
+        if op == "d":
+            # A tombstone, so compaction drops the key (a keyless table's has a null key,
+            # like Debezium's; its topic is not compacted).
+            self._send_to(topic, key, None)
 
     def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
         table = self._table(msg.relation_id)
         new = msg.new
-        if msg.old is not None and msg.old_kind == "O" and unchanged_columns(new):
-            # REPLICA IDENTITY FULL: the old row is complete, so this is exact.
+        if msg.old is not None and UNCHANGED_TOAST in new:
+            # The old row (whole under REPLICA IDENTITY FULL, else the key, which the server
+            # sends when the key has a TOASTed value) holds what the new one left out.
             new = fill_from_old(new, msg.old)
+        if table.key_columns and UNCHANGED_TOAST in new:
+            require_key(table, new)
         if msg.old is not None and table.key_columns:
             old_key = self._encoder.encode_key(table, msg.old)
             new_key = self._encoder.encode_key(table, new)

@@ -6,7 +6,8 @@ primary-key change the reader emits a create event for the NEW key, which no fol
 held: the marker there would lose the value. So:
 
 * under REPLICA IDENTITY FULL the old tuple is the whole old row, and an unchanged column's
-  new value IS its old value: :func:`fill_from_old` is exact;
+  new value IS its old value: :func:`fill_from_old` is exact; so it is for a TOASTed key
+  column, whose old value the server sends (the old key) when it is left unchanged;
 * otherwise :func:`fetch_current` reads the columns' current values by the new key over the
   reader's ordinary connection. With ``postgres.complete_unchanged_toast`` (the default) it
   does so for plain updates too: a compacted topic keeps only each key's newest event, and a
@@ -26,6 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgcdc.core.errors import DecodeError
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas.model import TableSchema
 
@@ -36,10 +38,32 @@ def unchanged_columns(row: Sequence[RawValue]) -> list[int]:
 
 
 def fill_from_old(new: Sequence[RawValue], old: Sequence[RawValue]) -> tuple[RawValue, ...]:
-    """The new row with each unchanged TOAST value taken from the full old row."""
+    """The new row with each unchanged TOAST value taken from the old row where it has one.
+
+    The old row is whole under REPLICA IDENTITY FULL, and is the replica identity's columns
+    otherwise (others None), which the server sends when they hold a TOASTed value: so an
+    unchanged TOASTed key always gets its value back.
+    """
     if len(new) != len(old):
         raise ValueError(f"old row has {len(old)} columns, new row {len(new)}")
-    return tuple(o if n is UNCHANGED_TOAST else n for n, o in zip(new, old, strict=True))
+    return tuple(
+        o if n is UNCHANGED_TOAST and o is not None and o is not UNCHANGED_TOAST else n
+        for n, o in zip(new, old, strict=True)
+    )
+
+
+def require_key(table: TableSchema, row: Sequence[RawValue]) -> None:
+    """Raise unless every key column of ``row`` has its value: a key column with the
+    placeholder would key another row (the server sends the old key when a key column
+    holds a TOASTed value, so this does not happen on PostgreSQL 11 and later)."""
+    names = [c.name for c in table.columns]
+    missing = [k for k in table.key_columns if row[names.index(k)] is UNCHANGED_TOAST]
+    if missing:
+        raise DecodeError(
+            f"table {table.schema}.{table.table}: an UPDATE left key column(s) "
+            f"{', '.join(missing)} out (unchanged TOAST) and sent no old key to take them "
+            "from; run ALTER TABLE ... REPLICA IDENTITY FULL on it"
+        )
 
 
 _IN_PROGRESS = sql.SQL(

@@ -1,0 +1,168 @@
+"""The keys live in a table topic, kept on disk: what a TRUNCATE deletes, what a re-snapshot
+tombstones.
+
+A key is live when its newest record in the topic is not a tombstone: that is what log
+compaction keeps, so it is what a follower rebuilt from the topic would hold. Keys are
+compared by their bytes here (compaction does), and each live key may carry an *identity*,
+its value (:meth:`schemas.envelope.EventEncoder.key_identity`), for the snapshot, which asks
+"is this row's key live under other bytes?" (a key written with schemas and now without, or
+as int and now as bigint).
+
+The map lives in a SQLite file in a temporary folder, not in a Python set: a topic of a
+million keys costs a few dozen megabytes of disk and a bounded page cache, not hundreds of
+megabytes of memory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from cdc.kafka_clients import read_topic
+
+# A record's key and whether its value is not null (a tombstone has a null value).
+KeyRecord = tuple[bytes | None, bool]
+Identity = Callable[[bytes], bytes]
+
+PAGE_CACHE_KIB = 8 * 1024  # SQLite's page cache, the store's memory bound
+SCAN_TIMEOUT_S = 1800.0  # reading a whole topic; a million records take well under a minute
+
+
+class LiveKeys:
+    """Keys whose newest record is not a tombstone, with their identity, in a SQLite file."""
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="cdc-live-keys-", dir=directory))
+        self._db = sqlite3.connect(self._dir / "keys.sqlite", isolation_level=None)
+        for pragma in (
+            "journal_mode = OFF",
+            "synchronous = OFF",
+            "temp_store = FILE",
+            f"cache_size = -{PAGE_CACHE_KIB}",
+        ):
+            self._db.execute(f"PRAGMA {pragma}")
+        self._db.execute("CREATE TABLE live (key BLOB PRIMARY KEY, ident BLOB) WITHOUT ROWID")
+        self._db.execute("CREATE TEMP TABLE claimed (key BLOB, ident BLOB)")
+        self._count = 0
+
+    def load(self, records: Iterable[KeyRecord], identity: Identity | None = None) -> None:
+        """Take ``records`` in topic order (per key): a tombstone removes its key, any other
+        record makes it live. ``identity`` gives each live key its identity (default: its
+        bytes). Records without a key are ignored."""
+        db = self._db
+        db.execute("BEGIN")  # one transaction: no journal, no sync, a plain bulk load
+        for key, live in records:
+            if key is None:
+                continue
+            if live:
+                ident = identity(key) if identity is not None else key
+                db.execute("INSERT OR REPLACE INTO live VALUES (?, ?)", (key, ident))
+            else:
+                db.execute("DELETE FROM live WHERE key = ?", (key,))
+        db.execute("COMMIT")
+        db.execute("CREATE INDEX IF NOT EXISTS live_ident ON live (ident)")
+        row = db.execute("SELECT count(*) FROM live").fetchone()
+        self._count = int(row[0])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Every live key, in byte order."""
+        for (key,) in self._db.execute("SELECT key FROM live ORDER BY key"):
+            yield bytes(key)
+
+    def claim(self, rows: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
+        """Rows (key, identity) the snapshot is about to write: their identities stop being
+        live here. Returns the live keys that share an identity with a row but not its bytes:
+        the same key under old bytes, which need a tombstone ordered before the row."""
+        if not self._count or not rows:
+            return []
+        db = self._db
+        db.execute("BEGIN")
+        db.execute("DELETE FROM claimed")
+        db.executemany("INSERT INTO claimed VALUES (?, ?)", rows)
+        other_bytes = [
+            bytes(k)
+            for (k,) in db.execute(
+                "SELECT key FROM live WHERE ident IN (SELECT ident FROM claimed) "
+                "AND key NOT IN (SELECT key FROM claimed)"
+            )
+        ]
+        gone = db.execute("DELETE FROM live WHERE ident IN (SELECT ident FROM claimed)").rowcount
+        db.execute("COMMIT")
+        self._count -= gone
+        return other_bytes
+
+    def close(self) -> None:
+        """Delete the file."""
+        self._db.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> LiveKeys:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def topic_records(
+    bootstrap_servers: str, topic: str, tick: Callable[[], None] | None = None
+) -> Iterator[KeyRecord]:
+    """(key, value is not null) of every record of ``topic`` up to its current end;
+    ``tick`` is called every few thousand records (a long scan keeps other sessions alive)."""
+    records = read_topic(
+        bootstrap_servers,
+        topic,
+        "cdc-live-keys",
+        SCAN_TIMEOUT_S,
+        **{"fetch.max.bytes": 16 * 1024 * 1024, "queued.max.messages.kbytes": 32 * 1024},
+    )
+    for n, msg in enumerate(records):
+        if tick is not None and not n & 0xFFF:
+            tick()
+        yield msg.key(), msg.value() is not None
+
+
+def scan_live_keys(
+    bootstrap_servers: str,
+    topic: str,
+    identity: Identity | None = None,
+    tick: Callable[[], None] | None = None,
+) -> LiveKeys:
+    """The live keys of ``topic`` (read from its start to its current end); close it after."""
+    store = LiveKeys()
+    try:
+        store.load(topic_records(bootstrap_servers, topic, tick), identity)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def scan_many(
+    bootstrap_servers: str,
+    scans: Sequence[tuple[str, Identity] | None],
+    tick: Callable[[], None] | None = None,
+) -> list[LiveKeys | None]:
+    """:func:`scan_live_keys` of each (topic, identity), None where a scan is None; all
+    closed again if one fails."""
+    stores: list[LiveKeys | None] = []
+    try:
+        for scan in scans:
+            stores.append(None if scan is None else scan_live_keys(bootstrap_servers, *scan, tick))
+    except BaseException:
+        for store in stores:
+            if store is not None:
+                store.close()
+        raise
+    return stores

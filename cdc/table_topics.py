@@ -1,0 +1,66 @@
+"""Table topics by kind: compacted for keyed tables, ``cleanup.policy=delete`` for the others.
+
+A compacted topic refuses a record without a key, so a keyless table (see :mod:`cdc.keys`)
+gets a topic that deletes by age instead, as Debezium's do (Kafka's default retention,
+7 days, unless the topic says otherwise), and so do Debezium's ``t`` events of keyed tables
+(:func:`pgcdc.core.contract.truncate_topic`). A keyless table whose topic already exists
+compacted (it had a key once) would make Kafka refuse its every record: that stops the
+reader at once with one line saying what to do, instead of on the first change.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin._config import ConfigResource
+
+from cdc.kafka_clients import admin_client
+from cdc.keys import KEY_COLUMNS_SETTING
+from cdc.publisher import MAX_RECORD_BYTES, Publisher
+from pgcdc.core.errors import ConfigError, PublishError
+
+KEYLESS_TOPIC_CONFIG = {"cleanup.policy": "delete", "max.message.bytes": str(MAX_RECORD_BYTES)}
+
+
+class TableTopics:
+    """Creates table topics of the right kind, once per topic and process."""
+
+    def __init__(self, publisher: Publisher, bootstrap_servers: str) -> None:
+        self._publisher = publisher
+        self._bootstrap = bootstrap_servers
+        self._checked: set[str] = set()
+
+    def ensure(self, topic: str, *, keyless: bool, table: str) -> None:
+        """Create ``topic`` if missing; a keyless table's topic must not be compacted."""
+        if not keyless:
+            self._publisher.ensure_topics([topic])
+            return
+        if topic in self._checked:
+            return
+        self._publisher.ensure_topics([topic], config=dict(KEYLESS_TOPIC_CONFIG))
+        if "compact" in cleanup_policy(self._bootstrap, topic):
+            raise ConfigError(
+                f"table {table} has no key, but its topic {topic} is compacted "
+                "(cleanup.policy=compact refuses records without a key): key it with "
+                f"{KEY_COLUMNS_SETTING}, or set the topic's cleanup.policy to delete"
+            )
+        self._checked.add(topic)
+
+    def ensure_plain(self, topic: str, partitions: int = 1) -> None:
+        """Create a non-compacted side topic (the truncate topic) if missing."""
+        if topic not in self._checked:
+            self._publisher.ensure_topics(
+                [topic], partitions=partitions, config=dict(KEYLESS_TOPIC_CONFIG)
+            )
+            self._checked.add(topic)
+
+
+def cleanup_policy(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> str:
+    """The topic's ``cleanup.policy`` (e.g. ``compact``, ``delete``, ``compact,delete``)."""
+    admin = admin_client(bootstrap_servers)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+    except KafkaException as e:
+        raise PublishError(f"cannot read the configuration of {topic}: {e.args[0].str()}") from e
+    entry = configs.get("cleanup.policy")
+    return str(entry.value) if entry is not None else "delete"

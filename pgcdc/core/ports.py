@@ -24,6 +24,16 @@ OPENSEARCH_TRANSPORT_PORT = 19300
 
 SERVICES: tuple[str, ...] = ("postgres", "redis", "kafka", "opensearch")
 
+# Secured servers started only on demand (``scripts/stack up kafka-secure redis-secure``),
+# beside the plaintext ones above, never instead of them. PostgreSQL needs no second server:
+# the one above also accepts TLS (``sslmode=verify-full`` with the stack's CA).
+SECURE_PORTS: dict[str, int] = {
+    "kafka-secure": 19094,  # SASL_SSL, SCRAM-SHA-512 over TLS
+    "redis-secure": 56380,  # TLS only, an ACL user; the default user is off
+}
+KAFKA_SECURE_CONTROLLER_PORT = 19095
+SECURE_SERVICES: tuple[str, ...] = tuple(SECURE_PORTS)
+
 
 # Where each service of the stack answers, as the clients' default settings.
 POSTGRES_DSN = f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc"

@@ -5,22 +5,48 @@ from __future__ import annotations
 import argparse
 import fcntl
 import importlib
+import os
+import shlex
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pgcdc.core.ports import HOST, KAFKA_CONTROLLER_PORT, PORTS, SERVICES, env_vars
+from pgcdc.core.ports import (
+    HOST,
+    KAFKA_CONTROLLER_PORT,
+    KAFKA_SECURE_CONTROLLER_PORT,
+    PORTS,
+    SECURE_PORTS,
+    SECURE_SERVICES,
+    SERVICES,
+    env_vars,
+)
 from pgcdc.stack import common, prereqs
 from pgcdc.stack.service import Service
 
 HELP = f"""\
 Run the project's servers natively on {HOST} (no Docker):
 
-  postgres    PostgreSQL 15 (Debian postgresql-15), wal_level=logical  port {PORTS["postgres"]}
+  postgres    PostgreSQL (the distribution's), wal_level=logical, TLS  port {PORTS["postgres"]}
   redis       Redis (Debian redis-server), no persistence              port {PORTS["redis"]}
   kafka       Kafka 4.x KRaft (Maven Central jars), broker+controller  port {PORTS["kafka"]} (controller {KAFKA_CONTROLLER_PORT})
   opensearch  OpenSearch 2.19 integ-test zip (Maven Central), JDK 17   port {PORTS["opensearch"]}
+
+On demand only (named, or --secure), beside the ones above:
+
+  kafka-secure  a second broker, SASL_SSL only (SCRAM-SHA-512)   port {SECURE_PORTS["kafka-secure"]} (controller {KAFKA_SECURE_CONTROLLER_PORT})
+  redis-secure  a second redis-server, TLS only, an ACL user     port {SECURE_PORTS["redis-secure"]}
+
+Certificates come from a local CA made with openssl in .stack/tls/ (clients trust
+.stack/tls/ca.crt); passwords are random, in .stack/tls/credentials.json. PostgreSQL
+accepts TLS on its usual port (sslmode=verify-full). `env --secure` prints the settings
+that reach the secured endpoints.
+
+PostgreSQL's binaries are found for the installed version (/usr/lib/postgresql/<N>/bin,
+pg_config --bindir, PATH; PG_BINDIR overrides). As root, PostgreSQL runs as the postgres
+user and OpenSearch as cdcstack; otherwise both run as you, and missing packages are
+installed through sudo (or the exact command is printed).
 
 State lives in .stack/ (STACK_DIR), downloads in .cache/ (CACHE_DIR); both are gitignored,
 so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles:
@@ -29,22 +55,36 @@ so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles
 """
 
 
-def _services(names: list[str]) -> list[Service]:
-    """The chosen services (default: all), always in start order."""
-    unknown = sorted(set(names) - set(SERVICES))
+ALL_SERVICES = (*SERVICES, *SECURE_SERVICES)
+
+
+def _services(names: list[str], *, secure: bool = False) -> list[Service]:
+    """The chosen services, always in start order. None named: the default ones, plus the
+    secured ones with ``secure``."""
+    unknown = sorted(set(names) - set(ALL_SERVICES))
     if unknown:
         raise common.StackError(
-            f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+            f"unknown service {', '.join(unknown)}; choose from {', '.join(ALL_SERVICES)}"
         )
-    chosen = [n for n in SERVICES if not names or n in names]
+    wanted = set(names) or {*SERVICES, *(SECURE_SERVICES if secure else ())}
+    chosen = [n for n in ALL_SERVICES if n in wanted]
     paths = common.paths()
     # Each module is imported only when its service is asked for.
     return [
-        getattr(importlib.import_module(f"pgcdc.stack.{n}"), _CLASSES[n])(paths) for n in chosen
+        getattr(importlib.import_module(f"pgcdc.stack.{module}"), cls)(paths)
+        for module, cls in (_CLASSES[n] for n in chosen)
     ]
 
 
-_CLASSES = {"postgres": "Postgres", "redis": "Redis", "kafka": "Kafka", "opensearch": "OpenSearch"}
+# Service name -> (module in pgcdc.stack, class).
+_CLASSES = {
+    "postgres": ("postgres", "Postgres"),
+    "redis": ("redis", "Redis"),
+    "kafka": ("kafka", "Kafka"),
+    "opensearch": ("opensearch", "OpenSearch"),
+    "kafka-secure": ("kafka_secure", "KafkaSecure"),
+    "redis-secure": ("redis_secure", "RedisSecure"),
+}
 
 
 @contextmanager
@@ -57,9 +97,14 @@ def _lock() -> Iterator[None]:
         yield
 
 
-def cmd_up(names: list[str]) -> int:
+def cmd_up(names: list[str], secure: bool = False) -> int:
     t0 = time.monotonic()
-    services = _services(names)
+    if os.geteuid() == 0 and os.environ.get("SUDO_USER"):
+        common.say(
+            "running through sudo: .stack/ will belong to root. scripts/stack also runs as "
+            f"{os.environ['SUDO_USER']} and uses sudo only to install missing packages"
+        )
+    services = _services(names, secure=secure)
     with _lock():  # also keeps two first-time callers from running apt-get at once
         prereqs.ensure([prereqs.BASE, *(s.packages for s in services)])
         common.paths().logs.mkdir(parents=True, exist_ok=True)
@@ -73,29 +118,36 @@ def cmd_up(names: list[str]) -> int:
         sparkjars.ensure(common.paths())
     for s in services:
         state = "started" if s in started else "already running"
-        print(f"{s.name:<11} up    {s.address:<16} {state}")
+        print(f"{s.name:<13} up    {s.address:<16} {state}")
     common.say(f"up in {time.monotonic() - t0:.1f}s")
     return 0
 
 
 def cmd_down(names: list[str]) -> int:
     with _lock():
-        for s in reversed(_services(names)):
+        # Nothing named: every service, the secured ones too (none is left behind).
+        for s in reversed(_services(names, secure=True)):
             was = s.stop()
-            print(f"{s.name:<11} {'stopped' if was else 'was not running'}")
+            print(f"{s.name:<13} {'stopped' if was else 'was not running'}")
     return 0
 
 
-def cmd_status(names: list[str]) -> int:
+def cmd_status(names: list[str], secure: bool = False) -> int:
     ok = True
-    for s in _services(names):
+    for s in _services(names, secure=secure):
         up, line = s.status()
         ok &= up
         print(line)
     return 0 if ok else 1
 
 
-def cmd_env() -> int:
+def cmd_env(secure: bool = False) -> int:
+    if secure:
+        from pgcdc.stack import secure as secured
+
+        for k, v in secured.env_vars(common.paths()).items():
+            print(f"export {k}={shlex.quote(v)}")
+        return 0
     for k, v in env_vars().items():
         print(f"export {k}={v}")
     return 0
@@ -121,20 +173,31 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=what)
         p.add_argument(
-            "services", nargs="*", metavar="SERVICE", help=f"any of: {', '.join(SERVICES)}"
+            "services", nargs="*", metavar="SERVICE", help=f"any of: {', '.join(ALL_SERVICES)}"
         )
-    sub.add_parser("env", help="print export lines for the CDC_* settings")
+        if name != "down":  # down with no service named stops them all anyway
+            p.add_argument(
+                "--secure",
+                action="store_true",
+                help=f"with no SERVICE: also {', '.join(SECURE_SERVICES)}",
+            )
+    env = sub.add_parser("env", help="print export lines for the CDC_* settings")
+    env.add_argument(
+        "--secure",
+        action="store_true",
+        help="the secured endpoints: PostgreSQL verify-full, Kafka SASL_SSL, Redis TLS + ACL",
+    )
     sub.add_parser("jars", help="fetch the Spark Kafka connector jars; print them comma-separated")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
-            return cmd_up(args.services)
+            return cmd_up(args.services, args.secure)
         if args.cmd == "down":
             return cmd_down(args.services)
         if args.cmd == "status":
-            return cmd_status(args.services)
+            return cmd_status(args.services, args.secure)
         if args.cmd == "env":
-            return cmd_env()
+            return cmd_env(args.secure)
         return cmd_jars()
     except common.StackError as e:
         print(f"stack: error: {e}", file=sys.stderr)

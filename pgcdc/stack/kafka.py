@@ -132,22 +132,38 @@ class Kafka(Service):
                     f"--cluster-id={cluster_id}",
                     "-c",
                     self.config,
+                    *self.format_arguments(),
                 ],
                 timeout=120,
             )
 
+    @property
+    def controller_port(self) -> int:
+        return KAFKA_CONTROLLER_PORT
+
+    def format_arguments(self) -> list[str]:
+        """Extra arguments of ``StorageTool format`` (e.g. SCRAM users made with the storage)."""
+        return []
+
+    def listener_properties(self) -> list[str]:
+        """The listeners part of server.properties: plaintext for clients and controller."""
+        controller = f"{HOST}:{self.controller_port}"
+        return [
+            f"listeners=PLAINTEXT://{self.address},CONTROLLER://{controller}",
+            f"advertised.listeners=PLAINTEXT://{self.address}",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+        ]
+
     def _properties(self) -> str:
-        controller = f"{HOST}:{KAFKA_CONTROLLER_PORT}"
+        controller = f"{HOST}:{self.controller_port}"
         return "\n".join(
             [
                 "# Written by scripts/stack on every start; edit pgcdc/stack/kafka.py instead.",
                 "process.roles=broker,controller",
                 "node.id=1",
-                f"listeners=PLAINTEXT://{self.address},CONTROLLER://{controller}",
-                f"advertised.listeners=PLAINTEXT://{self.address}",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
+                *self.listener_properties(),
                 # --standalone formatting needs the bootstrap form, not controller.quorum.voters.
                 f"controller.quorum.bootstrap.servers={controller}",
                 f"log.dirs={self.data}",
@@ -185,7 +201,7 @@ class Kafka(Service):
         return probe_kafka(HOST, self.port)
 
 
-def _request(sock: socket.socket, api_key: int, version: int, corr: int, body: bytes) -> bytes:
+def request(sock: socket.socket, api_key: int, version: int, corr: int, body: bytes) -> bytes:
     """Send one non-flexible request (header v1) and return the response body after corr id."""
     client = b"scripts-stack"
     header = struct.pack(">hhih", api_key, version, corr, len(client)) + client
@@ -213,11 +229,11 @@ def probe_kafka(host: str, port: int, timeout: float = 3) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
-            api = _request(s, 18, 0, 1, b"")
+            api = request(s, 18, 0, 1, b"")
             if struct.unpack(">h", api[:2])[0] != 0:
                 return False
             # Metadata v4: topics=null (all), allow_auto_topic_creation=false.
-            meta = _request(s, 3, 4, 2, struct.pack(">i?", -1, False))
+            meta = request(s, 3, 4, 2, struct.pack(">i?", -1, False))
             _throttle, brokers = struct.unpack(">ii", meta[:8])
             return bool(brokers >= 1)
     except (OSError, struct.error):

@@ -1,8 +1,13 @@
-"""OpenSearch 2.19 integ-test zip from Maven Central on JDK 17, run as a non-root user."""
+"""OpenSearch 2.19 integ-test zip from Maven Central on JDK 17, never as root.
+
+Under root it runs as a locked system user (``cdcstack``); otherwise as the user running
+the stack. The integ-test distribution has no security plugin: plain HTTP, no users.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import urllib.request
@@ -21,6 +26,11 @@ URL = (
 )
 OS_USER = "cdcstack"  # OpenSearch refuses to run as root
 HEAP = "-Xms256m -Xmx512m"
+
+
+def server_user() -> str | None:
+    """The OS user that runs OpenSearch: a system user under root, else ourselves (None)."""
+    return OS_USER if os.geteuid() == 0 else None
 
 
 class OpenSearch(Service):
@@ -55,7 +65,9 @@ class OpenSearch(Service):
 
     def prepare(self) -> None:
         self.fetch()
-        common.ensure_system_user(OS_USER)
+        user = server_user()
+        if user is not None:
+            common.ensure_system_user(user)
         for sub in ("data", "logs", "tmp"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         if not (self.conf / "jvm.options").exists():
@@ -94,11 +106,12 @@ class OpenSearch(Service):
                 ]
             )
         )
-        self.paths.stack.chmod(0o755)
-        self.home.chmod(0o755)
-        common.chown(self.home, OS_USER, recursive=True)
-        for needed in (self.home, self.dist / "bin"):
-            common.check_reachable(OS_USER, needed)
+        if user is not None:
+            self.paths.stack.chmod(0o755)
+            self.home.chmod(0o755)
+            common.chown(self.home, user, recursive=True)
+            for needed in (self.home, self.dist / "bin"):
+                common.check_reachable(user, needed)
 
     def launch(self) -> int:
         env = {
@@ -109,7 +122,11 @@ class OpenSearch(Service):
         }
         # bin/opensearch execs java, so the spawned pid is the server's pid.
         return common.spawn(
-            [self.dist / "bin" / "opensearch"], log=self.log, user=OS_USER, env=env, cwd=self.home
+            [self.dist / "bin" / "opensearch"],
+            log=self.log,
+            user=server_user(),
+            env=env,
+            cwd=self.home,
         )
 
     def _get(self, path: str) -> dict[str, object] | None:

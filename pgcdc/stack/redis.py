@@ -23,8 +23,11 @@ class Redis(Service):
     def prepare(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
 
+    def _exe(self) -> str:
+        return shutil.which("redis-server") or "/usr/bin/redis-server"
+
     def launch(self) -> int:
-        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        exe = self._exe()
         # Followers are rebuilt from Kafka, so the cache needs no snapshots or AOF.
         return common.spawn(
             [

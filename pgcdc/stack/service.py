@@ -113,10 +113,10 @@ class Service(ABC):
         """(up?, one-line description) from pid liveness AND a real request."""
         pid = self.pid()
         if pid is None:
-            return False, f"{self.name:<11} down  (no live process; log {self.log})"
+            return False, f"{self.name:<13} down  (no live process; log {self.log})"
         if not self.probe():
             return (
                 False,
-                f"{self.name:<11} down  (pid {pid} alive but {self.address} does not answer; log {self.log})",
+                f"{self.name:<13} down  (pid {pid} alive but {self.address} does not answer; log {self.log})",
             )
-        return True, f"{self.name:<11} up    pid {pid:<8} {self.address}"
+        return True, f"{self.name:<13} up    pid {pid:<8} {self.address}"

@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any, Final, Protocol
 
 from pgcdc.core.contract import (
-    UNAVAILABLE_VALUE_PLACEHOLDER,
+    UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
     UNAVAILABLE_VALUE_PLACEHOLDERS,
     VersionOrder,
 )
@@ -37,9 +37,12 @@ class Outcome(StrEnum):
 
 # Debezium writes the placeholder as text, as one-element arrays for array columns, and as
 # the placeholder's bytes for binary columns: base64 or hex text, by binary.handling.mode.
-_PLACEHOLDER_HEX: Final = UNAVAILABLE_VALUE_PLACEHOLDER.encode().hex()
 PLACEHOLDER_TEXTS: Final = frozenset(
-    (*UNAVAILABLE_VALUE_PLACEHOLDERS, _PLACEHOLDER_HEX, _PLACEHOLDER_HEX.upper())
+    (
+        *UNAVAILABLE_VALUE_PLACEHOLDERS,
+        UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
+        UNAVAILABLE_VALUE_PLACEHOLDER_HEX.upper(),
+    )
 )
 
 

@@ -6,7 +6,15 @@ A micro-batch is applied in this order: parse; reduce to the newest event per ke
 Spark, :func:`~spark_jobs.transforms.latest_per_key`: the batch's one reduction); send
 unparseable records to the dead-letter topic; apply through the sink (every write carries
 an LSN-derived version, so a replay can never go backwards); dead-letter what the sink
-refused for good; and only then record the follower's watermark. Spark commits the batch's
+refused for good; and only then record the follower's watermark.
+
+No record stops a job: one that cannot become a change (a key that is not JSON, a c/u/r
+event without ``after``, a value its schema cannot decode) or that the sink refuses for good
+goes to the dead-letter topic with the reason, and the rest of the batch is applied.
+Records of keyless tables (null key) and Debezium ``t`` events (the reader also writes a
+delete per removed row) are skipped and counted, with one log line per batch. Only what no
+later record could get past stops the job: a follower that stays unreachable, or a commit
+LSN beyond what the followers can order. Spark commits the batch's
 offsets to the checkpoint after :class:`ApplyBatch` returns, so a crash anywhere replays
 the batch: the versions make the replay harmless.
 """
@@ -17,7 +25,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Row
 
@@ -25,9 +33,18 @@ from pgcdc.core.errors import RetryableSinkError
 from pgcdc.core.settings import Settings
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
-from spark_jobs.changes import ChangeBuilder
+from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.options import JobOptions
-from spark_jobs.transforms import CHANGE, DEAD, HEARTBEAT, SCHEMA, latest_per_key, parse_events
+from spark_jobs.transforms import (
+    CHANGE,
+    DEAD,
+    HEARTBEAT,
+    KEYLESS,
+    SCHEMA,
+    TRUNCATE,
+    latest_per_key,
+    parse_events,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +52,6 @@ log = logging.getLogger(__name__)
 SinkFactory = Callable[[Settings], Sink]
 
 _CHUNK = 2000  # changes per sink.apply call
-_TRUNCATE_REASON = "TRUNCATE is not applied by the followers; rebuild them after one"
 
 
 @dataclass
@@ -46,21 +62,34 @@ class BatchStats:
     skipped: int = 0
     failed: int = 0
     dead_lettered: int = 0
+    keyless: int = 0  # records of keyless tables, skipped
+    truncates: int = 0  # Debezium t events, skipped
     max_commit_lsn: int = 0
     heartbeat_lsn: int = 0
+    keyless_tables: set[str] = field(default_factory=set)
 
     def add(self, other: BatchStats) -> None:
         self.applied += other.applied
         self.skipped += other.skipped
         self.failed += other.failed
         self.dead_lettered += other.dead_lettered
+        self.keyless += other.keyless
+        self.truncates += other.truncates
         self.max_commit_lsn = max(self.max_commit_lsn, other.max_commit_lsn)
         self.heartbeat_lsn = max(self.heartbeat_lsn, other.heartbeat_lsn)
+        self.keyless_tables |= other.keyless_tables
 
     @property
     def busy(self) -> bool:
         """Whether anything was applied, skipped, refused or dead-lettered."""
-        return bool(self.applied or self.skipped or self.failed or self.dead_lettered)
+        return bool(
+            self.applied
+            or self.skipped
+            or self.failed
+            or self.dead_lettered
+            or self.keyless
+            or self.truncates
+        )
 
 
 _SINKS: dict[tuple[str, str], Sink] = {}
@@ -85,9 +114,10 @@ def apply_partition(
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
 
-    Changes go to the sink in chunks; records nobody can apply (unparseable, refused by the
-    sink for good, truncates) go to the dead-letter topic with the reason; heartbeats only
-    raise the partition's heartbeat LSN.
+    Changes go to the sink in chunks; records nobody can apply (unparseable, undecodable,
+    refused by the sink for good) go to the dead-letter topic with the reason; records of
+    keyless tables and truncate events are counted and skipped; heartbeats only raise the
+    partition's heartbeat LSN.
     """
     # Schema rows may come after the changes that need them: read the partition first.
     rows = list(rows)
@@ -101,14 +131,22 @@ def apply_partition(
         for row in rows:
             kind = row["kind"]
             if kind == CHANGE:
-                chunk.append(build(row))
+                try:
+                    chunk.append(build(row))
+                except RecordError as e:
+                    refused.append(_unreadable(row, str(e)))
+                    continue
                 if len(chunk) >= _CHUNK:
                     _apply_chunk(sink, job, chunk, stats, refused)
             elif kind == HEARTBEAT:
                 stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
-            elif kind != SCHEMA:
-                reason = row["parse_error"] if kind == DEAD else _TRUNCATE_REASON
-                refused.append(_unreadable(row, reason))
+            elif kind == KEYLESS:
+                stats.keyless += 1
+                stats.keyless_tables.add(row["table"])
+            elif kind == TRUNCATE:
+                stats.truncates += 1
+            elif kind == DEAD:
+                refused.append(_unreadable(row, row["parse_error"]))
         if chunk:
             _apply_chunk(sink, job, chunk, stats, refused)
         if refused:
@@ -152,13 +190,15 @@ def _apply_chunk(
 
 
 def _unreadable(row: Row, reason: str) -> dead_letter.UnreadableRecord:
-    """The dead-letter record for a Kafka record that is no applicable change."""
+    """The dead-letter record for a Kafka record that is no applicable change (a change row
+    carries its ``after`` image, not the whole record)."""
     return dead_letter.UnreadableRecord(
         topic=row["topic"],
         partition=row["partition"],
         offset=row["offset"],
+        table=row["table"],
         key=row["key_json"],
-        value=row["raw_value"],
+        value=row["raw_value"] if row["raw_value"] is not None else row["after_json"],
         reason=reason,
     )
 
@@ -192,15 +232,28 @@ class ApplyBatch:
         if watermark:
             sink = cached_sink(self.settings, self.opts.name, self.make_sink)
             sink.record_watermark(self.opts.name, watermark)
+        extra = {"job": self.opts.name, "batch_id": batch_id}
+        if total.keyless:
+            log.warning(
+                "batch %d: skipped %d records of keyless tables %s (no key to apply them by; "
+                "name key columns with CDC_POSTGRES__MESSAGE_KEY_COLUMNS)",
+                batch_id,
+                total.keyless,
+                ", ".join(sorted(total.keyless_tables)),
+                extra=extra,
+            )
         if total.busy:
             log.info(
-                "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d watermark=%d (%.0f ms)",
+                "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d keyless=%d "
+                "truncates=%d watermark=%d (%.0f ms)",
                 batch_id,
                 total.applied,
                 total.skipped,
                 total.failed,
                 total.dead_lettered,
+                total.keyless,
+                total.truncates,
                 watermark,
                 (time.monotonic() - t0) * 1e3,
-                extra={"job": self.opts.name, "batch_id": batch_id},
+                extra=extra,
             )

@@ -3,6 +3,12 @@
 Reduces nothing: every change row is already the newest event of its key
 (:func:`spark_jobs.transforms.latest_per_key` is the one reduction of a batch). Runs inside
 the Python workers.
+
+A record that cannot become a change (a key that is not a JSON object, a c/u/r event
+without an ``after`` image, a value its schema cannot decode) raises :class:`RecordError`:
+the caller dead-letters it with the reason and applies the rest of the batch. A commit LSN
+beyond 2**63-1 raises :class:`~pgcdc.core.errors.SinkError` instead: no later change could be
+ordered either, so the job stops with that one line.
 """
 
 from __future__ import annotations
@@ -13,12 +19,22 @@ from typing import Any
 import orjson
 from pyspark.sql import Row
 
-from pgcdc.core.contract import VersionOrder
+from pgcdc.core.contract import VersionOrder, decode_unchanged_header
+from pgcdc.core.errors import SinkError
 from sinks.base import Change, fill_unchanged, key_id
 from spark_jobs.convert import RowConverter, after_schema
 
 # Called with (table, Debezium value schema) the first time a schema is used.
 OnNewSchema = Callable[[str, Mapping[str, Any]], None]
+
+# What a malformed record makes the decoding raise (JSON errors are ValueErrors; a value of
+# an unexpected shape gives TypeError, AttributeError or KeyError; a number out of range,
+# OverflowError).
+_DECODE_ERRORS = (ValueError, TypeError, AttributeError, KeyError, OverflowError)
+
+
+class RecordError(ValueError):
+    """A record no follower can apply; the message says why (it goes to the dead letter)."""
 
 
 class ChangeBuilder:
@@ -43,14 +59,28 @@ class ChangeBuilder:
         return conv
 
     def __call__(self, r: Row) -> Change:
-        key = key_id(orjson.loads(r["key_json"]))
+        """The change of row ``r``; RecordError if it holds none a follower can apply."""
         table: str = r["table"]
-        if r["is_delete"]:
-            return Change(table, key, r["commit_lsn"], r["tx_order"], None)
-        conv = self._converter(table, r["schema_id"])
-        if not r["history"]:
-            doc, unchanged = conv(orjson.loads(r["after_json"]))
-            return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+        if r["commit_lsn"] is None:
+            raise SinkError(
+                f"{r['topic']}[{r['partition']}]@{r['offset']}: the commit LSN header is beyond "
+                "2**63-1, past what the followers can order"
+            )
+        try:
+            key = _key(r["key_json"])
+            if r["is_delete"]:
+                return Change(table, key, r["commit_lsn"], r["tx_order"], None)
+            conv = self._converter(table, r["schema_id"])
+            if not r["history"]:
+                doc, unchanged = _row(conv, r["after_json"], r["op"], r["unchanged"])
+                return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+            return self._folded(r, table, key, conv)
+        except RecordError:
+            raise
+        except _DECODE_ERRORS as e:
+            raise RecordError(f"cannot decode the event: {type(e).__name__}: {e}") from e
+
+    def _folded(self, r: Row, table: str, key: str, conv: RowConverter) -> Change:
         # The newest event left TOASTed columns out: fold the batch's older events of the key
         # in, oldest first, so a value written earlier in the same batch is not lost.
         history = sorted(
@@ -62,6 +92,31 @@ class ChangeBuilder:
             if h["is_delete"] or h["after_json"] is None:
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
             else:
-                doc, unchanged = conv(orjson.loads(h["after_json"]))
+                doc, unchanged = _row(conv, h["after_json"], None, h["unchanged"])
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged))
         return fill_unchanged(changes)
+
+
+def _key(key_json: str | None) -> str:
+    """The document id of a record key (its payload), RecordError if it is none."""
+    if key_json is None:
+        raise RecordError("the record has no key")
+    try:
+        payload = orjson.loads(key_json)
+    except orjson.JSONDecodeError as e:
+        raise RecordError(f"the key is not JSON: {e}") from e
+    if not isinstance(payload, dict) or not payload:
+        raise RecordError("the key is not a JSON object of key columns")
+    return key_id(payload)
+
+
+def _row(
+    conv: RowConverter, after_json: str | None, op: str | None, unchanged_header: str | None
+) -> tuple[dict[str, Any], frozenset[str]]:
+    """The ``after`` image as a document and its unchanged columns."""
+    if after_json is None:
+        raise RecordError(f"a {op or 'c/u/r'} event without an 'after' image")
+    after = orjson.loads(after_json)
+    if not isinstance(after, dict):
+        raise RecordError("the 'after' image is not a JSON object")
+    return conv(after, decode_unchanged_header(unchanged_header))

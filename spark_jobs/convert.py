@@ -7,6 +7,9 @@ or a query can use, so followers store:
 - Decimal / VariableScaleDecimal → the exact decimal as a string ("12.30", "NaN");
 - io.debezium.time.Date → "YYYY-MM-DD";
 - Timestamp / MicroTimestamp / NanoTimestamp → ISO-8601 without zone ("2024-01-02T03:04:05.123456");
+- dates and timestamps outside years 1..9999 as PostgreSQL writes them in JSON: "infinity",
+  "-infinity", "10000-01-01", "0044-03-15 BC", "0001-01-01T00:00:00 BC" (Debezium's infinity
+  sentinels are recognised), so every value PostgreSQL accepts has an exact follower form;
 - Time / MicroTime / NanoTime → "HH:MM:SS.ffffff";
 - everything else as it came (ZonedTimestamp is already ISO, Json is a JSON string, bytes are
   base64, arrays element by element).
@@ -22,7 +25,14 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, UNAVAILABLE_VALUE_PLACEHOLDERS
+from schemas.convert import (
+    DATE_NEGATIVE_INFINITY_DAYS,
+    DATE_POSITIVE_INFINITY_DAYS,
+    TIMESTAMP_NEGATIVE_INFINITY_MICROS,
+    TIMESTAMP_POSITIVE_INFINITY_MICROS,
+)
+from schemas.pgtext import civil_from_days
+from sinks.base import is_placeholder
 
 Converter = Callable[[Any], Any]
 EPOCH = dt.datetime(1970, 1, 1)
@@ -35,7 +45,8 @@ def _identity(v: Any) -> Any:
 
 def _decimal_from_bytes(b64: str, scale: int) -> str:
     unscaled = int.from_bytes(base64.b64decode(b64), "big", signed=True)
-    return str(Decimal(unscaled).scaleb(-scale))
+    # Built from text: exact at any precision (scaleb rounds to the context's 28 digits).
+    return str(Decimal(f"{unscaled}E{-scale}"))
 
 
 def _decimal(scale: int) -> Converter:
@@ -51,20 +62,58 @@ def _variable_decimal(v: Any) -> Any:
     return v
 
 
+def _civil_date(days: int) -> str:
+    """Days since the epoch as PostgreSQL writes the date in JSON, for any year."""
+    y, m, d = civil_from_days(days)
+    if y <= 0:  # astronomical year 0 is 1 BC
+        return f"{1 - y:04d}-{m:02d}-{d:02d} BC"
+    return f"{y:04d}-{m:02d}-{d:02d}"
+
+
 def _date(v: Any) -> Any:
-    return (EPOCH_DATE + dt.timedelta(days=v)).isoformat() if isinstance(v, int) else v
+    if not isinstance(v, int):
+        return v
+    if v == DATE_POSITIVE_INFINITY_DAYS:
+        return "infinity"
+    if v == DATE_NEGATIVE_INFINITY_DAYS:
+        return "-infinity"
+    if -719_162 <= v <= 2_932_896:  # 0001-01-01 .. 9999-12-31: Python's own, in C
+        return (EPOCH_DATE + dt.timedelta(days=v)).isoformat()
+    return _civil_date(v)
+
+
+_INT64_BOUNDS = frozenset({(1 << 63) - 1, -(1 << 63)})
 
 
 def _timestamp(per_second: int) -> Converter:
+    # Debezium's ±infinity sentinels are microseconds; other units hold them scaled.
+    positive = TIMESTAMP_POSITIVE_INFINITY_MICROS * per_second // 1_000_000
+    negative = TIMESTAMP_NEGATIVE_INFINITY_MICROS * per_second // 1_000_000
+
     def conv(v: Any) -> Any:
         if not isinstance(v, int):
             return v
+        if v == positive:
+            return "infinity"
+        if v == negative:
+            return "-infinity"
+        if v in _INT64_BOUNDS:
+            # The reader caps what an int64 cannot hold (after 294247-01-10 in µs), as
+            # Debezium does: the true value is lost, so no follower may claim to hold it.
+            raise ValueError(f"timestamp {v} is capped at the int64 range: its value is unknown")
         secs, frac = divmod(v, per_second)
         micros = frac * 1_000_000 // per_second
         try:
             return (EPOCH + dt.timedelta(seconds=secs, microseconds=micros)).isoformat()
-        except OverflowError:  # outside Python's datetime range (e.g. ±infinity sentinels)
-            return v
+        except OverflowError:  # outside years 1..9999: PostgreSQL's form
+            days, sec_of_day = divmod(secs, 86_400)
+            date = _civil_date(days)
+            bc = date.endswith(" BC")
+            h, rem = divmod(sec_of_day, 3600)
+            mi, s = divmod(rem, 60)
+            fraction = f".{micros:06d}" if micros else ""
+            text = f"{date.removesuffix(' BC')}T{h:02d}:{mi:02d}:{s:02d}{fraction}"
+            return text + " BC" if bc else text
 
     return conv
 
@@ -121,14 +170,17 @@ class RowConverter:
             if conv is not _identity:
                 self._convs[f["field"]] = conv
 
-    def __call__(self, row: Mapping[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
+    def __call__(
+        self, row: Mapping[str, Any], unchanged_columns: frozenset[str] = frozenset()
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """The document and the columns left unchanged: those ``unchanged_columns`` names
+        (the record's ``cdc.unchanged`` header, whatever their value and type), then any
+        holding the placeholder in one of its forms (records from elsewhere)."""
         doc: dict[str, Any] = {}
         unchanged: list[str] = []
         convs = self._convs
         for k, v in row.items():
-            if v in UNAVAILABLE_VALUE_PLACEHOLDERS or (
-                isinstance(v, list) and v == [UNAVAILABLE_VALUE_PLACEHOLDER]
-            ):
+            if k in unchanged_columns or is_placeholder(v):
                 unchanged.append(k)
                 continue
             if v is None:

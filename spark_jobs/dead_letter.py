@@ -36,6 +36,7 @@ class UnreadableRecord(TypedDict):
     topic: str
     partition: int
     offset: int
+    table: str | None  # the table id its topic names
     key: str | None
     value: str | None
     reason: str

@@ -4,9 +4,12 @@ Input: the Kafka source's columns (key, value, topic, partition, offset, timesta
 Output of :func:`parse_events`: one row per record with
 
     topic, partition, offset, kafka_ts, table, key_json, op, after_json, value_schema_json,
-    schema_id,
+    schema_id, unchanged,
     commit_lsn, tx_order, source_ts_ms, raw_value, is_heartbeat, heartbeat_lsn, is_delete,
     parse_error
+
+(``table`` is the table id the contract encodes in the topic name, ``unchanged`` the raw
+``cdc.unchanged`` header: the columns an event left out, unchanged TOAST)
 
 and :func:`latest_per_key` keeps, per (topic, key), the newest of them by
 (commit LSN, position in the transaction, Kafka offset): follower-side compaction, and the
@@ -24,10 +27,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pgcdc.core.contract import (
     HEADER_COMMIT_LSN,
     HEADER_ORDER,
+    HEADER_UNCHANGED,
     HEARTBEAT_LSN_FIELD,
-    UNAVAILABLE_VALUE_PLACEHOLDER,
-    UNAVAILABLE_VALUE_PLACEHOLDER_B64,
 )
+from sinks.base import PLACEHOLDER_TEXTS
 
 # The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
 # decode them per table, and Spark does not have to know every table's columns.
@@ -58,6 +61,16 @@ def _header(name: str) -> Column:
     return F.try_element_at(matches, F.lit(1))["value"].cast("string")
 
 
+def _decimal_header(raw: str) -> Column:
+    """A decimal header as a long: null if absent or beyond 2**63-1 (left for the change
+    builder to stop on), and the reason when it is no decimal number at all."""
+    return F.col(raw).try_cast("long")
+
+
+def _bad_header(raw: str) -> Column:
+    return F.col(raw).isNotNull() & ~F.col(raw).rlike("^[0-9]+$")
+
+
 def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None = None) -> DataFrame:
     """Parse Kafka records holding Debezium JSON events (schemas on or off) and tombstones.
 
@@ -85,8 +98,9 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         F.col("value").isNull().alias("is_tombstone"),
         value.alias("raw_value"),
         is_heartbeat.alias("is_heartbeat"),
-        _header(HEADER_COMMIT_LSN).try_cast("long").alias("h_commit_lsn"),
-        _header(HEADER_ORDER).try_cast("long").alias("h_order"),
+        _header(HEADER_COMMIT_LSN).alias("h_commit_lsn_raw"),
+        _header(HEADER_ORDER).alias("h_order_raw"),
+        _header(HEADER_UNCHANGED).alias("unchanged"),
     )
     return parsed.select(
         "topic",
@@ -101,10 +115,14 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         # Every event of a table repeats the same few-kB schema: rows carry a hash of it,
         # and the schemas themselves travel once per batch (distinct_schemas).
         F.xxhash64("value_schema_json").alias("schema_id"),
+        "unchanged",
         # Our reader puts the transaction's commit LSN and the change's position in headers.
-        # Events from elsewhere fall back to the change's own LSN.
-        F.coalesce("h_commit_lsn", F.col("p.source.lsn"), F.lit(0)).alias("commit_lsn"),
-        F.coalesce("h_order", F.lit(0)).alias("tx_order"),
+        # Events from elsewhere fall back to the change's own LSN. A header too large for a
+        # long gives null: the change builder stops on it (no later change could be ordered).
+        F.when(F.col("h_commit_lsn_raw").isNull(), F.coalesce(F.col("p.source.lsn"), F.lit(0)))
+        .otherwise(_decimal_header("h_commit_lsn_raw"))
+        .alias("commit_lsn"),
+        F.coalesce(_decimal_header("h_order_raw"), F.lit(0)).alias("tx_order"),
         F.col("p.source.ts_ms").alias("source_ts_ms"),
         "raw_value",
         "is_heartbeat",
@@ -113,14 +131,19 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
             F.get_json_object("raw_value", f"$.{HEARTBEAT_LSN_FIELD}").try_cast("long"),
         ).alias("heartbeat_lsn"),
         (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
-        F.when(F.col("is_tombstone") | F.col("is_heartbeat"), F.lit(None))
+        F.when(F.col("is_heartbeat"), F.lit(None))
+        .when(_bad_header("h_commit_lsn_raw"), F.lit(f"the {HEADER_COMMIT_LSN} header is no LSN"))
+        .when(_bad_header("h_order_raw"), F.lit(f"the {HEADER_ORDER} header is no number"))
+        .when(F.col("is_tombstone"), F.lit(None))
         .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit("value is not a Debezium event"))
-        .when(F.col("key_json").isNull() & (F.col("p.op") != "t"), F.lit("record has no key"))
         .alias("parse_error"),
     )
 
 
 CHANGE, DEAD, HEARTBEAT, TRUNCATE, SCHEMA = "change", "dead", "heartbeat", "truncate", "schema"
+# Records with a null key on a table topic: a keyless table's events (its topic is not
+# compacted). No follower can tell its rows apart, so they are skipped and counted.
+KEYLESS = "keyless"
 
 
 def latest_per_key(events: DataFrame) -> DataFrame:
@@ -128,7 +151,9 @@ def latest_per_key(events: DataFrame) -> DataFrame:
     one reduction. What comes out holds one change per key, which the sinks apply as it is.
 
     Every other record passes through untouched, with its ``kind``: ``dead`` (cannot be
-    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress) and ``truncate``;
+    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress), ``truncate``
+    (Debezium's ``t`` event: the reader also wrote a delete for every row it removed) and
+    ``keyless`` (a null key: an event of a table without a key);
     and each distinct event schema of the batch comes once, as a ``schema`` row
     (``schema_id``, ``schema_json``), since change rows only carry the schema's id. One
     frame, in one partition, carries all of them, so a micro-batch costs a single Spark job
@@ -142,7 +167,7 @@ def latest_per_key(events: DataFrame) -> DataFrame:
         F.when(F.col("is_heartbeat"), F.lit(HEARTBEAT))
         .when(F.col("parse_error").isNotNull(), F.lit(DEAD))
         .when(F.col("op") == "t", F.lit(TRUNCATE))
-        .when(F.col("key_json").isNull(), F.lit(DEAD))
+        .when(F.col("key_json").isNull(), F.lit(KEYLESS))
         .otherwise(F.lit(CHANGE))
     )
     schemas = (
@@ -170,24 +195,25 @@ def latest_per_key(events: DataFrame) -> DataFrame:
             "is_delete",
             "op",
             "after_json",
+            "unchanged",
             "schema_id",
             "source_ts_ms",
             "partition",
-            F.when(~is_change, F.col("raw_value")).alias("raw_value"),
-            F.when(
-                F.col("kind") == DEAD, F.coalesce("parse_error", F.lit("record has no key"))
-            ).alias("parse_error"),
+            F.when(F.col("kind") == DEAD, F.col("raw_value")).alias("raw_value"),
+            F.when(F.col("kind") == DEAD, F.col("parse_error")).alias("parse_error"),
             "heartbeat_lsn",
             F.when(is_schema, F.col("value_schema_json")).alias("schema_json"),
         )
     ).alias("e")
-    history = F.collect_list(F.when(is_change, F.struct(*order, "is_delete", "after_json"))).alias(
-        "history"
-    )
+    history = F.collect_list(
+        F.when(is_change, F.struct(*order, "is_delete", "after_json", "unchanged"))
+    ).alias("history")
     after = F.col("e.after_json")
-    has_placeholder = after.contains(UNAVAILABLE_VALUE_PLACEHOLDER) | after.contains(
-        UNAVAILABLE_VALUE_PLACEHOLDER_B64
-    )
+    # The header names unchanged columns of any type; the placeholder's forms are for
+    # records from elsewhere.
+    has_placeholder = F.coalesce(F.col("e.unchanged"), F.lit("")) != F.lit("")
+    for text in sorted(PLACEHOLDER_TEXTS):
+        has_placeholder = has_placeholder | after.contains(text)
     return (
         with_kind.groupBy("topic", "table", group.alias("group"))
         .agg(newest, history)

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import Row
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
-from pgcdc.core.errors import RetryableSinkError
+from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import Settings, load_settings
 from sinks.base import ApplyResult, Change, Outcome
 from spark_jobs import apply_loop, dead_letter
@@ -26,7 +26,9 @@ FIELDS = [
     "offset",
     "key_json",
     "is_delete",
+    "op",
     "after_json",
+    "unchanged",
     "schema_id",
     "schema_json",
     "commit_lsn",
@@ -123,12 +125,17 @@ def test_changes_heartbeats_and_refusals(
         _row("heartbeat", heartbeat_lsn=250),
         _row("heartbeat", heartbeat_lsn=None),
         _row("dead", offset=7, key_json='{"id":4}', raw_value="junk", parse_error="bad"),
+        # Debezium's t event: the reader wrote a delete per removed row; skipped, counted.
         _row("truncate", offset=8, raw_value="{}"),
+        # A keyless table's records: skipped and counted, never dead-lettered.
+        _row("keyless", offset=9, table="public.log", after_json='{"n":1}'),
+        _row("keyless", offset=10, table="public.log"),
         # The schema row comes after the changes that use it.
         _row("schema", schema_id=1, schema_json=orjson.dumps(SCHEMA).decode()),
     ]
     stats = _apply(sink, rows)
-    assert (stats.applied, stats.skipped, stats.failed, stats.dead_lettered) == (1, 1, 1, 3)
+    assert (stats.applied, stats.skipped, stats.failed, stats.dead_lettered) == (1, 1, 1, 2)
+    assert (stats.keyless, stats.truncates, stats.keyless_tables) == (2, 1, {"public.log"})
     assert (stats.max_commit_lsn, stats.heartbeat_lsn) == (300, 250)
     assert stats.busy
     # One reduction: the sink gets the rows' changes as they are, one per key.
@@ -137,7 +144,7 @@ def test_changes_heartbeats_and_refusals(
     # The value schema reaches the sink once, whole: what it makes of it is its own business.
     assert sink.schemas == [("public.items", SCHEMA)]
     # Unreadable records as they come; refused changes once their chunk is applied.
-    dead, truncate, refused = published
+    dead, refused = published
     assert refused == {
         "table": "public.items",
         "key": "3",
@@ -151,7 +158,6 @@ def test_changes_heartbeats_and_refusals(
         "junk",
         "bad",
     )
-    assert truncate["reason"].startswith("TRUNCATE is not applied")
     assert not sink.closed
 
 
@@ -173,6 +179,7 @@ def test_unchanged_toast_is_folded_from_the_history(sink: RecordingSink) -> None
             "offset": 5,
             "is_delete": False,
             "after_json": orjson.dumps({"id": 1, "body": placeholder, "n": 2}).decode(),
+            "unchanged": None,
         },
         {
             "commit_lsn": 10,
@@ -180,6 +187,7 @@ def test_unchanged_toast_is_folded_from_the_history(sink: RecordingSink) -> None
             "offset": 4,
             "is_delete": False,
             "after_json": orjson.dumps({"id": 1, "body": "big", "n": 1}).decode(),
+            "unchanged": None,
         },
     ]
     row = _change(1, {"id": 1, "body": placeholder, "n": 2}, 20, history=history)
@@ -187,3 +195,83 @@ def test_unchanged_toast_is_folded_from_the_history(sink: RecordingSink) -> None
     (batch,) = sink.batches
     assert batch[0].doc == {"id": 1, "body": "big", "n": 2}
     assert batch[0].version_order == (20, 0)
+
+
+def test_records_no_follower_can_apply_are_dead_lettered_and_the_rest_applied(
+    sink: RecordingSink, published: list[dead_letter.DeadLetter]
+) -> None:
+    def bad(offset: int, key_json: str | None, **values: Any) -> Row:
+        base = {"is_delete": False, "after_json": '{"v":"applied"}', "op": "c"}
+        base.update(values)
+        return _row("change", offset=offset, key_json=key_json, schema_id=1, commit_lsn=5, **base)
+
+    rows = [
+        bad(1, "not json"),
+        bad(2, "[1,2]"),
+        bad(3, "{}"),
+        bad(4, '{"id":9}', after_json=None, op="u"),
+        bad(5, '{"id":10}', after_json="[1]"),
+        bad(6, '{"id":11}', after_json="{broken"),
+        _change(12, {"v": "applied"}, 100),
+        _row("schema", schema_id=1, schema_json=orjson.dumps(SCHEMA).decode()),
+    ]
+    stats = _apply(sink, rows)
+    assert (stats.applied, stats.dead_lettered) == (1, 6)
+    assert [c.key for c in sink.batches[0]] == ["12"]
+    reasons = {d["offset"]: d["reason"] for d in published}  # type: ignore[typeddict-item]
+    assert "not JSON" in reasons[1]
+    assert "not a JSON object" in reasons[2] and "not a JSON object" in reasons[3]
+    assert "u event without an 'after' image" in reasons[4]
+    assert "'after' image is not a JSON object" in reasons[5]
+    assert "cannot decode" in reasons[6]
+    assert all(d["value"] is None or isinstance(d["value"], str) for d in published)
+
+
+def test_dates_beyond_python_reach_are_applied_not_fatal(sink: RecordingSink) -> None:
+    from schemas.convert import DATE_POSITIVE_INFINITY_DAYS
+
+    date_schema = {
+        "type": "struct",
+        "fields": [
+            {
+                "field": "after",
+                "type": "struct",
+                "fields": [{"field": "d", "type": "int32", "name": "io.debezium.time.Date"}],
+            }
+        ],
+    }
+    rows = [
+        _change(1, {"d": DATE_POSITIVE_INFINITY_DAYS, "v": "applied"}, 10),
+        _change(2, {"d": 2_932_897, "v": "applied"}, 10),  # 10000-01-01
+        _change(3, {"d": -719_528, "v": "applied"}, 10),  # 1 BC (year 0), a leap year
+        _row("schema", schema_id=1, schema_json=orjson.dumps(date_schema).decode()),
+    ]
+    stats = _apply(sink, rows)
+    assert stats.applied == 3
+    assert [c.doc["d"] for c in sink.batches[0] if c.doc] == [
+        "infinity",
+        "10000-01-01",
+        "0001-01-01 BC",
+    ]
+
+
+def test_the_unchanged_header_decides_whatever_the_value(sink: RecordingSink) -> None:
+    row = _change(
+        1,
+        {"id": 1, "n": None, "tags": None, "body": "kept as written", "v": "applied"},
+        20,
+        unchanged="n,tags,odd%2Cname",
+    )
+    _apply(sink, [row])
+    (change,) = sink.batches[0]
+    # Null placeholders of non-text columns are known from the header alone.
+    assert change.doc == {"id": 1, "body": "kept as written", "v": "applied"}
+    assert change.unchanged == frozenset({"n", "tags"})
+
+
+def test_a_commit_lsn_beyond_2_to_the_63_stops_the_job(
+    sink: RecordingSink, published: list[dead_letter.DeadLetter]
+) -> None:
+    with pytest.raises(SinkError, match=r"2\*\*63-1"):
+        _apply(sink, [_row("change", key_json='{"id":1}', is_delete=True, commit_lsn=None)])
+    assert published == []

@@ -132,3 +132,44 @@ def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: 
     # Nothing older in the batch: the follower must keep what it holds.
     six = build(rows[6])
     assert six.doc == {"id": 6, "n": 3} and six.unchanged == frozenset({"body"})
+
+
+def test_keyless_records_truncates_and_headers(spark: Any) -> None:
+    from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER, HEADER_UNCHANGED
+    from spark_jobs.transforms import latest_per_key, parse_events
+
+    log = f"{PREFIX}.public.log"
+    df = _frame(
+        spark,
+        [
+            # A keyless table: its events and its delete's tombstone have a null key.
+            (None, _event("c", {"n": 1}, 100), _headers(200, 0), log),
+            (None, _event("c", {"n": 1}, 100), _headers(200, 1), log),
+            (None, None, _headers(200, 2), log),
+            (None, _event("t", None, 100), _headers(300, 0), log),
+            # Our reader names the unchanged columns in a header, whatever their value.
+            (
+                _key(1),
+                _event("u", {"id": 1, "n": None}, 1),
+                [*_headers(400, 0), (HEADER_UNCHANGED, b"n")],
+            ),
+            (
+                _key(2),
+                _event("c", {"id": 2}, 1),
+                [(HEADER_COMMIT_LSN, b"zz"), (HEADER_ORDER, b"0")],
+            ),
+            (_key(3), _event("c", {"id": 3}, 1), [(HEADER_COMMIT_LSN, str(2**64).encode())]),
+        ],
+    )
+    rows = [r.asDict() for r in latest_per_key(parse_events(df, PREFIX)).collect()]
+    kinds = sorted(r["kind"] for r in rows if r["kind"] != "schema")
+    assert kinds == ["change", "change", "dead", "keyless", "keyless", "keyless", "truncate"]
+    assert {r["table"] for r in rows if r["kind"] == "keyless"} == {"public.log"}
+    changes = {orjson.loads(r["key_json"])["id"]: r for r in rows if r["kind"] == "change"}
+    assert changes[1]["unchanged"] == "n" and changes[1]["op"] == "u"
+    assert changes[1]["commit_lsn"] == 400
+    # Beyond a long: null, for the change builder to stop on; not a number: dead-lettered.
+    assert changes[3]["commit_lsn"] is None
+    (dead,) = [r for r in rows if r["kind"] == "dead"]
+    assert dead["parse_error"] == f"the {HEADER_COMMIT_LSN} header is no LSN"
+    assert dead["raw_value"] is not None

@@ -17,10 +17,19 @@ from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from pgcdc.core import ports
+from pgcdc.core import client_security, ports
+from pgcdc.core.client_security import SaslMechanism, SecurityProtocol
 from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
 from pgcdc.core.errors import ConfigError
 
@@ -198,6 +207,41 @@ class KafkaSettings(BaseModel):
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL
     # Extra librdkafka producer settings, merged over ours.
     producer: dict[str, str] = Field(default_factory=dict)
+    # How every client (the reader's producer, admin and consumers, the state store,
+    # `cdc status`, dead letters, the Spark Kafka source) reaches the brokers, with
+    # librdkafka's meanings; pgcdc.core.kafka_config builds each client's properties.
+    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    # PEM files: the CA that signed the brokers' certificates (default: the system's CAs),
+    # and a client certificate, key and key password for mutual TLS.
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    # Any other librdkafka property, for every Python client (e.g. client.id,
+    # sasl.oauthbearer.*); the dedicated settings above may not be repeated here.
+    client: dict[str, str] = Field(default_factory=dict)
+    # Java client properties for the Spark Kafka source only, merged last (e.g.
+    # sasl.jaas.config for GSSAPI or OAUTHBEARER, ssl.truststore.* for a JKS truststore).
+    spark_client: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("security_protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+    @field_validator("client", "spark_client")
+    @classmethod
+    def _not_dedicated(cls, v: dict[str, str]) -> dict[str, str]:
+        client_security.check_not_dedicated(v)
+        return v
+
+    @model_validator(mode="after")
+    def _security_consistent(self) -> KafkaSettings:
+        client_security.check_kafka(self)
+        return self
 
 
 class SchemaSettings(BaseModel):
@@ -221,6 +265,16 @@ class RedisSettings(BaseModel):
     value_mode: str = Field(default="hash", pattern="^(hash|json)$")
     ttl_s: int | None = Field(default=None, ge=1)
     tombstone_ttl_s: int = Field(default=3600, ge=1)
+    # TLS (a rediss:// URL; an ACL user and password go in the URL: rediss://user:pw@host):
+    # the CA to trust (default: the system's) and, for mutual TLS, a certificate and key.
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+
+    @model_validator(mode="after")
+    def _tls_needs_rediss(self) -> RedisSettings:
+        client_security.check_redis(self)
+        return self
 
 
 class SearchSettings(BaseModel):
@@ -228,6 +282,20 @@ class SearchSettings(BaseModel):
 
     url: SecretStr = SecretStr(ports.OPENSEARCH_URL)
     index_prefix: str = "cdc"
+    # HTTP basic auth (or in the URL: https://user:password@host:9200).
+    username: str | None = None
+    password: SecretStr | None = None
+    # HTTPS: the CA to trust (default: the system's), whether to verify the server's
+    # certificate at all, and a client certificate and key for mutual TLS.
+    ssl_ca_location: str | None = None
+    verify_certs: bool = True
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+
+    @model_validator(mode="after")
+    def _auth_complete(self) -> SearchSettings:
+        client_security.check_search(self)
+        return self
 
 
 class SparkSettings(BaseModel):

@@ -18,6 +18,7 @@ from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -328,7 +329,13 @@ class Settings(BaseSettings):
 
     postgres: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
-    schema_: SchemaSettings = Field(default=SchemaSettings(), alias="schema")
+    # The alias keeps the file's [schema] section; "cdc_schema" is how the environment
+    # source finds CDC_SCHEMA__* (it does not prefix an alias).
+    schema_: SchemaSettings = Field(
+        default=SchemaSettings(),
+        alias="schema",
+        validation_alias=AliasChoices("schema", "cdc_schema"),
+    )
     redis: RedisSettings = RedisSettings()
     search: SearchSettings = SearchSettings()
     # A factory, so the checkpoint folder resolves against the directory at load time.

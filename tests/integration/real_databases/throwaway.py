@@ -1,0 +1,211 @@
+"""A throwaway PostgreSQL 15 server of a test's own, for what the shared stack must not see.
+
+Started with initdb and pg_ctl (as the ``postgres`` OS user when the tests run as root, like
+``pgcdc.stack.postgres``), on a free 127.0.0.1 port, ``wal_level = logical``, a superuser
+``cdc`` with password ``cdc``. Options move its WAL position far ahead with ``pg_resetwal -l``
+(:data:`LSN_BEYOND_2_47`, :data:`LSN_NEAR_2_63`), pass environment variables to the server
+(``LOCPATH`` for a locale built with ``localedef``) and add configuration lines.
+
+Fixtures: :func:`server_beyond_2_47` and :func:`server_near_2_63` (module-scoped). Import them
+into a test module (``from tests.integration.real_databases.throwaway import
+server_beyond_2_47  # noqa: F401``) or start one with :func:`throwaway_server`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgcdc.core.lsn import Lsn
+from pgcdc.stack.common import StackError, chown, run
+
+# PostgreSQL 15's binaries as Debian installs them (PG_BINDIR names others).
+BIN = Path(os.environ.get("PG_BINDIR") or "/usr/lib/postgresql/15/bin")
+OS_USER = "postgres"  # initdb and postgres refuse to run as root
+
+WAL_SEGMENT_BYTES = 16 * 1024 * 1024  # initdb's default --wal-segsize
+# 2**47 bytes of WAL: where OpenSearch's old packed version (LSN << 16 | order) overflowed.
+LSN_BEYOND_2_47 = Lsn(2**47)
+# 1 GiB below 2**63: OpenSearch's versions are signed 63-bit; room for a large transaction.
+LSN_NEAR_2_63 = Lsn(2**63 - 2**30)
+PASSWORD = "cdc"
+
+
+def wal_file_name(lsn: Lsn, timeline: int = 1, segment_bytes: int = WAL_SEGMENT_BYTES) -> str:
+    """The name of the WAL segment file holding ``lsn`` (what ``pg_resetwal -l`` takes)."""
+    segno = lsn.value // segment_bytes
+    per_xlogid = 0x1_0000_0000 // segment_bytes
+    return f"{timeline:08X}{segno // per_xlogid:08X}{segno % per_xlogid:08X}"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ThrowawayServer:
+    """A running throwaway server; :meth:`dsn` names one of its databases."""
+
+    home: Path
+    port: int
+    env: Mapping[str, str]
+
+    @property
+    def data(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "server.log"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://cdc:{PASSWORD}@127.0.0.1:{self.port}/{dbname}"
+
+    def connect(self, dbname: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.dsn(dbname), autocommit=True)
+
+    def current_lsn(self) -> Lsn:
+        with self.connect() as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return Lsn.parse(str(row[0]))
+
+    def create_database(self, name: str, *options: str) -> str:
+        """A new database (``options`` are CREATE DATABASE clauses); returns its DSN."""
+        with self.connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}" ' + " ".join(options))
+        return self.dsn(name)
+
+    def pg_ctl(self, *args: str, check: bool = True) -> None:
+        _run_as_postgres([str(BIN / "pg_ctl"), "-D", str(self.data), *args], self.env, check)
+
+    def stop(self) -> None:
+        """Fast shutdown, else immediate (a walsender whose client stopped reading can hold
+        a fast shutdown for ever)."""
+        try:
+            self.pg_ctl("stop", "-m", "fast", "-w", "-t", "30")
+        except StackError:
+            self.pg_ctl("stop", "-m", "immediate", "-w", "-t", "30", check=False)
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _run_as_postgres(cmd: list[str], env: Mapping[str, str], check: bool = True) -> None:
+    run(cmd, user=OS_USER if _as_root() else None, env=dict(env), check=check, timeout=180)
+
+
+def _conf_lines(port: int, sockdir: Path, extra: Mapping[str, str]) -> str:
+    conf = {
+        "listen_addresses": "'127.0.0.1'",
+        "port": str(port),
+        "unix_socket_directories": f"'{sockdir}'",
+        "wal_level": "logical",
+        "max_replication_slots": "10",
+        "max_wal_senders": "10",
+        "max_connections": "40",
+        "shared_buffers": "32MB",
+        # A throwaway: durability buys nothing here, speed does. (synchronous_commit stays
+        # on: logical decoding reads only flushed WAL.)
+        "fsync": "off",
+        "full_page_writes": "off",
+        **extra,
+    }
+    return "\n".join(f"{k} = {v}" for k, v in conf.items()) + "\n"
+
+
+@contextlib.contextmanager
+def throwaway_server(
+    *,
+    wal_start: Lsn | None = None,
+    env: Mapping[str, str] | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> Iterator[ThrowawayServer]:
+    """Start a server of its own; stop it and delete its files afterwards.
+
+    ``wal_start``: move the WAL position there first (``pg_resetwal -l``); the server's
+    ``pg_current_wal_lsn()`` is then at least ``wal_start``. ``env`` goes to the server
+    process; ``conf`` adds ``postgresql.conf`` settings (values as written in the file).
+    """
+    if not (BIN / "initdb").exists():
+        pytest.skip(f"PostgreSQL 15 binaries not found in {BIN}")
+    home = Path(tempfile.mkdtemp(prefix="cdc-throwaway-"))
+    server_env = {"LC_ALL": "C.UTF-8", **(env or {})}
+    try:
+        home.chmod(0o755)
+        (home / "pw").write_text(PASSWORD + "\n")
+        sockdir = home / "sock"
+        sockdir.mkdir()
+        if _as_root():
+            chown(home, OS_USER, recursive=True)
+        _run_as_postgres(
+            [
+                str(BIN / "initdb"),
+                "-D",
+                str(home / "data"),
+                "-U",
+                "cdc",
+                f"--pwfile={home / 'pw'}",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            ],
+            server_env,
+        )
+        if wal_start is not None:
+            _run_as_postgres(
+                [
+                    str(BIN / "pg_resetwal"),
+                    "-l",
+                    wal_file_name(wal_start),
+                    "-D",
+                    str(home / "data"),
+                ],
+                server_env,
+            )
+        port = free_port()
+        with open(home / "data" / "postgresql.conf", "a") as f:
+            f.write(_conf_lines(port, sockdir, conf or {}))
+        server = ThrowawayServer(home, port, server_env)
+        server.pg_ctl("start", "-w", "-t", "60", "-l", str(server.log))
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
+    try:
+        if wal_start is not None:
+            at = server.current_lsn()
+            assert at >= wal_start, f"pg_resetwal left the server at {at}, not {wal_start}"
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server_beyond_2_47() -> Iterator[ThrowawayServer]:
+    """A throwaway server whose WAL position is beyond 2**47 (checked)."""
+    with throwaway_server(wal_start=LSN_BEYOND_2_47) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server_near_2_63() -> Iterator[ThrowawayServer]:
+    """A throwaway server 1 GiB of WAL below 2**63 (checked)."""
+    with throwaway_server(wal_start=LSN_NEAR_2_63) as server:
+        yield server

@@ -45,6 +45,9 @@ CLIENT_ENCODING: Final = "UTF8"
 
 # Connection parameters whose values are secrets (libpq's "*" display flag).
 SECRET_PARAMETERS: Final = ("password", "sslpassword")
+# Shorter values are not scrubbed from text: a placeholder like the local stack's "cdc" would
+# blank out every word it occurs in (user, database and topic names).
+MIN_SCRUBBED_CHARS: Final = 4
 
 
 def parse_dsn(dsn: str) -> dict[str, Any]:
@@ -91,11 +94,12 @@ def redact(text: str) -> str:
 
 def secrets_of(params: dict[str, Any]) -> list[str]:
     """The secret values of parsed DSN parameters, as they may appear in text: raw, and
-    percent-encoded as a URL would carry them."""
+    percent-encoded as a URL would carry them (values under :data:`MIN_SCRUBBED_CHARS`
+    characters are left out)."""
     out: list[str] = []
     for name in SECRET_PARAMETERS:
         value = params.get(name)
-        if value:
+        if value and len(str(value)) >= MIN_SCRUBBED_CHARS:
             out += [str(value), quote(str(value), safe=""), quote(str(value))]
     return out
 

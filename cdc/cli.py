@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from cdc.connection import MIN_SCRUBBED_CHARS, scrub, secrets_of
+from pgcdc.core import kafka_config
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
@@ -92,7 +93,9 @@ def _secrets(settings: Settings) -> list[str]:
             password = None
         if password:
             out += [password, unquote(password)]
-    out += [v for k, v in settings.kafka.producer.items() if "password" in k or "secret" in k]
+    out += kafka_config.secret_values(settings.kafka)
+    if settings.search.password is not None:
+        out.append(settings.search.password.get_secret_value())
     return [s for s in out if len(s) >= MIN_SCRUBBED_CHARS]
 
 
@@ -260,7 +263,7 @@ def reset_state(
             database = current_database(conn)
             if drop_slot:
                 drop(conn, settings.postgres.slot_name)
-        StateStore(settings.kafka.bootstrap_servers, settings.kafka.topic_prefix).reset(
+        StateStore(settings.kafka, settings.kafka.topic_prefix).reset(
             database, settings.postgres.slot_name
         )
         typer.echo(f"state of slot {settings.postgres.slot_name} reset")

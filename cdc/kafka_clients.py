@@ -2,13 +2,16 @@
 
 The publisher, the state store and ``cdc status`` all open librdkafka clients, create
 compacted topics and read a topic from its start to its current end; they do it here, once.
+Every client gets the ``kafka`` settings' connection and security
+(:func:`pgcdc.core.kafka_config.client_config`) and stops at the first refused login or
+unverifiable broker certificate with one line (retrying cannot fix either).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -23,7 +26,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.cimpl import NewTopic
 
-from pgcdc.core.errors import ConnectionFailed, PublishError
+from pgcdc.core.errors import ConfigError, ConnectionFailed, PublishError
+from pgcdc.core.kafka_config import client_config
+from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 # librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
@@ -41,29 +46,65 @@ _TRANSIENT = frozenset(
 )
 
 
-def admin_client(bootstrap_servers: str) -> AdminClient:
-    """An admin client that logs through :data:`rdkafka_log`."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "logger": rdkafka_log}
-    return AdminClient(conf)
+def _fail_fast(bootstrap_servers: str) -> Callable[[KafkaError], None]:
+    """librdkafka's ``error_cb``: a refused login or a broker certificate that does not verify
+    raises ConfigError (out of the poll that serves it); other errors, which librdkafka
+    retries by itself, are only logged."""
+
+    def on_error(err: KafkaError) -> None:
+        if err.code() == KafkaError._AUTHENTICATION:
+            raise ConfigError(
+                f"Kafka at {bootstrap_servers} refused the login ({err.str()}); check "
+                "kafka.sasl_username, kafka.sasl_password and kafka.sasl_mechanism"
+            )
+        if err.code() == KafkaError._SSL and "certificate verify failed" in err.str():
+            raise ConfigError(
+                f"Kafka at {bootstrap_servers}: the broker's certificate does not verify "
+                f"({err.str()}); check kafka.ssl_ca_location"
+            )
+        rdkafka_log.debug("librdkafka error: %s", err.str())
+
+    return on_error
 
 
-def consumer(bootstrap_servers: str, group_id: str, **conf: Any) -> Consumer:
-    """A consumer that logs through :data:`rdkafka_log`; ``conf`` adds librdkafka settings."""
-    base: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_servers,
-        "group.id": group_id,
+def client_conf(kafka: KafkaSettings, **extra: Any) -> dict[str, Any]:
+    """librdkafka properties of one of our clients: the settings' brokers, security and
+    pass-through, our logger and error handler, then ``extra``."""
+    return {
+        **client_config(kafka),
         "logger": rdkafka_log,
+        "error_cb": _fail_fast(kafka.bootstrap_servers),
+        **extra,
     }
-    return Consumer(base | conf)
+
+
+def as_settings(kafka: KafkaSettings | str) -> KafkaSettings:
+    """The settings themselves, or for a bare ``host:port`` list plaintext brokers there
+    (a convenience of the helpers that tests call directly)."""
+    return kafka if isinstance(kafka, KafkaSettings) else KafkaSettings(bootstrap_servers=kafka)
+
+
+def admin_client(kafka: KafkaSettings) -> AdminClient:
+    """An admin client for the configured brokers (see :func:`client_conf`)."""
+    return AdminClient(client_conf(kafka))
+
+
+def consumer(kafka: KafkaSettings, group_id: str, **conf: Any) -> Consumer:
+    """A consumer for the configured brokers; ``conf`` adds librdkafka settings."""
+    return Consumer(client_conf(kafka, **{"group.id": group_id}) | conf)
 
 
 def cluster_metadata(
     client: AdminClient | Consumer, bootstrap_servers: str, timeout_s: float
 ) -> ClusterMetadata:
-    """The cluster's topics; no broker answering is one clear ConnectionFailed."""
+    """The cluster's topics; no broker answering is one clear ConnectionFailed, a refused
+    login or certificate one clear ConfigError."""
     try:
         return client.list_topics(timeout=timeout_s)
     except KafkaException as e:
+        # The reason a broker did not answer waits in the client's queue: serving it lets
+        # :func:`_fail_fast` name a refused login instead of a "transport failure".
+        client.poll(0)
         raise ConnectionFailed(
             f"Kafka at {bootstrap_servers} is unreachable: {e.args[0].str()}"
         ) from e
@@ -131,11 +172,11 @@ def read_to_end(reader: Consumer, topic: str, timeout_s: float) -> Iterator[Mess
 
 
 def read_topic(
-    bootstrap_servers: str, topic: str, group_id: str, timeout_s: float, **conf: Any
+    kafka: KafkaSettings | str, topic: str, group_id: str, timeout_s: float, **conf: Any
 ) -> Iterator[Message]:
     """:func:`read_to_end` with a consumer of its own, closed when the reading ends."""
     reading = {"enable.auto.commit": False, "enable.partition.eof": True}
-    reader = consumer(bootstrap_servers, group_id, **(reading | conf))
+    reader = consumer(as_settings(kafka), group_id, **(reading | conf))
     try:
         yield from read_to_end(reader, topic, timeout_s)
     finally:

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cdc.kafka_clients import read_topic
+from pgcdc.core.settings import KafkaSettings
 
 # A record's key and whether its value is not null (a tombstone has a null value).
 KeyRecord = tuple[bytes | None, bool]
@@ -116,12 +117,12 @@ class LiveKeys:
 
 
 def topic_records(
-    bootstrap_servers: str, topic: str, tick: Callable[[], None] | None = None
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
 ) -> Iterator[KeyRecord]:
     """(key, value is not null) of every record of ``topic`` up to its current end;
     ``tick`` is called every few thousand records (a long scan keeps other sessions alive)."""
     records = read_topic(
-        bootstrap_servers,
+        kafka,
         topic,
         "cdc-live-keys",
         SCAN_TIMEOUT_S,
@@ -134,7 +135,7 @@ def topic_records(
 
 
 def scan_live_keys(
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
     topic: str,
     identity: Identity | None = None,
     tick: Callable[[], None] | None = None,
@@ -142,7 +143,7 @@ def scan_live_keys(
     """The live keys of ``topic`` (read from its start to its current end); close it after."""
     store = LiveKeys()
     try:
-        store.load(topic_records(bootstrap_servers, topic, tick), identity)
+        store.load(topic_records(kafka, topic, tick), identity)
     except BaseException:
         store.close()
         raise
@@ -150,7 +151,7 @@ def scan_live_keys(
 
 
 def scan_many(
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
     scans: Sequence[tuple[str, Identity] | None],
     tick: Callable[[], None] | None = None,
 ) -> list[LiveKeys | None]:
@@ -159,7 +160,7 @@ def scan_many(
     stores: list[LiveKeys | None] = []
     try:
         for scan in scans:
-            stores.append(None if scan is None else scan_live_keys(bootstrap_servers, *scan, tick))
+            stores.append(None if scan is None else scan_live_keys(kafka, *scan, tick))
     except BaseException:
         for store in stores:
             if store is not None:

@@ -143,7 +143,7 @@ class Pipeline:
         publisher.probe(timeout_s=5.0)
         if self.metrics is not None:
             publisher.latency_observer = self.metrics.on_delivery
-        store = StateStore(kafka.bootstrap_servers, kafka.topic_prefix, kafka.replication_factor)
+        store = StateStore(kafka, kafka.topic_prefix, kafka.replication_factor)
         store.ensure_topic()
         slot = self.settings.postgres.slot_name
         state = store.load(database, slot)
@@ -157,7 +157,7 @@ class Pipeline:
             store=store,
             catalog=SchemaCatalog(admin, pg.message_key_columns),
             encoder=EventEncoder(self.settings.schema_, kafka.topic_prefix, database),
-            table_topics=TableTopics(publisher, kafka.bootstrap_servers),
+            table_topics=TableTopics(publisher, kafka),
             tables=tables,
             state=state,
         )
@@ -181,7 +181,7 @@ class Pipeline:
             encoder=run.encoder,
             publisher=run.publisher,
             table_topics=run.table_topics,
-            bootstrap_servers=self.settings.kafka.bootstrap_servers,
+            kafka=self.settings.kafka,
             load_schema=run.catalog.load_table_in,
             workers=pg.snapshot_workers,
             chunk_rows=pg.snapshot_chunk_rows,
@@ -204,9 +204,7 @@ class Pipeline:
             start = self._prepare_slot(run, plan, repl, result)
             if plan.action is Action.STREAM:
                 kafka = self.settings.kafka
-                warn_unsnapshotted(
-                    run.admin, kafka.bootstrap_servers, kafka.topic_prefix, run.tables
-                )
+                warn_unsnapshotted(run.admin, kafka, kafka.topic_prefix, run.tables)
             streamer = Streamer(
                 repl,
                 settings=self.settings,

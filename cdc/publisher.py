@@ -28,9 +28,9 @@ from confluent_kafka.cimpl import NewTopic
 from cdc.dead_letters import RefusedRecord, fail_message, is_permanent, letter
 from cdc.kafka_clients import (
     admin_client,
+    client_conf,
     cluster_metadata,
     create_topics,
-    rdkafka_log,
     read_topic,
 )
 from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
@@ -51,9 +51,9 @@ DEAD_LETTER_TOPIC_CONFIG = {"cleanup.policy": "delete"}
 
 
 def producer_config(settings: KafkaSettings) -> dict[str, Any]:
-    """librdkafka settings: idempotent, acks=all, batched and compressed; user keys win."""
+    """librdkafka settings: idempotent, acks=all, batched and compressed; the settings'
+    connection, security and pass-through (``kafka.client``, then ``kafka.producer``) win."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap_servers,
         "client.id": "cdc-reader",
         "enable.idempotence": True,
         "acks": "all",
@@ -66,10 +66,8 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "queue.buffering.max.messages": 100_000,
         "queue.buffering.max.kbytes": 256 * 1024,
         "message.timeout.ms": 120_000,
-        "logger": rdkafka_log,
     }
-    conf.update(settings.producer)
-    return conf
+    return conf | client_conf(settings) | settings.producer
 
 
 class TxnTracker:
@@ -128,7 +126,7 @@ class Publisher:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self._producer = Producer(producer_config(settings))
-        self._admin = admin_client(settings.bootstrap_servers)
+        self._admin = admin_client(settings)
         self._known_topics: set[str] = set()
         self._acks = AckQueue()
         self._failure: PublishError | None = None
@@ -179,7 +177,7 @@ class Publisher:
         """Keys whose latest record in ``topic`` is not a tombstone (reads the whole topic)."""
         live: set[bytes] = set()
         records = read_topic(
-            self.settings.bootstrap_servers,
+            self.settings,
             topic,
             "cdc-live-keys",
             timeout_s,

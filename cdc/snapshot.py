@@ -49,6 +49,7 @@ from cdc.table_topics import TableTopics
 from pgcdc.core.contract import version_headers
 from pgcdc.core.errors import SnapshotError
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings
 from pgcdc.core.values import RawValue
 from schemas.model import SourceInfo, TableSchema
 
@@ -135,7 +136,7 @@ class Snapshotter:
         encoder: Encoder,
         publisher: Publisher,
         table_topics: TableTopics,
-        bootstrap_servers: str,
+        kafka: KafkaSettings,
         load_schema: SchemaLoader,
         workers: int = 2,
         chunk_rows: int = 50_000,
@@ -146,7 +147,7 @@ class Snapshotter:
         self._encoder = encoder
         self._publisher = publisher
         self._table_topics = table_topics
-        self._bootstrap = bootstrap_servers
+        self._kafka = kafka
         self._load_schema = load_schema
         self._workers = workers
         self._chunk_rows = chunk_rows
@@ -302,7 +303,7 @@ class Snapshotter:
             (topic, partial(self._encoder.key_identity, p.schema)) if p.schema.key_columns else None
             for p, topic in zip(plans, topics, strict=True)
         ]
-        return scan_many(self._bootstrap, scans, tick=lambda: self._publisher.poll(0))
+        return scan_many(self._kafka, scans, tick=lambda: self._publisher.poll(0))
 
     def _copy_all(self, plans: list[TablePlan], snapshot_name: str, position: Lsn) -> int:
         topics = [self._encoder.topic(p.schema) for p in plans]

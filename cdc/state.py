@@ -16,10 +16,11 @@ import orjson
 from confluent_kafka import Producer
 from confluent_kafka.cimpl import NewTopic
 
-from cdc.kafka_clients import admin_client, create_topics, rdkafka_log, read_topic
+from cdc.kafka_clients import admin_client, client_conf, create_topics, read_topic
 from pgcdc.core.contract import state_topic
 from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ class ReaderState:
 class StateStore:
     """Reads and writes :class:`ReaderState` records keyed by ``<database>/<slot>``."""
 
-    def __init__(self, bootstrap_servers: str, topic_prefix: str, replication_factor: int = 1):
-        self._bootstrap = bootstrap_servers
+    def __init__(self, kafka: KafkaSettings, topic_prefix: str, replication_factor: int = 1):
+        self._kafka = kafka
         self.topic = state_topic(topic_prefix)
         self._rf = replication_factor
         self._producer: Producer | None = None
@@ -83,7 +84,7 @@ class StateStore:
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
-        admin = admin_client(self._bootstrap)
+        admin = admin_client(self._kafka)
         if self.topic in admin.list_topics(timeout=10).topics:
             return
         create_topics(
@@ -94,7 +95,7 @@ class StateStore:
         """The latest state record for the slot, or None if there is none (or it was reset)."""
         key = self.key(database, slot)
         latest: bytes | None = None
-        for msg in read_topic(self._bootstrap, self.topic, "cdc-state-reader", timeout_s):
+        for msg in read_topic(self._kafka, self.topic, "cdc-state-reader", timeout_s):
             if msg.key() == key:
                 latest = msg.value()
         if latest is None:  # never written, or reset by a tombstone
@@ -103,14 +104,7 @@ class StateStore:
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(
-                {
-                    "bootstrap.servers": self._bootstrap,
-                    "acks": "all",
-                    "linger.ms": 0,
-                    "logger": rdkafka_log,
-                }
-            )
+            self._producer = Producer(client_conf(self._kafka, acks="all", **{"linger.ms": 0}))
         return self._producer
 
     def save(self, state: ReaderState, *, wait: bool = True) -> None:

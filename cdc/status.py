@@ -88,10 +88,9 @@ def _size(n: int) -> str:
 def topic_status(settings: Settings) -> dict[str, dict[str, int]]:
     """End offsets of every partition of the reader's topics: {topic: {partition: offset}}."""
     prefix = settings.kafka.topic_prefix + "."
-    bootstrap = settings.kafka.bootstrap_servers
-    reader = consumer(bootstrap, "cdc-status")
+    reader = consumer(settings.kafka, "cdc-status")
     try:
-        md = cluster_metadata(reader, bootstrap, timeout_s=5)
+        md = cluster_metadata(reader, settings.kafka.bootstrap_servers, timeout_s=5)
         out: dict[str, dict[str, int]] = {}
         for name in sorted(md.topics):
             if not name.startswith(prefix):
@@ -114,7 +113,7 @@ def gather_status(
     ``sections`` adds one key per entry, computed by its function from the settings.
     """
     slot = slot_status(settings)
-    store = StateStore(settings.kafka.bootstrap_servers, settings.kafka.topic_prefix)
+    store = StateStore(settings.kafka, settings.kafka.topic_prefix)
     topics = topic_status(settings)
     state = store.load(slot["database"], settings.postgres.slot_name)
     out: dict[str, Any] = {

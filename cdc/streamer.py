@@ -104,12 +104,12 @@ class Streamer:
         self._captured = captured
         self._relations: dict[int, TableSchema] = {}
         self._topics: dict[int, str] = {}
-        self._table_topics = TableTopics(publisher, settings.kafka.bootstrap_servers)
+        self._table_topics = TableTopics(publisher, settings.kafka)
         self._truncates = TruncateWriter(
             publisher=publisher,
             encoder=encoder,
             topics=self._table_topics,
-            bootstrap_servers=settings.kafka.bootstrap_servers,
+            kafka=settings.kafka,
             truncate_topic=truncate_topic(settings.kafka.topic_prefix),
             write_t_events="t" not in self._skipped,
             tick=self._keep_alive,

@@ -23,6 +23,7 @@ from cdc.kafka_clients import admin_client, cluster_metadata
 from cdc.keys import KEY_COLUMNS_SETTING, matching_rule
 from cdc.table_topics import TableTopics
 from pgcdc.core.contract import table_topic
+from pgcdc.core.settings import KafkaSettings
 from schemas.envelope import EventEncoder
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,12 @@ def check_tables(
 
 def warn_unsnapshotted(
     conn: psycopg.Connection[Any],
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
     topic_prefix: str,
     tables: Sequence[tuple[str, str]],
 ) -> None:
     """Warn about each captured table with rows but no topic (see the module docstring)."""
-    existing = cluster_metadata(
-        admin_client(bootstrap_servers), bootstrap_servers, timeout_s=10
-    ).topics
+    existing = cluster_metadata(admin_client(kafka), kafka.bootstrap_servers, timeout_s=10).topics
     for schema, name in tables:
         if table_topic(topic_prefix, schema, name) in existing:
             continue

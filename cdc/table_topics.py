@@ -13,10 +13,11 @@ from __future__ import annotations
 from confluent_kafka import KafkaException
 from confluent_kafka.admin._config import ConfigResource
 
-from cdc.kafka_clients import admin_client
+from cdc.kafka_clients import admin_client, as_settings
 from cdc.keys import KEY_COLUMNS_SETTING
 from cdc.publisher import MAX_RECORD_BYTES, Publisher
 from pgcdc.core.errors import ConfigError, PublishError
+from pgcdc.core.settings import KafkaSettings
 
 KEYLESS_TOPIC_CONFIG = {"cleanup.policy": "delete", "max.message.bytes": str(MAX_RECORD_BYTES)}
 
@@ -24,9 +25,9 @@ KEYLESS_TOPIC_CONFIG = {"cleanup.policy": "delete", "max.message.bytes": str(MAX
 class TableTopics:
     """Creates table topics of the right kind, once per topic and process."""
 
-    def __init__(self, publisher: Publisher, bootstrap_servers: str) -> None:
+    def __init__(self, publisher: Publisher, kafka: KafkaSettings) -> None:
         self._publisher = publisher
-        self._bootstrap = bootstrap_servers
+        self._kafka = kafka
         self._checked: set[str] = set()
 
     def ensure(self, topic: str, *, keyless: bool, table: str) -> None:
@@ -37,7 +38,7 @@ class TableTopics:
         if topic in self._checked:
             return
         self._publisher.ensure_topics([topic], config=dict(KEYLESS_TOPIC_CONFIG))
-        if "compact" in cleanup_policy(self._bootstrap, topic):
+        if "compact" in cleanup_policy(self._kafka, topic):
             raise ConfigError(
                 f"table {table} has no key, but its topic {topic} is compacted "
                 "(cleanup.policy=compact refuses records without a key): key it with "
@@ -54,9 +55,9 @@ class TableTopics:
             self._checked.add(topic)
 
 
-def cleanup_policy(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> str:
+def cleanup_policy(kafka: KafkaSettings | str, topic: str, timeout_s: float = 30.0) -> str:
     """The topic's ``cleanup.policy`` (e.g. ``compact``, ``delete``, ``compact,delete``)."""
-    admin = admin_client(bootstrap_servers)
+    admin = admin_client(as_settings(kafka))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     try:
         configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from cdc.live_keys import scan_live_keys
 from cdc.publisher import Publisher
 from cdc.table_topics import TableTopics
+from pgcdc.core.settings import KafkaSettings
 from schemas.envelope import EventEncoder
 from schemas.model import SourceInfo, TableSchema
 
@@ -43,7 +44,7 @@ class TruncateWriter:
         publisher: Publisher,
         encoder: EventEncoder,
         topics: TableTopics,
-        bootstrap_servers: str,
+        kafka: KafkaSettings,
         truncate_topic: str,
         write_t_events: bool,
         tick: Callable[[], None],
@@ -52,7 +53,7 @@ class TruncateWriter:
         self._publisher = publisher
         self._encoder = encoder
         self._topics = topics
-        self._bootstrap = bootstrap_servers
+        self._kafka = kafka
         self._truncate_topic = truncate_topic
         self._write_t = write_t_events
         self._tick = tick
@@ -63,7 +64,7 @@ class TruncateWriter:
         if table.key_columns:
             # Everything before the truncate must be in the topic before it is read.
             self._publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
-            with scan_live_keys(self._bootstrap, topic, tick=self._tick) as live:
+            with scan_live_keys(self._kafka, topic, tick=self._tick) as live:
                 for key in live:
                     send(topic, key, self._encoder.encode_delete_of_key(table, key, source))
                     send(topic, key, None)

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from pgcdc.core.errors import PublishError
+from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings
 
 
@@ -53,7 +54,7 @@ def ensure_topic(settings: Settings) -> None:
     k = settings.kafka
     if (k.bootstrap_servers, k.dead_letter_topic) in _READY:
         return
-    admin = AdminClient({"bootstrap.servers": k.bootstrap_servers})
+    admin = AdminClient({**client_config(k)})
     if k.dead_letter_topic not in admin.list_topics(timeout=30).topics:
         new = NewTopic(
             k.dead_letter_topic, num_partitions=1, replication_factor=k.replication_factor
@@ -77,13 +78,7 @@ def publish(settings: Settings, job: str, records: Iterable[DeadLetter]) -> int:
     """
     ensure_topic(settings)
     topic = settings.kafka.dead_letter_topic
-    producer = Producer(
-        {
-            "bootstrap.servers": settings.kafka.bootstrap_servers,
-            "acks": "all",
-            "enable.idempotence": True,
-        }
-    )
+    producer = Producer(client_config(settings.kafka) | {"acks": "all", "enable.idempotence": True})
     errors: list[str] = []
     sent = 0
 

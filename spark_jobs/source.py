@@ -7,8 +7,13 @@ import re
 from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
 
+from pgcdc.core.kafka_config import spark_source_options
 from pgcdc.core.settings import Settings
 from spark_jobs.options import JobOptions
+
+# Spark's default is "(?i)url"; the Kafka source's options also carry a JAAS login
+# (kafka.sasl.jaas.config) and maybe an inline private key (kafka.ssl.keystore.key).
+REDACTED_OPTIONS = r"(?i)url|password|secret|token|jaas|keystore\.key"
 
 
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
@@ -19,6 +24,10 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         builder = builder.master(settings.spark.master)
     builder = builder.config(
         "spark.sql.shuffle.partitions", conf.get("spark.sql.shuffle.partitions", "2")
+    ).config(
+        # Source options shown in plans and the UI: hide the Kafka login (JAAS) and keys too.
+        "spark.sql.redaction.options.regex",
+        conf.get("spark.sql.redaction.options.regex", REDACTED_OPTIONS),
     )
     return builder.getOrCreate()
 
@@ -27,7 +36,7 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
     """The streaming frame of the table topics (and the heartbeat topic), with headers."""
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.kafka.bootstrap_servers)
+        .options(**spark_source_options(settings.kafka))
         .option("startingOffsets", opts.starting_offsets)
         .option("includeHeaders", "true")
     )

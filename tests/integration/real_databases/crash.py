@@ -1,0 +1,156 @@
+"""Case 9's machinery: a mixed workload (single rows, key changes, bulk transactions,
+truncates) in a thread that survives a PostgreSQL restart, the reader as a killable process,
+and restarts of the stack's Kafka and PostgreSQL that never leave them down."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from tests.conftest import ROOT, STACK
+from tests.e2e.pipeline import CDC
+from tests.integration.real_databases.support import Pipeline, Table
+
+ITEMS = Table("public", "items")
+SIDE = Table("public", "side")
+SEED_ITEMS = 20_000
+SEED_SIDE = 500
+
+
+def create_tables(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for t in (ITEMS, SIDE):
+            conn.execute(
+                sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v text, n int)").format(t.ident)
+            )
+        conn.execute(
+            "INSERT INTO items SELECT g, 'seed ' || g, g FROM generate_series(1, %s) g",
+            (SEED_ITEMS,),
+        )
+        conn.execute(
+            "INSERT INTO side SELECT g, 'seed ' || g, g FROM generate_series(1, %s) g",
+            (SEED_SIDE,),
+        )
+
+
+class MixedWorkload(threading.Thread):
+    """Transactions of every kind until stopped; reconnects when PostgreSQL goes away."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.stop_event = threading.Event()
+        self.done: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.next_id = 10_000_000
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(60)
+        assert not self.is_alive(), "the workload did not stop"
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+                    while not self.stop_event.is_set():
+                        kind = self._one(conn)
+                        self.done[kind] += 1
+            except psycopg.OperationalError:
+                self.failed["disconnected"] += 1  # PostgreSQL restarting: try again
+                time.sleep(0.5)
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _one(self, conn: psycopg.Connection[Any]) -> str:
+        r = self.rng.random()
+        some = self.rng.randint(1, SEED_ITEMS)
+        if r < 0.55:
+            conn.execute(
+                "INSERT INTO items VALUES (%s, 'row', 0) ON CONFLICT (id) DO UPDATE "
+                "SET v = 'upsert', n = items.n + 1",
+                (some,),
+            )
+            return "upsert"
+        if r < 0.75:
+            conn.execute("DELETE FROM items WHERE id = %s", (some,))
+            return "delete"
+        if r < 0.85:
+            # A key change: the old key's row moves to a new key.
+            conn.execute(
+                "UPDATE items SET id = %s, v = 'moved' WHERE id = %s", (self._new_id(), some)
+            )
+            return "key change"
+        if r < 0.93:
+            with conn.transaction():
+                first = self.next_id + 1
+                self.next_id += 3000
+                conn.execute(
+                    "INSERT INTO items SELECT g, 'bulk', g FROM generate_series(%s, %s) g",
+                    (first, self.next_id),
+                )
+                conn.execute("UPDATE items SET n = n + 1 WHERE id BETWEEN %s AND %s", (1, 2000))
+            time.sleep(0.05)
+            return "bulk"
+        if r < 0.97:
+            with conn.transaction():  # a truncate with inserts before and after it
+                conn.execute("INSERT INTO side VALUES (%s, 'before', 1)", (self._new_id(),))
+                conn.execute("TRUNCATE side")
+                conn.execute(
+                    "INSERT INTO side SELECT g, 'after', g FROM generate_series(1, %s) g",
+                    (self.rng.randint(1, 300),),
+                )
+            return "truncate in a transaction"
+        conn.execute("TRUNCATE side")
+        return "truncate"
+
+
+def start_reader(p: Pipeline, log: Path) -> subprocess.Popen[bytes]:
+    """``cdc run`` (streaming until killed), its output appended to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*CDC, "run"], env=p.env(PYTHONUNBUFFERED="1"), cwd=ROOT, stdout=out, stderr=out
+        )
+
+
+def pending_wal(dsn: str, slot: str) -> int:
+    """Bytes of WAL the slot has not confirmed yet (the reader still has work)."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute(
+            "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def restart_service(service: str) -> float:
+    """Stop and start one of the stack's services; returns the seconds it was down. Always
+    started again, and waited for until it answers (``scripts/stack up`` waits)."""
+    t0 = time.monotonic()
+    try:
+        subprocess.run([str(STACK), "down", service], check=True, capture_output=True, timeout=120)
+    finally:
+        up = subprocess.run(
+            [str(STACK), "up", service], capture_output=True, text=True, timeout=300
+        )
+    assert up.returncode == 0, f"scripts/stack up {service} failed:\n{up.stdout}\n{up.stderr}"
+    return time.monotonic() - t0
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait(30)

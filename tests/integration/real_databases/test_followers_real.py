@@ -1,0 +1,324 @@
+"""The followers on a real database (issue 10, acceptance cases 4, 7, 8 and 9).
+
+One database holds the tables of cases 4, 7 and 8; the reader snapshots it, the changes of
+each case are streamed, and both sync jobs run once, with a small
+``--max-offsets-per-trigger`` so that the bulk transaction spans several micro-batches.
+Each case then compares every row of PostgreSQL with Redis and OpenSearch.
+
+- 4: a 200k-record transaction deletes and re-inserts the same keys: the re-insert wins.
+- 7: a hostile catalog (dots, quotes, spaces, upper case, unicode; the pairs that collided
+  before): every table has its own topic, index and keys, and the followers equal it.
+- 8: every type the type map knows, with edge values: no job stops, each value is exact or
+  dead-lettered with a reason (counted).
+- keyless tables: their records are skipped with a log line, never dead-lettered.
+
+Case 4 on a server whose LSN is beyond 2**47 and case 9 (kill -9 of the reader at 22
+random points, a broker and a PostgreSQL restart mid-stream) are slow, each with its own
+pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient
+from opensearchpy import OpenSearch
+from psycopg import sql
+
+from pgcdc.core.contract import table_index
+from sinks.base import key_id
+from sinks.cache import CacheSink
+from sinks.search import SearchSink
+from tests.conftest import Endpoints, wait_until
+from tests.e2e.pipeline import tail
+from tests.integration.reader_support import assert_topic_equals_table, end_offset, read_topic
+from tests.integration.real_databases import catalog, crash, throwaway
+from tests.integration.real_databases.exact import (
+    DeadLetter,
+    cache_exact,
+    dead_letters,
+    differences,
+    leader_exact,
+    search_exact,
+)
+from tests.integration.real_databases.support import (
+    JOBS,
+    Pipeline,
+    Table,
+    assert_followers_equal,
+    fresh_pipeline,
+    run_jobs_available_now,
+    run_reader_until_current,
+)
+from tests.integration.real_databases.throwaway import (  # noqa: F401 - fixtures
+    server_beyond_2_47,
+    server_near_2_63,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.spark]
+
+MAX_OFFSETS_PER_TRIGGER = "80000"
+
+
+class Run:
+    """The module's pipeline after the reader and both jobs ran, and what the jobs logged."""
+
+    def __init__(self, p: Pipeline, logs: Path) -> None:
+        self.p = p
+        self.logs = logs
+
+    def log(self, job: str) -> str:
+        return (self.logs / f"{job}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def run(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    tmp = tmp_path_factory.mktemp("followers_real")
+    with fresh_pipeline(endpoints, tmp, "rdbf") as p:
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            catalog.create_all(conn)
+            catalog.snapshot_rows(conn)
+        run_reader_until_current(p)  # snapshot
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            catalog.stream_changes(conn)
+        run_reader_until_current(p)  # the changes, streamed
+        run_jobs_available_now(
+            p, JOBS, tmp, "--max-offsets-per-trigger", MAX_OFFSETS_PER_TRIGGER, timeout=1200
+        )
+        yield Run(p, tmp)
+
+
+# -- case 4 --------------------------------------------------------------------------------
+
+
+def test_case4_a_bulk_delete_and_reinsert_of_the_same_keys_ends_with_the_reinsert(
+    run: Run,
+) -> None:
+    """Orders past 65,535 shared one OpenSearch version: the re-inserts got 409 and rows
+    went missing. Now the re-insert of every key wins in both followers."""
+    assert_followers_equal(run.p, [catalog.BULK])
+    with psycopg.connect(run.p.dsn) as conn:
+        counts = conn.execute(
+            sql.SQL("SELECT count(*), min(gen), max(gen) FROM {}").format(catalog.BULK.ident)
+        ).fetchone()
+    assert counts == (catalog.BULK_ROWS, 2, 2)
+    # The transaction really spanned several micro-batches of each job.
+    for job in JOBS:
+        batches = run.log(job).count(" applied=")
+        assert batches >= 4, f"{job} applied the bulk transaction in {batches} batches"
+
+
+# -- case 7 --------------------------------------------------------------------------------
+
+
+def test_case7_every_hostile_table_has_its_own_topic_index_and_keys(run: Run) -> None:
+    p = run.p
+    tables = catalog.HOSTILE
+    topics = {t.topic(p.name) for t in tables}
+    indices = {table_index(p.index_prefix, t.follower_id(p.name)) for t in tables}
+    ids = {t.follower_id(p.name) for t in tables}
+    assert len(topics) == len(indices) == len(ids) == len(tables)
+    admin = AdminClient({"bootstrap.servers": p.endpoints.kafka_bootstrap})
+    existing = set(admin.list_topics(timeout=10).topics)
+    assert topics <= existing, f"missing topics: {sorted(topics - existing)}"
+    client = OpenSearch(p.endpoints.search_url)
+    try:
+        for index in indices:
+            assert client.indices.exists(index=index), index
+    finally:
+        client.close()
+
+
+def test_case7_the_followers_equal_the_hostile_catalog(run: Run) -> None:
+    assert_followers_equal(run.p, catalog.HOSTILE)
+
+
+# -- case 8 --------------------------------------------------------------------------------
+
+
+def _doc_id(key: str) -> str:
+    """A dead letter's key as a document id (refused changes carry the id, records that
+    could not be decoded their Kafka key)."""
+    try:
+        payload = orjson.loads(key)
+    except orjson.JSONDecodeError:
+        return key
+    return key_id(payload) if isinstance(payload, dict) else key
+
+
+def _dead(letters: list[DeadLetter], job: str, table: Table, p: Pipeline) -> dict[str, str]:
+    tid = table.follower_id(p.name)
+    return {_doc_id(d.key): d.reason for d in letters if d.job == job and d.table == tid and d.key}
+
+
+def test_case8_every_type_is_exact_or_dead_lettered_with_a_reason(run: Run) -> None:
+    """Before: a date past 9999 or BC, or a timestamp out of Python's range, raised in the
+    job and stopped it for good; decimals of more than 28 digits were rounded."""
+    p = run.p
+    table = catalog.TYPES
+    leader = leader_exact(p, table)
+    assert len(leader) == 2 * len(catalog.type_literals())
+    letters = dead_letters(p)
+    report: dict[str, Counter[str]] = {}
+    lossy: dict[str, Counter[str]] = {}
+    problems = []
+    for job, read in (("cache_sync", cache_exact), ("search_sync", search_exact)):
+        dead = _dead(letters, job, table, p)
+        assert all(dead.values()), "a dead letter without a reason"
+        report[job] = Counter(catalog.row_label(k) for k in dead)
+        lossy[job] = Counter()
+        for k, how in differences(leader, read(p, table)).items():
+            label = catalog.row_label(k)
+            if k in dead:
+                assert how == "missing", f"{job}: dead-lettered row {k} ({label}) is held: {how}"
+            elif catalog.reader_lossy(label, how):
+                lossy[job][label] += 1
+            else:
+                problems.append(f"{job}: row {k} ({label}): {how}")
+    print("dead-lettered per job and column:", {j: dict(c) for j, c in report.items()})
+    print("lossy in the reader's encoding:", {j: dict(c) for j, c in lossy.items()})
+    assert not problems, "\n".join(problems[:40])
+    assert report == catalog.EXPECTED_DEAD_LETTERS
+    assert lossy == catalog.EXPECTED_READER_LOSSY
+
+
+# -- keyless tables ------------------------------------------------------------------------
+
+
+def test_keyless_tables_are_skipped_with_a_log_line_never_dead_lettered(run: Run) -> None:
+    p = run.p
+    tid = catalog.KEYLESS.follower_id(p.name)
+    assert not [d for d in dead_letters(p) if d.table == tid or tid in (d.reason or "")]
+    for job in JOBS:
+        lines = [ln for ln in run.log(job).splitlines() if "keyless tables" in ln]
+        assert lines and tid in lines[0], f"{job} said nothing of {tid}"
+
+
+# -- case 9 --------------------------------------------------------------------------------
+
+KILLS = 22
+
+
+def _produced(p: Pipeline, topics: list[str]) -> int:
+    return sum(end_offset(p.endpoints.kafka_bootstrap, t) for t in topics)
+
+
+def _wait_produced(
+    p: Pipeline,
+    topics: list[str],
+    beyond: int,
+    reader: subprocess.Popen[bytes],
+    log: Path,
+    what: str,
+) -> None:
+    """Until the topics grew beyond ``beyond``; fails if the reader exits first."""
+    wait_until(
+        lambda: _produced(p, topics) > beyond or reader.poll() is not None,
+        timeout=180,
+        what=what,
+    )
+    assert reader.poll() is None, f"the reader exited ({what}):\n{tail(log)}"
+
+
+@pytest.mark.slow
+def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_path: Path) -> None:
+    """kill -9 of the reader at random points of a mixed workload (truncates, key changes,
+    bulk transactions), a Kafka broker restart and a PostgreSQL restart while it streams:
+    afterwards the reduced topics and both followers equal the database."""
+    rng = random.Random(10)
+    with fresh_pipeline(endpoints, tmp_path, "rdbk") as p:
+        log = p.checkpoint_dir.with_name("reader.log")
+        crash.create_tables(p.dsn)
+        run_reader_until_current(p)  # the snapshot
+        topics = [crash.ITEMS.topic(p.name), crash.SIDE.topic(p.name)]
+        workload = crash.MixedWorkload(p.dsn, seed=10)
+        workload.start()
+        landed = 0
+        restarts: dict[str, float] = {}
+        try:
+            for i in range(KILLS):
+                reader = crash.start_reader(p, log)
+                base = _produced(p, topics)
+                _wait_produced(p, topics, base, reader, log, f"kill {i}: the reader to produce")
+                if i in (7, 15):  # a service restart while the reader streams
+                    service = "kafka" if i == 7 else "postgres"
+                    restarts[service] = crash.restart_service(service)
+                    mark = _produced(p, topics)
+                    # The reader goes on, or exits and is started again (a supervisor's job).
+                    if reader.poll() is not None:
+                        reader = crash.start_reader(p, log)
+                    _wait_produced(
+                        p, topics, mark, reader, log, f"produce after the {service} restart"
+                    )
+                time.sleep(rng.uniform(0.05, 1.5))
+                # Mid-stream: it produced, it still runs, and WAL is still waiting for it.
+                produced = _produced(p, topics) > base
+                if reader.poll() is None and produced and crash.pending_wal(p.dsn, p.name) > 0:
+                    landed += 1
+                crash.kill(reader)
+        finally:
+            workload.stop()
+        assert landed >= 20, f"only {landed} of {KILLS} kills landed mid-stream:\n{tail(log)}"
+        assert set(restarts) == {"kafka", "postgres"}
+        assert workload.done["truncate"] + workload.done["truncate in a transaction"] > 0
+        assert workload.done["key change"] > 0 and workload.done["bulk"] > 0
+        run_reader_until_current(p)
+        for t in (crash.ITEMS, crash.SIDE):
+            assert_topic_equals_table(
+                read_topic(p.endpoints.kafka_bootstrap, t.topic(p.name)), p.dsn, t.name
+            )
+        run_jobs_available_now(p, JOBS, tmp_path)
+        assert_followers_equal(p, [crash.ITEMS, crash.SIDE], allow_empty=True)
+
+
+# -- case 4 on servers far along their WAL -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("server_fixture", "rows"), [("server_beyond_2_47", 100_000), ("server_near_2_63", 40_000)]
+)
+def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47(
+    endpoints: Endpoints,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    server_fixture: str,
+    rows: int,
+) -> None:
+    """The packed OpenSearch version overflowed past LSN 2**47: every change was
+    dead-lettered. Both followers now hold the re-inserts, at versions past 2**47."""
+    server: throwaway.ThrowawayServer = request.getfixturevalue(server_fixture)
+    on_server = dataclasses.replace(endpoints, postgres_dsn=server.dsn("postgres"))
+    bulk = catalog.BULK
+    with fresh_pipeline(on_server, tmp_path, "rdbl") as p:
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            catalog.create_bulk(conn, rows)
+        run_reader_until_current(p)
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            catalog.delete_and_reinsert_bulk(conn, rows)
+            lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
+        assert lsn is not None and int(lsn[0]) > 2**47
+        run_reader_until_current(p)
+        run_jobs_available_now(
+            p, JOBS, tmp_path, "--max-offsets-per-trigger", str(rows // 2), timeout=1200
+        )
+        assert_followers_equal(p, [bulk])
+        cache = CacheSink(p.endpoints.redis_url, p.key_prefix)
+        search = SearchSink(p.endpoints.search_url, p.index_prefix)
+        try:
+            held = cache.read_version(bulk.follower_id(p.name), "1")
+            doc = search.client.get(index=search.index_for(bulk.follower_id(p.name)), id="1")
+        finally:
+            cache.close()
+            search.close()
+        assert held is not None and held.commit_lsn > 2**47 and held.order >= rows
+        assert doc["_version"] == held.commit_lsn and doc["_source"]["gen"] == 2

@@ -50,6 +50,7 @@ from redis.retry import Retry
 
 from pgcdc.core.contract import VersionOrder, redis_watermark_key
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
+from pgcdc.core.follower_clients import redis_options
 from pgcdc.core.settings import RedisSettings
 from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
 from sinks.cache_script import SCRIPT, Reply, parse_version, version_string, watermark_string
@@ -79,7 +80,10 @@ class CacheSink:
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
         client: redis.Redis | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``client_options`` are more keyword arguments of ``redis.Redis.from_url`` (TLS
+        files: :func:`pgcdc.core.follower_clients.redis_options`)."""
         if value_mode not in ("hash", "json"):
             raise ConfigError(f"value_mode must be 'hash' or 'json', not {value_mode!r}")
         if not key_prefix:
@@ -97,6 +101,7 @@ class CacheSink:
             url,
             retry=Retry(ExponentialBackoff(cap=max_backoff_s, base=backoff_s), retries),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            **(client_options or {}),
         )
         self._sha: str | None = None
 
@@ -109,7 +114,7 @@ class CacheSink:
             settings.value_mode,
             settings.ttl_s,
             settings.tombstone_ttl_s,
-            **kwargs,
+            **{"client_options": redis_options(settings), **kwargs},
         )
 
     # -- keys ----------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from opensearchpy.exceptions import TransportError
 
 from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
+from pgcdc.core.follower_clients import opensearch_options
 from pgcdc.core.settings import SearchSettings
 from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
 from sinks.search_index import (
@@ -115,6 +116,7 @@ class SearchSink:
         schemas: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         client: OpenSearch | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         check_index_prefix(index_prefix)
         self.index_prefix = index_prefix
@@ -123,7 +125,10 @@ class SearchSink:
         self.timeout_s = timeout_s
         self._retrying = Retrying(max_attempts, backoff_s, max_backoff_s, sleep)
         # Our own backoff replaces the client's fixed-interval retries.
-        self.client = client or OpenSearch(hosts=[url], timeout=timeout_s, max_retries=0)
+        # ``client_options``: basic auth and TLS (pgcdc.core.follower_clients.opensearch_options).
+        self.client = client or OpenSearch(
+            hosts=[url], timeout=timeout_s, max_retries=0, **(client_options or {})
+        )
         # Row struct fields per table, from the Connect schema: they type a new index.
         self._schemas: dict[str, list[Mapping[str, Any]]] = {
             t: list(f) for t, f in (schemas or {}).items()
@@ -133,7 +138,11 @@ class SearchSink:
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
         """A sink for the ``search`` section of the settings."""
-        return cls(settings.url.get_secret_value(), settings.index_prefix, **kwargs)
+        return cls(
+            settings.url.get_secret_value(),
+            settings.index_prefix,
+            **{"client_options": opensearch_options(settings), **kwargs},
+        )
 
     # -- indices -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -39,9 +40,12 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE {where}
 """
 
+# Defaults and declared array dimensions feed the value schema (schemas.column_defaults).
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid::int8, a.atttypmod, NOT a.attnotnull
+SELECT a.attname, a.atttypid::int8, a.atttypmod, NOT a.attnotnull,
+       pg_get_expr(d.adbin, d.adrelid), a.attndims
 FROM pg_attribute a
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
 """
@@ -126,8 +130,10 @@ def load_table(
             type_modifier=int(typmod),
             optional=bool(nullable) and name not in keys,
             part_of_key=name in keys,
+            default=default,
+            dims=int(dims),
         )
-        for name, typid, typmod, nullable in cols
+        for name, typid, typmod, nullable, default, dims in cols
     )
     return TableSchema(facts.schema, facts.table, columns, keys, facts.replica_identity)
 
@@ -205,6 +211,17 @@ def table_from_relation(
     return TableSchema(schema, table, tuple(cols), tuple(keys), replica_identity)
 
 
+def _with_defaults(table: TableSchema, cols: Sequence[tuple[Any, ...]]) -> TableSchema:
+    """``table`` with each column's DEFAULT and declared dimensions from ``cols``
+    (:data:`_COLUMNS_SQL` rows), where a column of that name is there."""
+    extra = {c[0]: (c[4], int(c[5])) for c in cols}
+    columns = tuple(
+        replace(c, default=extra[c.name][0], dims=extra[c.name][1]) if c.name in extra else c
+        for c in table.columns
+    )
+    return replace(table, columns=columns)
+
+
 class SchemaCatalog:
     """TableSchemas for the reader, with loaded types cached across tables.
 
@@ -240,8 +257,9 @@ class SchemaCatalog:
         flagged = tuple(c.name for c in rel.columns if c.is_key)
         names = tuple(c.name for c in rel.columns)
         ri = rel.replica_identity
+        now_cols: list[tuple[Any, ...]] = []
         try:
-            _, now = _describe(self.conn, rel.relation_id, rel.namespace)
+            now_cols, now = _describe(self.conn, rel.relation_id, rel.namespace)
         except SchemaError:
             log.warning(
                 "table of a Relation message no longer exists",
@@ -262,7 +280,7 @@ class SchemaCatalog:
         if not keys:
             self._keyless.note(rel.namespace, rel.name)
         key_set = set(keys)
-        return table_from_relation(
+        table = table_from_relation(
             rel.namespace,
             rel.name,
             ri,
@@ -274,3 +292,4 @@ class SchemaCatalog:
             not_null,
             key_order=keys,
         )
+        return _with_defaults(table, now_cols)

@@ -20,7 +20,7 @@ import orjson
 from fastavro.types import Schema as ParsedSchema
 
 from pgcdc.core.errors import SchemaError
-from schemas.connect import DECIMAL_NAME, ConnectSchema, NonFiniteFloat
+from schemas.connect import DECIMAL_NAME, DOUBLE, FLOAT, ConnectSchema, NonFiniteFloat
 from schemas.convert import bytes_to_unscaled, unscaled_bytes
 from schemas.plan import EncodePlan
 
@@ -30,8 +30,8 @@ _PRIMITIVE = {
     "int16": "int",
     "int32": "int",
     "int64": "long",
-    "float32": "float",
-    "float64": "double",
+    FLOAT: "float",
+    DOUBLE: "double",
     "boolean": "boolean",
     "string": "string",
     "bytes": "bytes",
@@ -274,9 +274,9 @@ def from_avro_value(schema: ConnectSchema, value: Any) -> Any:
     if isinstance(value, Decimal):
         scale = int(schema.get("parameters", {}).get("scale", 0))
         return unscaled_bytes(int(value.scaleb(scale)))
-    if t == "float32":
+    if t == FLOAT:
         return shortest_float32(value)
-    if (t == "float64" and value != value) or value in (float("inf"), float("-inf")):
+    if (t == DOUBLE and value != value) or value in (float("inf"), float("-inf")):
         return NonFiniteFloat(value)
     return value
 

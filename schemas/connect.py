@@ -11,6 +11,9 @@ Converter = Callable[[str], Any]
 ConnectSchema = dict[str, Any]
 # The logical type of a fixed-scale decimal (BYTES holding the unscaled integer).
 DECIMAL_NAME = "org.apache.kafka.connect.data.Decimal"
+# FLOAT32 and FLOAT64 as JsonConverter names them in a schema ("float32" is refused).
+FLOAT = "float"
+DOUBLE = "double"
 
 
 class NonFiniteFloat(float):

@@ -38,6 +38,14 @@ DATE_POSITIVE_INFINITY_DAYS = days_from_civil(-5877611, 6, 21)
 DATE_NEGATIVE_INFINITY_DAYS = days_from_civil(-5877611, 6, 22)
 _DAYS_PER_MONTH_AVG = 365.25 / 12.0
 _MICROS_PER_DAY = 86_400_000_000
+# Connect's INT64 range: a value beyond it is capped (Java's saturating conversions).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def cap_int64(value: int) -> int:
+    """``value`` within the int64 range, capped at its ends."""
+    return INT64_MIN if value < INT64_MIN else INT64_MAX if value > INT64_MAX else value
 
 
 # --- numbers -----------------------------------------------------------------------------
@@ -59,8 +67,13 @@ def to_bool(text: str) -> bool:
 
 
 def unscaled_bytes(unscaled: int) -> bytes:
-    """Big-endian two's complement, fewest bytes (java.math.BigInteger.toByteArray)."""
-    return unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+    """Big-endian two's complement, fewest bytes (java.math.BigInteger.toByteArray).
+
+    Java counts the bits of a negative number without its sign (``-128`` takes 7 bits, so
+    one byte ``80``): that is ``~n``'s bit length.
+    """
+    bits = unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()
+    return unscaled.to_bytes(bits // 8 + 1, "big", signed=True)
 
 
 def bytes_to_unscaled(data: bytes) -> int:
@@ -110,6 +123,18 @@ def scaled_integer(text: str, scale: int) -> int:
     return -unscaled if sign else unscaled
 
 
+def variable_scale_digits(text: str) -> tuple[int, int]:
+    """(unscaled, scale) of an unconstrained numeric as Debezium's VariableScaleDecimal holds
+    it: trailing zeros stripped, the scale never negative, zero at scale 0."""
+    sign, digits, exp = decimal_digits(text)
+    stripped = digits.rstrip("0")
+    if not stripped:
+        return 0, 0
+    exp += len(digits) - len(stripped)
+    unscaled = int(stripped) * 10**exp if exp > 0 else int(stripped)
+    return (-unscaled if sign else unscaled), max(0, -exp)
+
+
 def money_amount(text: str) -> Decimal:
     """money text (lc_monetary=C renders "$1,234.56" and "-$1,234.56") as a Decimal."""
     neg = text.startswith("-") or text.startswith("(")
@@ -119,6 +144,24 @@ def money_amount(text: str) -> Decimal:
 
 
 # --- binary ------------------------------------------------------------------------------
+
+
+def bit_flag(text: str) -> bool:
+    """bit(1) text (``0`` or ``1``) as a boolean, like Debezium."""
+    if text == "1":
+        return True
+    if text == "0":
+        return False
+    raise SchemaError(f"not a bit(1): {text!r}")
+
+
+def bits_bytes(text: str) -> bytes:
+    """bit(n) / bit varying text as io.debezium.data.Bits: the bit string's number, little
+    endian, in the fewest bytes (java.util.BitSet.toByteArray; none when no bit is set)."""
+    if text.strip("01"):
+        raise SchemaError(f"not a bit string: {text!r}")
+    n = int(text, 2) if text else 0
+    return n.to_bytes((n.bit_length() + 7) // 8, "little")
 
 
 def bytea_bytes(text: str) -> bytes:
@@ -161,8 +204,8 @@ _EPOCH = datetime(1970, 1, 1)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def timestamp_micros(text: str) -> int:
-    """timestamp text as µs since the epoch (io.debezium.time.MicroTimestamp)."""
+def _epoch_micros(text: str) -> int:
+    """timestamp text as µs since the epoch, exactly (beyond int64 for the last years)."""
     if text == "infinity":
         return TIMESTAMP_POSITIVE_INFINITY_MICROS
     if text == "-infinity":
@@ -175,9 +218,15 @@ def timestamp_micros(text: str) -> int:
     return parse_timestamp(text)
 
 
+def timestamp_micros(text: str) -> int:
+    """timestamp text as µs since the epoch (io.debezium.time.MicroTimestamp); beyond the
+    int64 range (after 294247-01-10) capped, as Debezium caps its epoch seconds."""
+    return cap_int64(_epoch_micros(text))
+
+
 def timestamp_millis(text: str) -> int:
     """timestamp text as ms since the epoch (io.debezium.time.Timestamp)."""
-    return timestamp_micros(text) // 1000
+    return _epoch_micros(text) // 1000
 
 
 def time_millis(text: str) -> int:
@@ -216,10 +265,9 @@ def timestamptz_converter(width: int) -> Converter:
 
 
 def timetz_utc(text: str) -> str:
-    """timetz text as UTC time text (io.debezium.time.ZonedTime)."""
+    """timetz text as UTC time text (io.debezium.time.ZonedTime); ``24:00:00`` is a time of
+    day like any other to java.time's OffsetTime, so it wraps to ``00:00:00Z``."""
     micros, offset = parse_timetz(text)
-    if micros == _MICROS_PER_DAY and offset == 0:
-        return "24:00:00Z"
     return format_utc_time((micros - offset * 1_000_000) % _MICROS_PER_DAY)
 
 
@@ -228,7 +276,8 @@ def interval_micros(text: str) -> int:
     y, mo, d, h, mi, s = parse_interval(text)
     days = (y * 12 + mo) * _DAYS_PER_MONTH_AVG + d
     secs = ((days * 24.0 + h) * 60.0 + mi) * 60.0 + float(s)
-    return int(secs * 1_000_000.0)  # truncates toward zero like Java's (long) cast
+    # Truncated toward zero and capped at the int64 range, like Java's (long) cast.
+    return cap_int64(int(secs * 1_000_000.0))
 
 
 def interval_iso(text: str) -> str:

@@ -49,6 +49,9 @@ SOURCE_SCHEMA: ConnectSchema = connect_schema(
         with_field(connect_schema("int64", True), "txId"),
         with_field(connect_schema("int64", True), "lsn"),
         with_field(connect_schema("int64", True), "xmin"),
+        # Debezium 3.x: the replication origin of the change (null without one).
+        with_field(connect_schema("string", True), "origin"),
+        with_field(connect_schema("int64", True), "origin_lsn"),
     ],
 )
 

@@ -168,6 +168,8 @@ class EventEncoder:
                 "txId": txid,
                 "lsn": lsn,
                 "xmin": None,
+                "origin": None,
+                "origin_lsn": None,
             },
             "transaction": tx,
             "op": op,

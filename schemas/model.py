@@ -26,6 +26,11 @@ class Column:
     type_modifier: int  # atttypmod (-1 when none)
     optional: bool  # nullable
     part_of_key: bool
+    # The column's DEFAULT as pg_get_expr renders it (None: no default), for the value
+    # schema's "default" the way Debezium derives it.
+    default: str | None = None
+    # Declared array dimensions (pg_attribute.attndims; 0 for a non-array or undeclared).
+    dims: int = 0
 
 
 @dataclass(frozen=True, slots=True)

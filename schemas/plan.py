@@ -18,12 +18,13 @@ from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import BinaryHandling, SchemaSettings
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import oids
-from schemas.connect import Codec, ConnectSchema, connect_schema, with_field
+from schemas.column_defaults import fallback, schema_default
+from schemas.connect import Codec, ConnectSchema, NonFiniteFloat, connect_schema, with_field
 from schemas.debezium import envelope_schema
-from schemas.model import TableSchema
+from schemas.model import Column, TableSchema
 from schemas.names import record_name
-from schemas.rowfuncs import KeyColumnNull, KeyFromRow, RowCompiler, RowFunction
-from schemas.typemap import codec_for
+from schemas.rowfuncs import Fill, KeyColumnNull, KeyFromRow, RowCompiler, RowFunction
+from schemas.typemap import codec_for, resolve_domain
 
 # What a generated function raises on a value it cannot take; the slow path then explains.
 FAST_PATH_ERRORS = (SchemaError, ValueError, TypeError, ArithmeticError, IndexError)
@@ -56,6 +57,7 @@ class EncodePlan:
         "fast_json_row",
         "fast_key_from_row",
         "fast_row",
+        "fills",
         "identity_indexes",
         "key_indexes",
         "key_name",
@@ -94,7 +96,10 @@ class EncodePlan:
             )
         self.key_indexes = tuple(index[k] for k in table.key_columns)
         self.key_names = table.key_columns
-        compiler = RowCompiler(self.names, self.codecs, self._special, self.topic)
+        self.fills = tuple(
+            _fill(c, codec) for c, codec in zip(table.columns, self.codecs, strict=True)
+        )
+        compiler = RowCompiler(self.names, self.codecs, self._special, self.topic, self.fills)
         self.fast_row: RowFunction = compiler.row(json=False)
         self.fast_json_row: RowFunction = compiler.row(json=True)
         self.fast_json_key: RowFunction = compiler.key(self.key_indexes)
@@ -103,7 +108,7 @@ class EncodePlan:
         self.value_name = record_name(prefix, table.schema, table.table, "Value")
         self.envelope_name = record_name(prefix, table.schema, table.table, "Envelope")
         fields = [
-            with_field(codec.schema, n) for n, codec in zip(self.names, self.codecs, strict=True)
+            _field_schema(c, codec) for c, codec in zip(table.columns, self.codecs, strict=True)
         ]
         self.value_schema = connect_schema("struct", True, name=self.value_name, fields=fields)
         self.key_schema: ConnectSchema | None = None
@@ -193,6 +198,9 @@ class EncodePlan:
 
     def _slow_row(self, values: Sequence[RawValue]) -> dict[str, Any]:
         vals = list(values)
+        for i, fill in enumerate(self.fills):
+            if fill is not None and vals[i] is None:
+                vals[i] = fill.value
         i = -1
         try:
             for i, conv in self.convert_items:
@@ -220,6 +228,38 @@ class EncodePlan:
     def _where(self, i: int) -> str:
         c = self.table.columns[i]
         return f"table {self.table.schema}.{self.table.table} column {c.name} ({c.type.name})"
+
+
+def _json_ready(value: Any) -> Any:
+    """A Connect value as JSON carries it at the top of a row (BYTES as base64 text)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, NonFiniteFloat):
+        return value.json()
+    return value
+
+
+def _field_schema(column: Column, codec: Codec) -> ConnectSchema:
+    """The column's schema in the row struct, with its default when Debezium gives one."""
+    has_default, default = schema_default(column, codec)
+    if not has_default:
+        return with_field(codec.schema, column.name)
+    out = dict(codec.schema)
+    out["default"] = _json_ready(default)
+    out["field"] = column.name
+    return out
+
+
+def _fill(column: Column, codec: Codec) -> Fill | None:
+    """What a null becomes in a NOT NULL column: a row that does not carry the column (the
+    old row of a delete under REPLICA IDENTITY DEFAULT) gets its default or its type's zero,
+    as Debezium writes it; Kafka Connect refuses a null in a required field. Key columns
+    are always carried (and a null key is an error)."""
+    if column.optional or column.part_of_key:
+        return None
+    has_default, default = schema_default(column, codec)
+    value = default if has_default else fallback(codec, resolve_domain(column.type, -1)[0].name)
+    return Fill(value, _json_ready(value))
 
 
 def _binary_converter(oid: int, settings: SchemaSettings, codec: Codec) -> Callable[[Any], Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
@@ -21,6 +22,14 @@ RowFunction = Callable[[Sequence[RawValue]], dict[str, Any]]
 KeyFromRow = Callable[[dict[str, Any]], dict[str, Any]]
 # (column index, a value that is neither text nor None) → its Connect value.
 SpecialValue = Callable[[int, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """What a null of a column becomes: as a Connect value, and ready for JSON."""
+
+    value: Any
+    json: Any
 
 
 class KeyColumnNull(Exception):
@@ -35,13 +44,20 @@ class RowCompiler:
     """
 
     def __init__(
-        self, names: Sequence[str], codecs: Sequence[Codec], special: SpecialValue, label: str
+        self,
+        names: Sequence[str],
+        codecs: Sequence[Codec],
+        special: SpecialValue,
+        label: str,
+        fills: Sequence[Fill | None] = (),
     ) -> None:
         self._names = tuple(names)
         self._codecs = tuple(codecs)
         self._converters = tuple(c.convert for c in codecs)
         self._special = special
         self._label = label  # names the generated code in tracebacks
+        # What a null becomes per column (None: it stays null).
+        self._fills = tuple(fills) or (None,) * len(self._names)
 
     def row(self, *, json: bool) -> RowFunction:
         """All columns: Connect values, or JSON-ready ones (BYTES as base64 text)."""
@@ -53,7 +69,12 @@ class RowCompiler:
         for i, name in enumerate(self._names):
             v = f"v{i}"
             text = self._text_expr(i, v, json, env)
-            expr = f"{text} if {v}.__class__ is str else None if {v} is None else S({i}, {v})"
+            null = "None"
+            fill = self._fills[i]
+            if fill is not None:
+                env[f"F{i}"] = fill.json if json else fill.value
+                null = f"F{i}"
+            expr = f"{text} if {v}.__class__ is str else {null} if {v} is None else S({i}, {v})"
             items.append(f"{name!r}: ({expr})")
         unpack = ", ".join(f"v{i}" for i in range(n))
         src = f"def row(values):\n    {unpack}, = values\n    return {{{', '.join(items)}}}\n"

@@ -19,12 +19,21 @@ from pgcdc.core.contract import (
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
 from schemas import oids
-from schemas.connect import DECIMAL_NAME, Codec, ConnectSchema, connect_schema, with_field
+from schemas.connect import (
+    DECIMAL_NAME,
+    DOUBLE,
+    FLOAT,
+    Codec,
+    ConnectSchema,
+    connect_schema,
+    with_field,
+)
 from schemas.convert import (
+    bit_flag,
+    bits_bytes,
     bytea_base64,
     bytea_bytes,
     bytea_hex,
-    decimal_digits,
     hstore_json,
     interval_iso,
     interval_micros,
@@ -42,10 +51,13 @@ from schemas.convert import (
     to_epoch_days,
     to_float,
     unscaled_bytes,
+    variable_scale_digits,
 )
 from schemas.model import Column, PgType
 from schemas.pgtext import ARRAY_DELIMITER, BOX_ARRAY_DELIMITER, parse_array, parse_time
 
+# The length Debezium gives a bit varying without one (the JDBC driver's column size).
+UNBOUNDED_BITS_LENGTH = 2147483647
 # Debezium's money.fraction.digits default.
 MONEY_FRACTION_DIGITS = 2
 # Debezium's column.propagate.source.type parameter name, used for pass-through types.
@@ -84,20 +96,15 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
         # numeric is a varlena: a large one is TOASTed, so it has a placeholder.
         return Codec(connect_schema("string", optional), to_string, UNAVAILABLE_VALUE_PLACEHOLDER)
     if mode is DecimalHandling.DOUBLE:
-        return Codec(connect_schema("float64", optional), to_float, None)  # no room: null
+        return Codec(connect_schema(DOUBLE, optional), to_float, None)  # no room: null
     if pm is None:
         # Unconstrained numeric: io.debezium.data.VariableScaleDecimal, scale stripped of
         # trailing zeros and never negative.
         def to_vsd(text: str) -> dict[str, Any]:
             if text in _SPECIAL_NUMERIC:
                 raise _special_precise(col)
-            sign, digits, exp = decimal_digits(text)
-            # Trailing zeros are stripped and the scale is never negative (Debezium).
-            while exp < 0 and len(digits) > 1 and digits[-1] == "0":
-                digits = digits[:-1]
-                exp += 1
-            unscaled = int(digits) * int(10**exp) if exp > 0 else int(digits)
-            return {"scale": max(0, -exp), "value": unscaled_bytes(-unscaled if sign else unscaled)}
+            unscaled, scale = variable_scale_digits(text)
+            return {"scale": scale, "value": unscaled_bytes(unscaled)}
 
         schema = connect_schema(
             "struct",
@@ -119,7 +126,9 @@ def _numeric_codec(col: str, typmod: int, mode: DecimalHandling, optional: bool)
         dot = text.find(".")
         if scale > 0 and dot > 0 and len(text) - dot - 1 == scale and "e" not in text:
             u = int(text.replace(".", "", 1))
-            return u.to_bytes(u.bit_length() // 8 + 1, "big", signed=True)
+            # unscaled_bytes inlined: Java's fewest bytes (a negative's bits without its sign).
+            bits = u.bit_length() if u >= 0 else (~u).bit_length()
+            return u.to_bytes(bits // 8 + 1, "big", signed=True)
         if text in _SPECIAL_NUMERIC:
             raise _special_precise(col)
         return unscaled_bytes(scaled_integer(text, scale))
@@ -141,7 +150,7 @@ def _money_codec(mode: DecimalHandling, optional: bool) -> Codec:
             connect_schema("string", optional), lambda t: format(money_amount(t), "f"), None
         )
     if mode is DecimalHandling.DOUBLE:
-        return Codec(connect_schema("float64", optional), lambda t: float(money_amount(t)), None)
+        return Codec(connect_schema(DOUBLE, optional), lambda t: float(money_amount(t)), None)
 
     def to_decimal_bytes(text: str) -> bytes:
         return unscaled_bytes(scaled_integer(str(money_amount(text)), MONEY_FRACTION_DIGITS))
@@ -154,6 +163,17 @@ def _money_codec(mode: DecimalHandling, optional: bool) -> Codec:
         parameters={"scale": str(MONEY_FRACTION_DIGITS)},
     )
     return Codec(schema, to_decimal_bytes, None)
+
+
+def _bits_codec(typmod: int, optional: bool) -> Codec:
+    """bit(n) / bit varying(n): a boolean when n is 1, else io.debezium.data.Bits."""
+    if typmod == 1:
+        return Codec(connect_schema("boolean", optional), bit_flag, None)
+    length = str(typmod) if typmod > 0 else str(UNBOUNDED_BITS_LENGTH)
+    schema = connect_schema(
+        "bytes", optional, name="io.debezium.data.Bits", version=1, parameters={"length": length}
+    )
+    return Codec(schema, bits_bytes, None)
 
 
 def _binary_codec(mode: BinaryHandling, optional: bool) -> Codec:
@@ -174,8 +194,8 @@ def _time_precision(typmod: int) -> int:
 
 
 _POINT_SCHEMA_FIELDS = [
-    with_field(connect_schema("float64", False), "x"),
-    with_field(connect_schema("float64", False), "y"),
+    with_field(connect_schema(DOUBLE, False), "x"),
+    with_field(connect_schema(DOUBLE, False), "y"),
     with_field(connect_schema("bytes", True), "wkb"),
     with_field(connect_schema("int32", True), "srid"),
 ]
@@ -199,13 +219,21 @@ def resolve_domain(pg_type: PgType, typmod: int) -> tuple[PgType, int]:
 
 def codec_for(column: Column, settings: SchemaSettings) -> Codec:
     """The Connect schema and the converter for one column."""
-    return type_codec(column.name, column.type, column.type_modifier, column.optional, settings)
+    return type_codec(
+        column.name, column.type, column.type_modifier, column.optional, settings, column.dims
+    )
 
 
 def type_codec(
-    col: str, pg_type: PgType, typmod: int, optional: bool, settings: SchemaSettings
+    col: str,
+    pg_type: PgType,
+    typmod: int,
+    optional: bool,
+    settings: SchemaSettings,
+    dims: int = 0,
 ) -> Codec:
-    """The codec of a value of ``pg_type`` (a column, or an array's element)."""
+    """The codec of a value of ``pg_type`` (a column, or an array's element); ``dims`` is
+    an array column's declared number of dimensions."""
     t, typmod = resolve_domain(pg_type, typmod)
     ph = UNAVAILABLE_VALUE_PLACEHOLDER
     oid = t.oid
@@ -218,9 +246,11 @@ def type_codec(
     if oid in (oids.INT8, oids.OID):
         return Codec(connect_schema("int64", optional), int, None)
     if oid == oids.FLOAT4:
-        return Codec(connect_schema("float32", optional), to_float, None)
+        return Codec(connect_schema(FLOAT, optional), to_float, None)
     if oid == oids.FLOAT8:
-        return Codec(connect_schema("float64", optional), to_float, None)
+        return Codec(connect_schema(DOUBLE, optional), to_float, None)
+    if oid in (oids.BIT, oids.VARBIT):
+        return _bits_codec(typmod, optional)
     if oid == oids.NUMERIC:
         return _numeric_codec(col, typmod, settings.decimal_handling_mode, optional)
     if oid == oids.MONEY:
@@ -285,9 +315,9 @@ def type_codec(
     if t.name == "ltree":
         return Codec(_named_string("io.debezium.data.Ltree", optional), None, ph)
     if t.name == "tsvector":
-        return Codec(_named_string("io.debezium.data.TsVector", optional), None, ph)
+        return Codec(_named_string("io.debezium.data.Tsvector", optional), None, ph)
     if t.element is not None:
-        return _array_codec(col, t.element, typmod, optional, settings)
+        return _array_codec(col, t.element, typmod, optional, settings, max(1, dims))
     # Anything else passes through as its text, with the type's name in the schema.
     schema = connect_schema("string", optional, parameters={SOURCE_TYPE_PARAMETER: t.name})
     return Codec(schema, None, ph)
@@ -301,31 +331,52 @@ def array_delimiter(element: PgType) -> str:
 
 
 def _array_codec(
-    col: str, element: PgType, typmod: int, optional: bool, settings: SchemaSettings
+    col: str,
+    element: PgType,
+    typmod: int,
+    optional: bool,
+    settings: SchemaSettings,
+    depth: int,
 ) -> Codec:
-    el = type_codec(col, element, typmod, True, settings)
+    """An array column: ``depth`` nested Connect arrays (its declared dimensions)."""
+    # Debezium's enum arrays say their items are never null; every other array's may be.
+    items_optional = resolve_domain(element, typmod)[0].kind != "e"
+    el = type_codec(col, element, typmod, items_optional, settings)
     conv = el.convert
 
-    def convert_items(items: list[Any]) -> list[Any]:
+    def element_value(v: Any) -> Any:
+        return v if v is None or conv is None else conv(v)
+
+    def flat(items: list[Any]) -> list[Any]:
         out: list[Any] = []
         for v in items:
-            if v is None:
-                out.append(None)
-            elif isinstance(v, list):
-                out.append(convert_items(v))
-            elif conv is None:
-                out.append(v)
+            if isinstance(v, list):
+                out.extend(flat(v))
             else:
-                out.append(conv(v))
+                out.append(element_value(v))
         return out
+
+    def shaped(items: list[Any], level: int) -> list[Any]:
+        # PostgreSQL does not enforce the declared dimensions: a value with more is
+        # flattened at the innermost level, one with fewer is wrapped, so every value fits
+        # the schema.
+        if level == 1:
+            return flat(items)
+        return [
+            v if v is None else shaped(v if isinstance(v, list) else [v], level - 1) for v in items
+        ]
 
     delimiter = array_delimiter(element)
 
     def convert(text: str) -> list[Any]:
-        return convert_items(parse_array(text, delimiter))
+        return shaped(parse_array(text, delimiter), depth)
 
     # Debezium's one-element array where the element is text; elsewhere (numbers, bytes,
     # structs) an array of the placeholder would read as a value: null, named by the
     # cdc.unchanged header like every unchanged column.
-    placeholder = [el.placeholder] if isinstance(el.placeholder, str) else None
-    return Codec(connect_schema("array", optional, items=el.schema), convert, placeholder)
+    placeholder: Any = [el.placeholder] if isinstance(el.placeholder, str) else None
+    items = el.schema
+    for _ in range(depth - 1):
+        items = connect_schema("array", True, items=items)
+        placeholder = None if placeholder is None else [placeholder]
+    return Codec(connect_schema("array", optional, items=items), convert, placeholder)

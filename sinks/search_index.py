@@ -49,6 +49,10 @@ _PLAIN_TYPES: Final[dict[str, dict[str, Any]]] = {
     "int16": {"type": "short"},
     "int32": {"type": "integer"},
     "int64": {"type": "long"},
+    # JsonConverter's schema names for FLOAT32/FLOAT64 (what the reader writes), and the
+    # Connect type names some other producers write.
+    "float": {"type": "float"},
+    "double": {"type": "double"},
     "float32": {"type": "float"},
     "float64": {"type": "double"},
     "boolean": {"type": "boolean"},

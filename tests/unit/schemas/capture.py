@@ -1,5 +1,6 @@
 """Capture the golden fixture from a real server: the table's catalog description (what
-cdc.catalog.load_table returns) and every row as COPY TO STDOUT text.
+cdc.catalog.load_table returns) and every row as COPY TO STDOUT text. Debezium's records of
+the same rows are added by ``python -m tests.integration.debezium_parity.golden``.
 
     .venv/bin/python -m tests.unit.schemas.capture postgresql://cdc:cdc@127.0.0.1:55432/cdc
 """
@@ -60,7 +61,60 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+def describe(
+    conn: psycopg.Connection[Any], name: str = "all_types", schema: str = "public"
+) -> dict[str, Any]:
+    """The fixture's server part: the table as cdc.catalog describes it (named as in
+    ``public``) and its rows (as the reader's sessions render them: UTC)."""
+    conn.execute("SET TimeZone = 'UTC'")
+    table = load_table(conn, name, schema)
+    return {
+        "server_version": conn.info.server_version,
+        "table": {
+            "schema": "public",
+            "table": table.table,
+            "key_columns": list(table.key_columns),
+            "replica_identity": table.replica_identity,
+            "columns": [
+                {
+                    "name": c.name,
+                    "type": pg_type_to_json(c.type),
+                    "type_modifier": c.type_modifier,
+                    "optional": c.optional,
+                    "part_of_key": c.part_of_key,
+                    "default": c.default,
+                    "dims": c.dims,
+                }
+                for c in table.columns
+            ],
+        },
+        "rows": copy_rows(conn, f'"{schema}".{name}'),
+    }
+
+
+def write_fixture(fixture: dict[str, Any]) -> None:
+    """Write the fixture: objects indented three levels deep, one line per list item (a
+    column, a row, a schema field), so a regenerated fixture reads as a short diff."""
+    FIXTURE.write_text(_layout(fixture, 0) + "\n")
+
+
+def _layout(value: Any, depth: int) -> str:
+    expand = isinstance(value, list) if depth == 3 else depth < 3 and isinstance(value, dict | list)
+    if not value or not expand:
+        return orjson.dumps(value).decode()
+    pad = "  " * (depth + 1)
+    if isinstance(value, dict):
+        items = [
+            f"{pad}{orjson.dumps(k).decode()}: {_layout(v, depth + 1)}" for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * depth + "}"
+    items = [f"{pad}{orjson.dumps(v).decode()}" for v in value]  # one line per item
+    return "[\n" + ",\n".join(items) + "\n" + "  " * depth + "]"
+
+
 def main(admin_dsn: str) -> None:
+    """Capture the server part only, keeping the Debezium part of the current fixture (that
+    one comes from Debezium itself: ``python -m tests.integration.debezium_parity.golden``)."""
     db = f"capture_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {db}")
@@ -69,28 +123,11 @@ def main(admin_dsn: str) -> None:
         with psycopg.connect(f"{base}/{db}", autocommit=True) as conn:
             for sql in [*SETUP_SQL, create_table_sql(), *insert_sql()]:
                 conn.execute(sql)
-            table = load_table(conn, "all_types")
-            fixture = {
-                "server_version": conn.info.server_version,
-                "table": {
-                    "schema": table.schema,
-                    "table": table.table,
-                    "key_columns": list(table.key_columns),
-                    "replica_identity": table.replica_identity,
-                    "columns": [
-                        {
-                            "name": c.name,
-                            "type": pg_type_to_json(c.type),
-                            "type_modifier": c.type_modifier,
-                            "optional": c.optional,
-                            "part_of_key": c.part_of_key,
-                        }
-                        for c in table.columns
-                    ],
-                },
-                "rows": copy_rows(conn, "all_types"),
-            }
-        FIXTURE.write_bytes(orjson.dumps(fixture, option=orjson.OPT_INDENT_2) + b"\n")
+            fixture = describe(conn)
+        old = orjson.loads(FIXTURE.read_bytes()) if FIXTURE.exists() else {}
+        if "debezium" in old:
+            fixture["debezium"] = old["debezium"]
+        write_fixture(fixture)
         print(f"wrote {FIXTURE}")
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:

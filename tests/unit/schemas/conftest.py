@@ -34,7 +34,17 @@ def load_fixture() -> tuple[TableSchema, list[list[str | None]]]:
     for c in t["columns"]:
         pg_type = pg_type_from_json(c["type"])
         assert pg_type is not None
-        cols.append(Column(c["name"], pg_type, c["type_modifier"], c["optional"], c["part_of_key"]))
+        cols.append(
+            Column(
+                c["name"],
+                pg_type,
+                c["type_modifier"],
+                c["optional"],
+                c["part_of_key"],
+                c.get("default"),
+                c.get("dims", 0),
+            )
+        )
     table = TableSchema(
         t["schema"], t["table"], tuple(cols), tuple(t["key_columns"]), t["replica_identity"]
     )

@@ -8,6 +8,7 @@ import struct
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from schemas.envelope import EventEncoder
 from schemas.formats import AvroFormat
 from schemas.model import SourceInfo
 from tests.unit.schemas.conftest import load_fixture
+
+pytestmark = pytest.mark.unit
 
 TABLE, ROWS = load_fixture()
 NAMES = [c.name for c in TABLE.columns]

@@ -126,6 +126,14 @@ def _begin_in_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> Non
     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
 
 
+def _snapshot_xid(conn: psycopg.Connection[Any]) -> int | None:
+    """source.txId of snapshot records: the snapshot's xmax, the first transaction it does not
+    see (a read-only snapshot has no transaction id of its own; Debezium's is the one it takes
+    for its snapshot transaction, just after)."""
+    row = conn.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()
+    return None if row is None else int(row[0])
+
+
 class Snapshotter:
     """Copies the captured tables inside an exported snapshot and publishes ``r`` events."""
 
@@ -157,6 +165,7 @@ class Snapshotter:
         self._local = threading.local()
         self._worker_conns: list[psycopg.Connection[Any]] = []
         self._conns_lock = threading.Lock()
+        self._xid: int | None = None  # source.txId of the snapshot's records
 
     # --- public -------------------------------------------------------------------------
 
@@ -184,6 +193,7 @@ class Snapshotter:
                 else:
                     _begin_in_snapshot(lead, snapshot_name)
                 assert position is not None
+                self._xid = _snapshot_xid(lead)
                 plans = self._plan(lead, tables)
                 # The lead keeps its transaction (and so the exported snapshot) open throughout.
                 rows = self._copy_all(plans, snapshot_name, position)
@@ -357,7 +367,7 @@ class Snapshotter:
             plan = plans[index]
             marker = snapshot_marker(emitted == 0, last_overall, first_in, last_in)
             emitted += 1
-            source = SourceInfo(ts_us, marker, None, position.value, None)
+            source = SourceInfo(ts_us, marker, self._xid, position.value, None)
             value = self._encoder.encode_value(plan.schema, "r", None, row, source)
             send(topics[index], key, value)
 

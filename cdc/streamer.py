@@ -247,7 +247,8 @@ class Streamer:
             if self._txn is not None:
                 self._publisher.close_txn(self._txn, msg.end_lsn)
             self._txn = None
-            self._last_commit_lsn = msg.commit_lsn.value
+            # Debezium's source.sequence[0]: where the last commit record ends.
+            self._last_commit_lsn = msg.end_lsn.value
         elif isinstance(msg, pgoutput.Relation):
             self._relation(msg)
         elif isinstance(msg, pgoutput.Truncate):
@@ -351,8 +352,9 @@ class Streamer:
         self._count(op)
         if op == "d":
             # A tombstone, so compaction drops the key (a keyless table's has a null key,
-            # like Debezium's; its topic is not compacted).
-            self._send_to(topic, key, None)
+            # like Debezium's; its topic is not compacted), with the delete's headers (a key
+            # change's __debezium.newkey) as Debezium writes it.
+            self._send_to(topic, key, None, headers)
 
     def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
         table = self._table(msg.relation_id)
@@ -387,8 +389,10 @@ class Streamer:
         """A primary-key change: Debezium emits a delete (+ tombstone) for the old key and a
         create for the new one, each naming the other key in a header."""
         # No follower holds the new key yet, so the marker would lose the value; see
-        # cdc.toast for why the current value is safe to use.
-        new = self._fill_unchanged_toast(table, new)
+        # cdc.toast for why the current value is safe to use. Without complete_unchanged_toast
+        # the placeholder stays, as Debezium writes it.
+        if self._complete_toast:
+            new = self._fill_unchanged_toast(table, new)
         rid = msg.relation_id
         self._change(
             frame, rid, "d", msg.old, None, key=old_key, headers=[("__debezium.newkey", new_key)]

@@ -233,6 +233,21 @@ class KafkaSettings(BaseModel):
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v
 
+    @field_validator(
+        "sasl_mechanism",
+        "sasl_username",
+        "sasl_password",
+        "ssl_ca_location",
+        "ssl_certificate_location",
+        "ssl_key_location",
+        "ssl_key_password",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, v: Any) -> Any:
+        # CDC_KAFKA__SSL_CA_LOCATION= (set but empty) means "not set", as for librdkafka.
+        return None if v == "" else v
+
     @field_validator("client", "spark_client")
     @classmethod
     def _not_dedicated(cls, v: dict[str, str]) -> dict[str, str]:

@@ -323,3 +323,14 @@ def test_opensearch_options_work_with_opensearch_py(pem: dict[str, str]) -> None
     conn = client.transport.get_connection()
     assert conn.host == "https://search:9200"
     assert conn.headers["authorization"].startswith("Basic ")
+
+
+def test_an_empty_variable_means_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CA_LOCATION"):
+        monkeypatch.setenv(f"CDC_KAFKA__{name}", "")
+    k = load_settings().kafka
+    assert (k.sasl_mechanism, k.sasl_username, k.sasl_password, k.ssl_ca_location) == (None,) * 4
+    assert client_config(k) == {
+        "bootstrap.servers": "127.0.0.1:19092",
+        "security.protocol": "PLAINTEXT",
+    }

@@ -24,6 +24,7 @@ import psycopg
 from cdc.catalog import SchemaCatalog
 from cdc.connection import connect, current_database, current_wal_lsn
 from cdc.metrics import ReaderMetrics
+from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
 from cdc.replication import ReplicationConnection
 from cdc.slots import (
@@ -31,7 +32,6 @@ from cdc.slots import (
     StartPlan,
     check_wal_level,
     drop_slot,
-    ensure_publication,
     plan_start,
     slot_info,
     wait_slot_released,
@@ -148,7 +148,9 @@ class Pipeline:
         slot = self.settings.postgres.slot_name
         state = store.load(database, slot)
         pg = self.settings.postgres
-        tables = ensure_publication(admin, pg.publication_name, pg.tables)
+        tables = ensure_publication(
+            admin, pg.publication_name, pg.tables, pg.publication_autocreate_mode
+        )
         run = _Run(
             admin=admin,
             slot=slot,

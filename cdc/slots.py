@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from cdc.state import Phase, ReaderState
 from pgcdc.core.errors import ConfigError, SlotError
@@ -118,61 +117,6 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str, timeout_s: float = 15.0)
     conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     log.info("dropped replication slot", extra={"slot": slot})
     return True
-
-
-def ensure_publication(
-    conn: psycopg.Connection[Any], name: str, tables: tuple[str, ...]
-) -> list[tuple[str, str]]:
-    """Create or align the publication; return the captured tables as (schema, table).
-
-    With an empty include list the publication is ``FOR ALL TABLES``; otherwise it covers
-    exactly ``tables`` (an existing publication is altered to match).
-    """
-    for qualified in tables:
-        schema, table = qualified.split(".")
-        found = conn.execute(
-            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
-        ).fetchone()
-        if found is None:
-            raise ConfigError(f"table {qualified} listed in postgres.tables does not exist")
-    row = conn.execute(
-        "SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)
-    ).fetchone()
-    idents = sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
-    if row is None:
-        if tables:
-            conn.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(name), idents)
-            )
-        else:
-            conn.execute(
-                sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(name))
-            )
-        log.info("created publication", extra={"publication": name})
-    elif tables and row[0]:
-        raise ConfigError(
-            f"publication {name} exists FOR ALL TABLES but postgres.tables lists "
-            f"{len(tables)} tables; drop the publication or use another publication_name"
-        )
-    elif not tables and not row[0]:
-        raise ConfigError(
-            f"publication {name} exists for a list of tables but postgres.tables is empty "
-            "(meaning all tables); drop the publication or list the tables"
-        )
-    elif tables:
-        conn.execute(
-            sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(sql.Identifier(name), idents)
-        )
-    return captured_tables(conn, name)
-
-
-def captured_tables(conn: psycopg.Connection[Any], publication: str) -> list[tuple[str, str]]:
-    """The tables the publication covers, sorted."""
-    rows = conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
-        (publication,),
-    ).fetchall()
-    return [(r[0], r[1]) for r in rows]
 
 
 class Action(enum.Enum):

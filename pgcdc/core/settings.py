@@ -66,6 +66,15 @@ class ValueFormat(StrEnum):
     AVRO = "avro"
 
 
+class PublicationAutocreate(StrEnum):
+    """Debezium's ``publication.autocreate.mode``: what the reader may do to the publication."""
+
+    ALL_TABLES = "all_tables"  # create it FOR ALL TABLES if missing (needs a superuser)
+    DISABLED = "disabled"  # never create or alter it: it must exist (made by its owner)
+    FILTERED = "filtered"  # create it, or set its tables, to exactly postgres.tables
+    NO_TABLES = "no_tables"  # create it without tables if missing; its owner adds them
+
+
 class UnproducibleRecords(StrEnum):
     """What the reader does with a record Kafka refuses for good (too large, invalid)."""
 
@@ -116,6 +125,9 @@ class PostgresSettings(BaseModel):
     publication_name: str = "cdc_pub"
     # Include list of "schema.table"; empty means every table.
     tables: Annotated[tuple[str, ...], NoDecode] = ()
+    # Debezium's publication.autocreate.mode; unset: filtered when postgres.tables lists
+    # tables, else all_tables. A least-privilege role uses disabled (see docs/own-postgres.md).
+    publication_autocreate_mode: PublicationAutocreate | None = None
     snapshot_mode: SnapshotMode = SnapshotMode.INITIAL
     snapshot_workers: int = Field(default=2, ge=1, le=64)
     snapshot_chunk_rows: int = Field(default=50_000, ge=100)

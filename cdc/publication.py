@@ -1,0 +1,142 @@
+"""The publication the slot streams: what the reader may create or change, and what it captures.
+
+``postgres.publication_autocreate_mode`` is Debezium's ``publication.autocreate.mode``:
+
+- ``all_tables``: create it ``FOR ALL TABLES`` if missing (a superuser's right); an existing
+  one is used as it is.
+- ``disabled``: never create or alter it. It must exist, made beforehand by its owner, so
+  the reader's role needs no ownership at all; with ``postgres.tables`` listed, it must
+  cover exactly those tables.
+- ``filtered``: create it for exactly ``postgres.tables``, or set an existing one's tables
+  to them, only when they differ (a publication a DBA already made right is left alone).
+- ``no_tables``: create it without tables if missing; its owner adds tables later.
+
+Unset, the mode is ``filtered`` when ``postgres.tables`` lists tables, else ``all_tables``,
+and a publication that disagrees with the list stops the start. The reader streams what the
+publication covers: it does not filter tables itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.settings import PublicationAutocreate
+
+log = logging.getLogger(__name__)
+
+SETTING = "postgres.publication_autocreate_mode"
+Mode = PublicationAutocreate
+
+
+def captured_tables(conn: psycopg.Connection[Any], publication: str) -> list[tuple[str, str]]:
+    """The tables the publication covers, sorted."""
+    rows = conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+        (publication,),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def _check_listed_tables_exist(conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
+    for qualified in tables:
+        schema, table = qualified.split(".")
+        found = conn.execute(
+            "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"table {qualified} listed in postgres.tables does not exist")
+
+
+def _table_list(tables: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
+
+
+def _create(name: str, tables: Sequence[str], mode: PublicationAutocreate) -> sql.Composed:
+    """The CREATE PUBLICATION that ``mode`` makes (disabled: the one its owner should run)."""
+    head = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
+    if mode is Mode.NO_TABLES:
+        return head + sql.SQL("")
+    if tables:
+        return head + sql.SQL(" FOR TABLE ") + _table_list(tables)
+    return head + sql.SQL(" FOR ALL TABLES")
+
+
+def _alter(name: str, tables: Sequence[str]) -> sql.Composed:
+    head = sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(sql.Identifier(name))
+    return head + _table_list(tables)
+
+
+def _run(conn: psycopg.Connection[Any], name: str, statement: sql.Composed, what: str) -> None:
+    """Run a CREATE/ALTER PUBLICATION; a role without the right gets the way past it."""
+    text = statement.as_string(conn)
+    try:
+        conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise ConfigError(
+            f"the role may not {what} publication {name} ({e.diag.message_primary}); have a "
+            f"superuser or the tables' owner run `{text}` and set {SETTING}=disabled"
+        ) from e
+    log.info("%sd publication", what, extra={"publication": name})
+
+
+def ensure_publication(
+    conn: psycopg.Connection[Any],
+    name: str,
+    tables: tuple[str, ...],
+    mode: PublicationAutocreate | None = None,
+) -> list[tuple[str, str]]:
+    """Create or align the publication as ``mode`` allows (see the module docstring); return
+    the captured tables as (schema, table)."""
+    _check_listed_tables_exist(conn, tables)
+    explicit = mode is not None
+    mode = mode or (Mode.FILTERED if tables else Mode.ALL_TABLES)
+    if mode in (Mode.ALL_TABLES, Mode.NO_TABLES) and tables:
+        raise ConfigError(
+            f"{SETTING}={mode.value} leaves the tables to the publication, but postgres.tables "
+            "lists some: empty postgres.tables, or use filtered"
+        )
+    if mode is Mode.FILTERED and not tables:
+        raise ConfigError(f"{SETTING}=filtered needs postgres.tables (schema.table,...)")
+    row = conn.execute(
+        "SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)
+    ).fetchone()
+    if row is None:
+        create = _create(name, tables, mode)
+        if mode is Mode.DISABLED:
+            raise ConfigError(
+                f"publication {name} does not exist and {SETTING}=disabled: have a superuser "
+                f"or the tables' owner run `{create.as_string(conn)}` first"
+            )
+        _run(conn, name, create, "create")
+        return captured_tables(conn, name)
+    all_tables = bool(row[0])
+    if tables and all_tables:
+        raise ConfigError(
+            f"publication {name} exists FOR ALL TABLES but postgres.tables lists "
+            f"{len(tables)} tables; drop the publication or use another publication_name"
+        )
+    if not tables and not all_tables and not explicit:
+        raise ConfigError(
+            f"publication {name} exists for a list of tables but postgres.tables is empty "
+            f"(meaning all tables); drop the publication, list the tables, or set {SETTING}="
+            "disabled to stream what it covers"
+        )
+    if tables:
+        have = {f"{s}.{t}" for s, t in captured_tables(conn, name)}
+        if have != set(tables):
+            if mode is Mode.DISABLED:
+                missing, extra = sorted(set(tables) - have), sorted(have - set(tables))
+                raise ConfigError(
+                    f"publication {name} does not cover exactly postgres.tables (missing: "
+                    f"{', '.join(missing) or 'none'}; not listed: {', '.join(extra) or 'none'})"
+                    f" and {SETTING}=disabled: have its owner run "
+                    f"`{_alter(name, tables).as_string(conn)}`, or list its tables"
+                )
+            _run(conn, name, _alter(name, tables), "alter")
+    return captured_tables(conn, name)

@@ -162,7 +162,29 @@ def run(
             _run_jobs(r, tmp_path_factory.mktemp("jobs"))
         yield r
     finally:
+        _forget(r)
         _drop_database(endpoints, name)
+
+
+def _forget(r: SecureRun) -> None:
+    """Delete the run's topics (secured broker), Redis keys (TLS Redis) and indices."""
+    import redis
+    from confluent_kafka.admin import AdminClient
+    from opensearchpy import OpenSearch
+
+    admin = AdminClient(r.kafka_conf())
+    topics = [t for t in admin.list_topics(timeout=30).topics if r.name in t]
+    if topics:
+        for fut in admin.delete_topics(topics, operation_timeout=30).values():
+            fut.result()
+    cache = redis.Redis.from_url(r.redis_url)
+    keys = list(cache.scan_iter(match=f"{r.name}*", count=1000))
+    if keys:
+        cache.delete(*keys)
+    cache.close()
+    search = OpenSearch(r.secure["CDC_SEARCH__URL"])
+    search.indices.delete(index=f"{r.name}*", ignore_unavailable=True, expand_wildcards="all")
+    search.close()
 
 
 def _run_jobs(r: SecureRun, logs: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from cdc.connection import MIN_SCRUBBED_CHARS, scrub, secrets_of
+from pgcdc import __version__
 from pgcdc.core import kafka_config
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
@@ -219,12 +220,48 @@ def run(
     _guard(debug, go)
 
 
-@app.command()
-def status(config: ConfigOpt = None, debug: DebugOpt = False, log_json: LogJsonOpt = False) -> None:
-    """Show the slot (active, confirmed flush LSN, retained WAL, lag), topic end offsets and
-    the followers' watermarks."""
+UNHEALTHY_EXIT = 3
 
-    def go() -> None:
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cdc (pgcdc) {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """PostgreSQL change data capture into Kafka (Debezium-compatible events)."""
+
+
+@app.command()
+def status(
+    config: ConfigOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
+    ] = False,
+    debug: DebugOpt = False,
+    log_json: LogJsonOpt = False,
+) -> None:
+    """Show the slot (active, wal_status, confirmed flush LSN, lag in bytes and seconds,
+    retained WAL), the topics and each follower's watermark and lag.
+
+    Lag in seconds is the server's pg_stat_replication.replay_lag for the reader's
+    connection (0 when caught up, empty when no reader is connected).
+
+    Exit status: 0 healthy; 3 unhealthy (the slot is missing or lost, or inactive while
+    retaining more WAL than postgres.retained_wal_warn_bytes, or a follower's store is
+    unreachable); 1 or 2 when the status itself cannot be read or the settings are wrong.
+    """
+
+    def go() -> bool:
         settings = _settings(config, _log_overrides(log_json))
         _setup_logging(settings, debug, level="WARNING")
         from cdc.status import gather_status
@@ -234,11 +271,29 @@ def status(config: ConfigOpt = None, debug: DebugOpt = False, log_json: LogJsonO
         from sinks.status import status_hook
 
         status = gather_status(settings, sections={"followers": status_hook})
-        typer.echo(scrub(json.dumps(status, indent=2), _SECRETS))
-        for warning in status["warnings"]:
-            typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
+        if as_json:
+            typer.echo(scrub(json.dumps(status, indent=2), _SECRETS))
+            for warning in status["warnings"]:
+                typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
+        else:
+            typer.echo(scrub(render_status_text(status), _SECRETS), nl=False)
+        return bool(status["healthy"])
 
-    _guard(debug, go)
+    if not _guard(debug, go):
+        raise typer.Exit(UNHEALTHY_EXIT)
+
+
+def render_status_text(status: dict[str, Any]) -> str:
+    """The status as plain-text tables (scrubbed by the caller before printing)."""
+    import io
+
+    from rich.console import Console
+
+    from cdc.status_view import render
+
+    out = io.StringIO()
+    render(status, Console(file=out, width=120, no_color=True, highlight=False))
+    return out.getvalue()
 
 
 @app.command("reset-state")

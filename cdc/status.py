@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import psycopg
 from confluent_kafka import TopicPartition
 
 from cdc.connection import connect, current_database, current_wal_lsn
@@ -31,6 +32,7 @@ def slot_status(settings: Settings) -> dict[str, Any]:
         current = current_wal_lsn(conn)
         database = current_database(conn)
         info = slot_info(conn, settings.postgres.slot_name)
+        lag_seconds = _replay_lag_seconds(conn, info.active_pid) if info is not None else None
     out: dict[str, Any] = {
         "database": database,
         "slot": settings.postgres.slot_name,
@@ -47,8 +49,27 @@ def slot_status(settings: Settings) -> dict[str, Any]:
             restart_lsn=str(info.restart_lsn) if info.restart_lsn else None,
             retained_wal_bytes=(current - info.restart_lsn) if info.restart_lsn else None,
             lag_bytes=(current - info.confirmed_flush_lsn) if info.confirmed_flush_lsn else None,
+            lag_seconds=lag_seconds,
         )
     return out
+
+
+def _replay_lag_seconds(conn: psycopg.Connection[Any], active_pid: int | None) -> float | None:
+    """Seconds the reader's acknowledgments trail the server (``pg_stat_replication``).
+
+    ``replay_lag`` is how long ago the WAL the reader last acknowledged was written, measured
+    by the server; it is NULL once the reader has caught up and stays idle, which is 0 here.
+    None when no reader holds the slot (nothing measures it then).
+    """
+    if active_pid is None:
+        return None
+    row = conn.execute(
+        "SELECT EXTRACT(EPOCH FROM replay_lag)::float8 FROM pg_stat_replication WHERE pid = %s",
+        (active_pid,),
+    ).fetchone()
+    if row is None:
+        return None
+    return 0.0 if row[0] is None else round(float(row[0]), 3)
 
 
 def slot_warnings(slot: dict[str, Any], retained_wal_warn_bytes: int) -> list[str]:
@@ -74,6 +95,30 @@ def slot_warnings(slot: dict[str, Any], retained_wal_warn_bytes: int) -> list[st
             f"replication slot {name} is about to be lost (wal_status = unreserved): the "
             "server may remove WAL it still needs at the next checkpoint"
         )
+    return out
+
+
+def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[str]:
+    """What makes the reader unhealthy (``cdc status`` exits 3 when any), one line each.
+
+    A missing or lost slot; an inactive slot that retains more WAL than the threshold (the
+    reader is down and the server's disk fills); a follower whose store cannot be read.
+    """
+    slot = status["slot"]
+    name = slot["slot"]
+    out: list[str] = []
+    if not slot["exists"]:
+        out.append(f"replication slot {name} does not exist (has the reader ever run?)")
+    elif slot.get("wal_status") == "lost":
+        out.append(f"replication slot {name} is lost")
+    elif not slot.get("active") and (slot.get("retained_wal_bytes") or 0) > retained_wal_warn_bytes:
+        out.append(
+            f"replication slot {name} is inactive and retains "
+            f"{_size(slot['retained_wal_bytes'])} of WAL"
+        )
+    for job, follower in (status.get("followers") or {}).items():
+        if "error" in follower:
+            out.append(f"follower {job} is unreachable: {follower['error']}")
     return out
 
 
@@ -129,4 +174,6 @@ def gather_status(
     }
     for name, section in (sections or {}).items():
         out[name] = section(settings)
+    out["problems"] = problems(out, settings.postgres.retained_wal_warn_bytes)
+    out["healthy"] = not out["problems"]
     return out

@@ -161,9 +161,10 @@ def test_a_lost_slot_stops_with_the_way_out_and_when_needed_recovers(
         for part in (reader.slot, "wal_status = lost", "when_needed", "cdc reset-state"):
             assert part in line, line
         assert slot_row(dsn, reader.slot) is not None  # never dropped unasked
-        status = reader.run("status")
-        assert status.returncode == 0, status.stderr
+        status = reader.run("status", "--json")
+        assert status.returncode == 3, status.stderr  # unhealthy: the slot is lost
         assert orjson.loads(status.stdout)["slot"]["wal_status"] == "lost"
+        assert any("lost" in p for p in orjson.loads(status.stdout)["problems"])
         assert any("lost" in w for w in status.stderr.splitlines() if w.startswith("warning:"))
         reader.catch_up(CDC_POSTGRES__SNAPSHOT_MODE="when_needed")
         assert set(_after_by_id(reader, "t")) == set(range(1, 8))
@@ -183,9 +184,11 @@ def test_status_warns_when_the_slot_retains_more_wal_than_allowed(
     reader.catch_up()
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute("INSERT INTO t SELECT generate_series(1, 1000)")
-    quiet = reader.run("status")
+    quiet = reader.run("status", "--json")
     assert quiet.returncode == 0 and "warning:" not in quiet.stderr
-    loud = reader.run("status", CDC_POSTGRES__RETAINED_WAL_WARN_BYTES="1")
+    loud = reader.run("status", "--json", CDC_POSTGRES__RETAINED_WAL_WARN_BYTES="1")
+    # Inactive (no reader running) and over the threshold: unhealthy.
+    assert loud.returncode == 3, loud.stderr
     slot = orjson.loads(loud.stdout)["slot"]
     assert slot["retained_wal_bytes"] > 1
     (warning,) = [w for w in loud.stderr.splitlines() if w.startswith("warning:")]

@@ -153,7 +153,7 @@ def run(
     r = SecureRun(secure_env, name, tls_dsn, tmp_path_factory.mktemp("ckpt") / "checkpoints")
     try:
         r.cdc("reader", "run", "--until", "current", timeout=600)
-        r.cdc("status", "status", timeout=120)
+        r.cdc("status", "status", "--json", timeout=120)
         if r.exits["reader"] == 0:
             # A record no job can apply: its key is not a JSON object.
             p = Producer(r.kafka_conf())

@@ -1,0 +1,86 @@
+"""``cdc status`` for a person: the status mapping of :mod:`cdc.status` as rich tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n} B)"
+    return f"{n} B"
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def _slot_table(slot: Mapping[str, Any], state: Mapping[str, Any] | None) -> Table:
+    table = Table(title="Reader", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows: list[tuple[str, str]] = [
+        ("database", _text(slot.get("database"))),
+        ("slot", _text(slot.get("slot"))),
+        ("exists", _text(slot.get("exists"))),
+        ("active", _text(slot.get("active"))),
+        ("wal_status", _text(slot.get("wal_status"))),
+        ("server WAL LSN", _text(slot.get("server_wal_lsn"))),
+        ("confirmed flush LSN", _text(slot.get("confirmed_flush_lsn"))),
+        ("lag", _size(slot.get("lag_bytes"))),
+        ("lag (seconds, replay_lag)", _text(slot.get("lag_seconds"))),
+        ("retained WAL", _size(slot.get("retained_wal_bytes"))),
+    ]
+    if state is not None:
+        rows += [("phase", _text(state.get("phase"))), ("acked LSN", _text(state.get("acked_lsn")))]
+    for what, value in rows:
+        table.add_row(what, value)
+    return table
+
+
+def _topics_table(topics: Mapping[str, Mapping[str, int]]) -> Table:
+    table = Table(title="Topics", title_justify="left")
+    table.add_column("topic")
+    table.add_column("partitions", justify="right")
+    table.add_column("records (end offsets)", justify="right")
+    for name, ends in topics.items():
+        table.add_row(name, str(len(ends)), str(sum(ends.values())))
+    return table
+
+
+def _followers_table(followers: Mapping[str, Mapping[str, Any]]) -> Table:
+    table = Table(title="Followers", title_justify="left")
+    table.add_column("job")
+    table.add_column("watermark")
+    table.add_column("behind")
+    for job, f in followers.items():
+        if "error" in f:
+            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]))
+        else:
+            table.add_row(job, _text(f.get("watermark")), _size(f.get("behind_bytes")))
+    return table
+
+
+def render(status: Mapping[str, Any], console: Console) -> None:
+    """Print the status: reader, topics, followers, then warnings and problems."""
+    console.print(_slot_table(status["slot"], status.get("state")))
+    console.print(_topics_table(status.get("topics") or {}))
+    if status.get("followers") is not None:
+        console.print(_followers_table(status["followers"]))
+    for warning in status.get("warnings") or []:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
+    for problem in status.get("problems") or []:
+        console.print(f"[red]unhealthy:[/red] {escape(problem)}", markup=True, highlight=False)
+    console.print("healthy" if status.get("healthy", True) else "[red]UNHEALTHY[/red]")

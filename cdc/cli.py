@@ -326,6 +326,67 @@ def reset_state(
     _guard(debug, go)
 
 
+config_app = typer.Typer(
+    help="Show the effective settings, or check them against every service.",
+    no_args_is_help=True,
+)
+app.add_typer(config_app, name="config")
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="Override one setting: section.name=value (repeatable; source 'flag')."
+    ),
+]
+CHECK_FAILED_EXIT = 3
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt = False) -> None:
+    """Every effective setting, secrets masked, and where its value came from (default, file,
+    env, flag)."""
+
+    def go() -> None:
+        from cdc.config_show import effective_rows, parse_assignments, render
+
+        overrides = parse_assignments(assign or [])
+        settings = _settings(config, overrides)
+        rows = effective_rows(settings, config, overrides)
+        # A value shown whole is already masked (a URL without a password is no secret);
+        # any other secret still found in it is scrubbed.
+        rows = [(n, scrub(v, [s for s in _SECRETS if s != v]), src) for n, v, src in rows]
+        typer.echo(render(rows), nl=False)
+
+    _guard(debug, go)
+
+
+@config_app.command("check")
+def config_check(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt = False) -> None:
+    """Connect to PostgreSQL, Kafka, Redis and OpenSearch and check what the pipeline needs:
+    wal_level, the role's REPLICATION and SELECT privileges, the captured tables' replica
+    identities and keys, the publication (per postgres.publication_autocreate_mode), the slot.
+
+    Prints one line per check (``ok`` or ``FAIL`` with how to fix it). Exit status: 0 when
+    every check passes, 3 when any fails, 2 when the settings themselves are invalid.
+    """
+
+    def go() -> bool:
+        from cdc.config_check import run_checks
+        from cdc.config_show import parse_assignments
+
+        settings = _settings(config, parse_assignments(assign or []))
+        _setup_logging(settings, debug, level="CRITICAL")
+        results = run_checks(settings)
+        for result in results:
+            typer.echo(scrub(result.line(), _SECRETS))
+        failed = sum(not r.ok for r in results)
+        typer.echo(f"{failed} problem(s)" if failed else "all checks passed")
+        return failed == 0
+
+    if not _guard(debug, go):
+        raise typer.Exit(CHECK_FAILED_EXIT)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -13,6 +13,7 @@ import base64
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import fastavro
 import orjson
 
 from pgcdc.core.errors import SchemaError
@@ -25,6 +26,8 @@ from schemas.registry import SchemaRegistryClient
 from schemas.rowfuncs import KeyColumnNull
 
 Row = dict[str, Any]
+_STRING_KEY_SCHEMA = {"type": "string", "optional": False}
+_AVRO_STRING = fastavro.parse_schema("string")
 
 
 class SchemaRegistry(Protocol):
@@ -53,6 +56,11 @@ class EventFormat(Protocol):
     def decode_key(self, plan: EncodePlan, key: bytes) -> Row | None:
         """A record key's value (field → value as this format reads it), or None when
         ``key`` is not a key of this table in this format."""
+        ...
+
+    def encode_name_key(self, name: str, subject: str) -> bytes:
+        """A key that is a string (the truncate topic's ``schema.table``), registered under
+        ``subject`` where the format registers schemas."""
         ...
 
     def key_and_rows(
@@ -100,6 +108,13 @@ class JsonFormat:
         return orjson.dumps(
             {"schema": plan.envelope_schema_fragment, "payload": payload}, default=json_default
         )
+
+    def encode_name_key(self, name: str, subject: str) -> bytes:
+        """A Connect string: ``{"schema": {"type": "string"}, "payload": name}``, or the JSON
+        string alone without schemas."""
+        if not self.schemas_enable:
+            return orjson.dumps(name)
+        return orjson.dumps({"schema": _STRING_KEY_SCHEMA, "payload": name})
 
     def decode_key(self, plan: EncodePlan, key: bytes) -> Row | None:
         """The key's payload, with or without the ``{"schema", "payload"}`` envelope (so
@@ -156,6 +171,17 @@ class AvroFormat:
 
     def __init__(self, registry: SchemaRegistry | None) -> None:
         self.registry = registry
+        self._string_ids: dict[str, int] = {}
+
+    def encode_name_key(self, name: str, subject: str) -> bytes:
+        """An Avro string (framed with the id of ``"string"`` under ``subject``)."""
+        body = serialize(_AVRO_STRING, name)
+        if self.registry is None:
+            return body
+        schema_id = self._string_ids.get(subject)
+        if schema_id is None:
+            schema_id = self._string_ids[subject] = self.registry.register(subject, "string")
+        return frame(schema_id, body)
 
     def row(self, plan: EncodePlan, values: Sequence[RawValue]) -> Row:
         """Connect values (bytes for BYTES, as fastavro takes them)."""
@@ -209,8 +235,8 @@ class AvroFormat:
 
 
 def format_for(settings: SchemaSettings) -> EventFormat:
-    """The format the settings ask for; Avro gets a registry client when a URL is set."""
+    """The format the settings ask for; Avro gets a registry client when a URL is set
+    (with the settings' basic auth and TLS)."""
     if settings.value_format is ValueFormat.AVRO:
-        url = settings.registry_url
-        return AvroFormat(SchemaRegistryClient(url) if url else None)
+        return AvroFormat(SchemaRegistryClient(settings) if settings.registry_url else None)
     return JsonFormat(settings.schemas_enable)

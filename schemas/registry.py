@@ -1,30 +1,51 @@
-"""A small Confluent Schema Registry client (urllib): register a schema, fetch one by id.
+"""The schema registry, through ``confluent_kafka.schema_registry``: register a schema, fetch one.
 
 The only module under schemas/ that does I/O; it is used only when
-``SchemaSettings.registry_url`` is set.
+``SchemaSettings.registry_url`` is set. The library does the HTTP, retries, basic auth and
+TLS; this module maps its settings and its errors onto ours.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
 
+from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from httpx2 import HTTPError
+
 from pgcdc.core.errors import ConnectionFailed, SchemaError
+from pgcdc.core.settings import SchemaSettings
 
 log = logging.getLogger(__name__)
-CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+# What the library raises: the registry's answers, and HTTP/TLS/socket failures.
+REGISTRY_ERRORS = (SchemaRegistryError, HTTPError, OSError)
+
+
+def client_config(settings: SchemaSettings) -> dict[str, Any]:
+    """The ``SchemaRegistryClient`` configuration the settings describe (URL, auth, TLS)."""
+    if not settings.registry_url:
+        raise SchemaError("schema.registry_url is not set")
+    conf: dict[str, Any] = {"url": settings.registry_url}
+    if settings.registry_basic_auth_user_info is not None:
+        conf["basic.auth.user.info"] = settings.registry_basic_auth_user_info.get_secret_value()
+    optional = {
+        "ssl.ca.location": settings.registry_ssl_ca_location,
+        "ssl.certificate.location": settings.registry_ssl_certificate_location,
+        "ssl.key.location": settings.registry_ssl_key_location,
+    }
+    conf.update({k: v for k, v in optional.items() if v})
+    return conf
 
 
 class SchemaRegistryClient:
-    """Registers Avro schemas under subjects and remembers their ids."""
+    """Registers Avro schemas under subjects (``<topic>-key``/``<topic>-value``), with ids."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
+    def __init__(self, settings: SchemaSettings) -> None:
+        self.url = settings.registry_url or ""
+        self.client = ConfluentClient(client_config(settings))
         self._ids: dict[tuple[str, str], int] = {}
 
     def register(self, subject: str, schema: Any) -> int:
@@ -33,40 +54,30 @@ class SchemaRegistryClient:
         cached = self._ids.get((subject, text))
         if cached is not None:
             return cached
-        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-        body = self._request("POST", path, {"schema": text, "schemaType": "AVRO"})
-        if not isinstance(body, dict) or not isinstance(body.get("id"), int):
-            raise SchemaError(f"schema registry answered {body!r} to a registration")
-        self._ids[(subject, text)] = body["id"]
-        log.info("registered schema", extra={"subject": subject, "schema_id": body["id"]})
-        return int(body["id"])
+        try:
+            schema_id = self.client.register_schema(subject, Schema(text, "AVRO"))
+        except REGISTRY_ERRORS as e:
+            raise self._failure(f"register a schema under {subject}", e) from e
+        self._ids[(subject, text)] = schema_id
+        log.info("registered schema", extra={"subject": subject, "schema_id": schema_id})
+        return schema_id
 
     def schema_by_id(self, schema_id: int) -> Any:
         """The Avro schema registered with ``schema_id``."""
-        body = self._request("GET", f"/schemas/ids/{schema_id}", None)
-        if not isinstance(body, dict) or "schema" not in body:
-            raise SchemaError(f"schema registry answered {body!r} for id {schema_id}")
-        return json.loads(body["schema"])
-
-    def _request(self, method: str, path: str, payload: Any) -> Any:
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": CONTENT_TYPE, "Accept": CONTENT_TYPE},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:500]
-            if e.code >= 500:
-                raise ConnectionFailed(
-                    f"schema registry {self.url}: HTTP {e.code}: {detail}"
-                ) from e
-            raise SchemaError(
-                f"schema registry {self.url} refused {method} {path}: HTTP {e.code}: {detail}"
-            ) from e
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-            raise ConnectionFailed(f"schema registry {self.url} unreachable: {e}") from e
+            found = self.client.get_schema(schema_id)
+        except REGISTRY_ERRORS as e:
+            raise self._failure(f"fetch schema id {schema_id}", e) from e
+        if found.schema_str is None:
+            raise SchemaError(f"schema registry {self.url}: schema id {schema_id} has no text")
+        return json.loads(found.schema_str)
+
+    def _failure(self, what: str, e: Exception) -> SchemaError | ConnectionFailed:
+        # 4xx: the registry refused (incompatible schema, bad credentials): a schema error.
+        # 5xx, unreachable, TLS failures: the registry is not available (may be retried).
+        if isinstance(e, SchemaRegistryError) and 400 <= e.http_status_code < 500:
+            return SchemaError(
+                f"schema registry {self.url} refused to {what}: HTTP {e.http_status_code}: "
+                f"{e.error_message}"
+            )
+        return ConnectionFailed(f"schema registry {self.url}: cannot {what}: {e}")

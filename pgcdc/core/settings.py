@@ -282,6 +282,12 @@ class SchemaSettings(BaseModel):
     interval_handling_mode: IntervalHandling = IntervalHandling.NUMERIC
     provide_transaction_metadata: bool = False
     registry_url: str | None = None
+    # The registry's basic auth as "user:password" (Confluent's basic.auth.user.info), and
+    # its TLS: the CA to trust (default: the system's) and, for mutual TLS, a certificate and key.
+    registry_basic_auth_user_info: SecretStr | None = None
+    registry_ssl_ca_location: str | None = None
+    registry_ssl_certificate_location: str | None = None
+    registry_ssl_key_location: str | None = None
     server_name: str | None = None  # source.name; defaults to the topic prefix
 
 

@@ -83,6 +83,10 @@ MEANINGS = {
     "schema.interval_handling_mode": "`numeric` (microseconds) or `string` (ISO 8601)",
     "schema.provide_transaction_metadata": "add the `transaction` block to each event",
     "schema.registry_url": "schema registry for Avro (Confluent API)",
+    "schema.registry_basic_auth_user_info": "the registry's basic auth, `user:password`",
+    "schema.registry_ssl_ca_location": "CA file to trust for an HTTPS registry",
+    "schema.registry_ssl_certificate_location": "client certificate for the registry (mutual TLS)",
+    "schema.registry_ssl_key_location": "client key for the registry (mutual TLS)",
     "redis.url": "Redis follower, `redis://` or `rediss://` (TLS), ACL user and password "
     "in the URL",
     "redis.key_prefix": "first part of every key, `<prefix>:<schema>.<table>:<key>`",
@@ -143,6 +147,10 @@ DEBEZIUM = {
     "schema.interval_handling_mode": "`interval.handling.mode`",
     "schema.provide_transaction_metadata": "`provide.transaction.metadata`",
     "schema.registry_url": "`value.converter.schema.registry.url`",
+    "schema.registry_basic_auth_user_info": "`value.converter.basic.auth.user.info`",
+    "schema.registry_ssl_ca_location": "`value.converter.schema.registry.ssl.truststore.location`",
+    "schema.registry_ssl_certificate_location": "`value.converter.schema.registry.ssl.keystore.location`",
+    "schema.registry_ssl_key_location": "`value.converter.schema.registry.ssl.keystore.location`",
     "schema.server_name": "`topic.prefix` (as `source.name`)",
 }
 

@@ -12,7 +12,9 @@ follower rebuilt from the compacted topic never sees them.
 
 Debezium's ``t`` event is written as well unless ``postgres.skipped_operations`` holds ``t``
 (its default): into the table topic of a keyless table (null keys are legal there), and into
-:func:`pgcdc.core.contract.truncate_topic` (key ``<schema>.<table>``) for keyed tables.
+:func:`pgcdc.core.contract.truncate_topic` for keyed tables, keyed by ``<schema>.<table>`` as a
+Connect string (``{"schema": {"type": "string"}, "payload": …}``, as the value format writes
+keys).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class TruncateWriter:
             value = self._encoder.encode_truncate(table, source)
             if table.key_columns:
                 self._topics.ensure_plain(self._truncate_topic)
-                send(self._truncate_topic, f"{table.schema}.{table.table}".encode(), value)
+                send(self._truncate_topic, self._encoder.encode_truncate_key(table), value)
             else:
                 send(topic, None, value)
         return deleted

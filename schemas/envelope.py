@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 import pgcdc
+from pgcdc.core.contract import truncate_topic
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import SchemaSettings
 from pgcdc.core.values import RawValue
@@ -253,6 +254,12 @@ class EventEncoder:
             # An old key whose values no longer fit the key columns' types: no before.
             payload["before"] = None
             return self.format.encode_value(plan, payload)
+
+    def encode_truncate_key(self, table: TableSchema) -> bytes:
+        """The key of a keyed table's ``t`` event in the truncate topic: the string
+        ``<schema>.<table>`` as a Connect key (registered as ``<truncate topic>-key``)."""
+        subject = f"{truncate_topic(self.topic_prefix)}-key"
+        return self.format.encode_name_key(f"{table.schema}.{table.table}", subject)
 
     def encode_truncate(self, table: TableSchema, source: SourceInfo) -> bytes:
         """The record value of a truncate (``op: "t"``) event; it has no key."""

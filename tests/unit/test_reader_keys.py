@@ -3,8 +3,10 @@ the on-disk live-key map, and the cdc.unchanged header."""
 
 from __future__ import annotations
 
+from io import BytesIO
 from pathlib import Path
 
+import fastavro
 import orjson
 import pytest
 from hypothesis import given
@@ -23,7 +25,7 @@ from pgcdc.core.settings import (
     parse_message_key_columns,
 )
 from schemas.envelope import EventEncoder
-from schemas.model import Column, PgType, TableSchema
+from schemas.model import Column, PgType, SourceInfo, TableSchema
 
 pytestmark = pytest.mark.unit
 
@@ -174,8 +176,6 @@ def test_avro_keys_read_alike_as_int_or_long_and_anything_else_is_its_bytes() ->
 def test_a_delete_of_a_key_names_the_key_columns_in_before() -> None:
     enc = encoder()
     key = enc.encode_key(table(INT4), ("7", "x")) or b""
-    from schemas.model import SourceInfo
-
     value = orjson.loads(
         enc.encode_delete_of_key(table(INT8), key, SourceInfo(0, "false", 1, 2, 3))
     )
@@ -185,6 +185,17 @@ def test_a_delete_of_a_key_names_the_key_columns_in_before() -> None:
         enc.encode_delete_of_key(table(INT8), b'{"x":1}', SourceInfo(0, "false", 1, 2, 3))
     )
     assert alien["payload"]["before"] is None
+
+
+def test_the_truncate_topics_key_is_a_connect_string_in_every_format() -> None:
+    t = table(INT4)
+    assert orjson.loads(encoder().encode_truncate_key(t)) == {
+        "schema": {"type": "string", "optional": False},
+        "payload": "public.t",
+    }
+    assert encoder(schemas_enable=False).encode_truncate_key(t) == b'"public.t"'
+    avro = encoder(value_format=ValueFormat.AVRO).encode_truncate_key(t)
+    assert fastavro.schemaless_reader(BytesIO(avro), "string", None) == "public.t"
 
 
 # --- the live-key map --------------------------------------------------------------------------

@@ -202,7 +202,7 @@ def test_a_truncate_deletes_every_live_key_between_what_came_before_and_after(
     ]
     assert records[1][1] is not None and records[1][1]["before"] == {"id": "0", "v": None}
     [(key, t_event, headers)] = publisher.on("cdc.__cdc_truncates")
-    assert key == b"public.items" and t_event is not None and t_event["op"] == "t"
+    assert key == b'"public.items"' and t_event is not None and t_event["op"] == "t"
     assert headers[HEADER_ORDER] == b"5"
     assert s.events == 2 + 2 + 1  # two creates, two deletes, one truncate
 

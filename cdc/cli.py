@@ -162,6 +162,14 @@ def run(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics here.")
     ] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            "--health-port",
+            help="Serve /healthz (alive) and /readyz (streaming, acknowledged within "
+            "health_ready_s seconds; 503 otherwise) here.",
+        ),
+    ] = None,
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -184,6 +192,8 @@ def run(
         overrides["kafka"] = {"topic_prefix": topic_prefix}
     if metrics_port is not None:
         overrides["metrics_port"] = metrics_port
+    if health_port is not None:
+        overrides["health_port"] = health_port
 
     def go() -> None:
         if until not in (None, "current"):
@@ -201,13 +211,26 @@ def run(
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        metrics = None
+        metrics: ReaderMetrics | None = None
+        health = None
+        if settings.health_port:
+            from cdc.health import ReaderHealth
+            from pgcdc.core.health import HealthServer
+
+            tracker = ReaderHealth(settings.health_ready_s)
+            metrics = tracker
+            health = HealthServer(tracker.ready, settings.health_port, settings.health_host)
+            health.start()
         if settings.metrics_port:
-            metrics = ReaderMetrics()
+            metrics = metrics or ReaderMetrics()
             metrics.serve(settings.metrics_port)
-        result = Pipeline(
-            settings, until_current=until == "current", stop=stop, metrics=metrics
-        ).run()
+        try:
+            result = Pipeline(
+                settings, until_current=until == "current", stop=stop, metrics=metrics
+            ).run()
+        finally:
+            if health is not None:
+                health.close()
         log.info(
             "done: %s, %d snapshot rows, %d change events, acked %s",
             result.action,

@@ -374,6 +374,10 @@ class Settings(BaseSettings):
     # A factory, so the checkpoint folder resolves against the directory at load time.
     spark: SparkSettings = Field(default_factory=SparkSettings)
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # The reader's /healthz and /readyz (the jobs take --health-port): off when unset.
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+    health_host: str = "127.0.0.1"
+    health_ready_s: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
     # One JSON object per log line (with the structured fields), for log shippers.
     log_json: bool = False

@@ -101,6 +101,12 @@ MEANINGS = {
     "spark.max_offsets_per_trigger": "records per micro-batch at most (none: no limit)",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",
+    "health_port": "port of the reader's `/healthz` (alive) and `/readyz` (streaming, "
+    "acknowledged lately) endpoints (none: off); the sync jobs take `--health-port`",
+    "health_host": "address the health endpoints listen on (`0.0.0.0` for a probe from "
+    "outside the host)",
+    "health_ready_s": "`/readyz` answers 503 when the reader (or a job) reported no "
+    "progress for this many seconds",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
 }
 

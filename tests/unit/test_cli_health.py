@@ -1,0 +1,62 @@
+"""The health endpoint (``/healthz``, ``/readyz``) and the reader's readiness rule."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+
+from cdc.health import ReaderHealth
+from pgcdc.core.health import HealthServer
+from pgcdc.core.lsn import Lsn
+
+pytestmark = pytest.mark.unit
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_the_server_answers_alive_and_the_check() -> None:
+    state = {"ready": (False, "not yet")}
+    server = HealthServer(lambda: state["ready"], 0).start()
+    try:
+        assert _get(server.port, "/healthz") == (200, "alive\n")
+        assert _get(server.port, "/readyz") == (503, "not yet\n")
+        state["ready"] = (True, "streaming")
+        assert _get(server.port, "/readyz") == (200, "streaming\n")
+        assert _get(server.port, "/other")[0] == 404
+    finally:
+        server.close()
+
+
+def test_a_failing_check_is_not_ready() -> None:
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("py4j gone")
+
+    server = HealthServer(broken, 0).start()
+    try:
+        status, body = _get(server.port, "/readyz")
+        assert status == 503 and "RuntimeError: py4j gone" in body
+    finally:
+        server.close()
+
+
+def test_the_reader_is_ready_while_its_loop_reports() -> None:
+    now = [100.0]
+    health = ReaderHealth(ready_s=30, clock=lambda: now[0])
+    assert health.ready() == (False, "not streaming yet (snapshot or start-up)")
+    health.on_acknowledged(Lsn(0x16B3748))
+    ok, why = health.ready()
+    assert ok and "0/16B3748" in why
+    now[0] += 31
+    ok, why = health.ready()
+    assert not ok and "no streaming progress for 31s" in why
+    health.on_lag(0)  # the loop reports its lag every few seconds while it streams
+    assert health.ready()[0]
+    assert health.lag_bytes._value.get() == 0  # still the Prometheus gauge

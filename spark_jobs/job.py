@@ -1,11 +1,22 @@
 """What every sync job does: read the CDC topics as a stream and apply each micro-batch
-through its sink until stopped (or, with ``--available-now``, until caught up)."""
+through its sink until stopped (or, with ``--available-now``, until caught up).
+
+``--health-port PORT`` serves ``/healthz`` (the driver is alive) and ``/readyz`` (the query is
+active and processing a micro-batch now, or its last progress report is at most
+``health_ready_s`` seconds old; Spark reports progress at least every 10 s while idle).
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
+from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
 from spark_jobs.apply_loop import ApplyBatch, SinkFactory
 from spark_jobs.options import parse_args
@@ -14,8 +25,35 @@ from spark_jobs.source import kafka_stream, spark_session
 log = logging.getLogger(__name__)
 
 
+def split_health_port(argv: Sequence[str] | None) -> tuple[int | None, list[str]]:
+    """``--health-port`` taken out of the job's arguments (the rest go to parse_args)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--health-port", type=int)
+    known, rest = p.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    return known.health_port, rest
+
+
+def query_ready(
+    query: Any, ready_s: float, clock: Callable[[], float] = time.time
+) -> tuple[bool, str]:
+    """``(ready, why)`` of a streaming query: active, and busy or reported lately."""
+    if not query.isActive:
+        return False, "the streaming query is not active"
+    if query.status.get("isTriggerActive"):
+        return True, "processing a micro-batch"
+    progress = query.lastProgress
+    if not progress:
+        return False, "no micro-batch has completed yet"
+    at = datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00"))
+    age = clock() - at.timestamp()
+    if age > ready_s:
+        return False, f"no progress for {age:.0f}s (more than {ready_s:g}s)"
+    return True, f"batch {progress.get('batchId')} {age:.1f}s ago"
+
+
 def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> int:
     """Run the sync job ``job`` with the sink ``make_sink`` builds; the exit status."""
+    health_port, argv = split_health_port(argv)
     settings, opts = parse_args(job, argv)
     configure_logging(settings.log_level, json_logs=settings.log_json)
     spark = spark_session(settings, f"cdc-{opts.name}")
@@ -32,6 +70,13 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         else writer.trigger(processingTime=opts.trigger_interval)
     )
     query = writer.start()
+    health = None
+    if health_port is not None:
+
+        def ready() -> tuple[bool, str]:
+            return query_ready(query, settings.health_ready_s)
+
+        health = HealthServer(ready, health_port, settings.health_host).start()
     log.info(
         "started %s: topics=%s checkpoint=%s",
         opts.name,
@@ -43,6 +88,9 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
+    finally:
+        if health is not None:
+            health.close()
     exc = query.exception()
     if exc is not None:
         log.error("%s stopped: %s", opts.name, exc, extra={"job": opts.name})

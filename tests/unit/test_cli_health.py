@@ -60,3 +60,37 @@ def test_the_reader_is_ready_while_its_loop_reports() -> None:
     health.on_lag(0)  # the loop reports its lag every few seconds while it streams
     assert health.ready()[0]
     assert health.lag_bytes._value.get() == 0  # still the Prometheus gauge
+
+
+class _FakeQuery:
+    def __init__(self, active: bool, busy: bool, progress: dict[str, object] | None) -> None:
+        self.isActive = active
+        self.status = {"isTriggerActive": busy}
+        self.lastProgress = progress
+
+
+def test_a_job_is_ready_while_its_query_is_active_and_reports() -> None:
+    from spark_jobs.job import query_ready
+
+    now = 1_700_000_030.0  # 2023-11-14T22:13:50Z
+    recent = {"batchId": 7, "timestamp": "2023-11-14T22:13:40.000Z"}
+    assert query_ready(_FakeQuery(False, False, recent), 30, lambda: now)[0] is False
+    assert query_ready(_FakeQuery(True, False, None), 30, lambda: now) == (
+        False,
+        "no micro-batch has completed yet",
+    )
+    assert query_ready(_FakeQuery(True, True, None), 30, lambda: now)[0] is True
+    ok, why = query_ready(_FakeQuery(True, False, recent), 30, lambda: now)
+    assert ok and why == "batch 7 10.0s ago"
+    ok, why = query_ready(_FakeQuery(True, False, recent), 5, lambda: now)
+    assert not ok and "no progress for 10s" in why
+
+
+def test_the_job_takes_its_health_port_out_of_its_arguments() -> None:
+    from spark_jobs.job import split_health_port
+
+    assert split_health_port(["--available-now", "--health-port", "8081", "--name", "x"]) == (
+        8081,
+        ["--available-now", "--name", "x"],
+    )
+    assert split_health_port(["--available-now"]) == (None, ["--available-now"])

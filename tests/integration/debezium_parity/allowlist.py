@@ -117,7 +117,12 @@ def _truncate_as_deletes(d: Difference) -> bool:
 
 
 def _truncate_topic(d: Difference) -> bool:
-    return d.path == ("key",) and d.op == "t" and d.debezium is None and d.ours == ".".join(d.table)
+    # Debezium's key is null; ours is the Connect string "schema.table" (schema and payload).
+    if d.op != "t" or d.path[:1] != ("key",):
+        return False
+    if d.path == ("key",):
+        return d.debezium is None
+    return d.debezium == MISSING and (d.path != ("key", "payload") or d.ours == ".".join(d.table))
 
 
 def _negative_scale(d: Difference) -> bool:

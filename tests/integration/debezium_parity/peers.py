@@ -41,7 +41,7 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
     def key_json(self) -> Any:
-        """The key as JSON; a key that is not JSON (our truncate topic's) as its text."""
+        """The key as JSON; a key that is not JSON as its text."""
         if self.key is None:
             return None
         try:

@@ -128,11 +128,6 @@ def test_kafka_connect_reads_every_table_topic_record(captured: Captured) -> Non
     _connect_reads("ours", [r for r in captured.ours if r.topic != truncates])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the truncate topic's key is plain 'schema.table' text (cdc/truncate.py), which "
-    "JsonConverter refuses; a Connect-readable key is the reader's key code's to make",
-)
 def test_kafka_connect_reads_the_truncate_topic(captured: Captured) -> None:
     truncates = truncate_topic(captured.our_prefix)
     _connect_reads("truncate topic", [r for r in captured.ours if r.topic == truncates])

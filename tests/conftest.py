@@ -101,25 +101,78 @@ def _native_stack() -> Endpoints:
     )
 
 
+# The servers' images, exactly docker-compose.yml's (tests/unit/test_cli_compose_images.py).
+IMAGES = {
+    "postgres": "postgres:15",
+    "kafka": "apache/kafka:4.1.2",
+    "redis": "redis:7",
+    "opensearch": "opensearchproject/opensearch:2.19.6",
+}
+KAFKA_LISTENER_PORT = 9092  # inside the container; published on a free host port
+
+
+def _kafka_container(host_port: int) -> Any:
+    """apache/kafka in KRaft mode as docker-compose.yml runs it, advertised at the host port.
+
+    testcontainers' KafkaContainer drives Confluent's images only; this image is configured
+    by its KAFKA_* environment, so the broker is a generic container with compose's settings.
+    """
+    from testcontainers.core.container import DockerContainer
+
+    env = {
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": f"HOST://:{KAFKA_LISTENER_PORT},INTERNAL://:9094,CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"HOST://127.0.0.1:{host_port},INTERNAL://localhost:9094",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "HOST:PLAINTEXT,INTERNAL:PLAINTEXT,"
+        "CONTROLLER:PLAINTEXT",
+        "KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_NUM_PARTITIONS": "1",
+        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
+        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+        "KAFKA_LOG_CLEANER_ENABLE": "true",
+        "KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE": "8388608",
+        "KAFKA_LOG_CLEANER_BACKOFF_MS": "1000",
+        "KAFKA_HEAP_OPTS": "-Xms128m -Xmx512m",
+    }
+    container = DockerContainer(IMAGES["kafka"]).with_bind_ports(KAFKA_LISTENER_PORT, host_port)
+    for name, value in env.items():
+        container = container.with_env(name, value)
+    return container
+
+
 def _containers(stack: ExitStack) -> Endpoints:
-    from testcontainers.kafka import KafkaContainer
+    import socket
+
+    from testcontainers.core.waiting_utils import wait_for_logs
     from testcontainers.opensearch import OpenSearchContainer
     from testcontainers.postgres import PostgresContainer
     from testcontainers.redis import RedisContainer
 
-    pg = PostgresContainer("postgres:15", username="cdc", password="cdc", dbname="cdc")
+    pg = PostgresContainer(IMAGES["postgres"], username="cdc", password="cdc", dbname="cdc")
     pg.with_command(
         "postgres -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"
     )
-    kafka = KafkaContainer("confluentinc/cp-kafka:7.7.1").with_kraft()
-    redis = RedisContainer("redis:7")
-    search = OpenSearchContainer("opensearchproject/opensearch:2.19.2", security_enabled=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        kafka_port = int(s.getsockname()[1])
+    kafka = _kafka_container(kafka_port)
+    redis = RedisContainer(IMAGES["redis"])
+    search = OpenSearchContainer(IMAGES["opensearch"], security_enabled=False)
     for c in (pg, kafka, redis, search):
         stack.enter_context(c)
+    wait_for_logs(kafka, "Kafka Server started", timeout=180)
     pg_url = pg.get_connection_url(driver=None)
     return Endpoints(
         postgres_dsn=pg_url,
-        kafka_bootstrap=kafka.get_bootstrap_server(),
+        kafka_bootstrap=f"127.0.0.1:{kafka_port}",
         redis_url=f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0",
         search_url=(f"http://{search.get_container_host_ip()}:{search.get_exposed_port(9200)}"),
         via="testcontainers",

@@ -264,7 +264,18 @@ def _main(
     """PostgreSQL change data capture into Kafka (Debezium-compatible events)."""
 
 
-@app.command()
+STATUS_HELP = (
+    "Show the slot (active, wal_status, confirmed flush LSN, lag in bytes and seconds, "
+    "retained WAL), the topics and each follower's watermark and lag."
+    "\n\nLag in seconds is the server's pg_stat_replication.replay_lag for the reader's "
+    "connection (0 when caught up, empty when no reader is connected)."
+    "\n\nExit status: 0 healthy; 3 unhealthy (the slot is missing or lost, or inactive while "
+    "retaining more WAL than postgres.retained_wal_warn_bytes, or a follower's store is "
+    "unreachable); 1 or 2 when the status itself cannot be read or the settings are wrong."
+)
+
+
+@app.command(help=STATUS_HELP)
 def status(
     config: ConfigOpt = None,
     as_json: Annotated[
@@ -273,16 +284,7 @@ def status(
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
 ) -> None:
-    """Show the slot (active, wal_status, confirmed flush LSN, lag in bytes and seconds,
-    retained WAL), the topics and each follower's watermark and lag.
-
-    Lag in seconds is the server's pg_stat_replication.replay_lag for the reader's
-    connection (0 when caught up, empty when no reader is connected).
-
-    Exit status: 0 healthy; 3 unhealthy (the slot is missing or lost, or inactive while
-    retaining more WAL than postgres.retained_wal_warn_bytes, or a follower's store is
-    unreachable); 1 or 2 when the status itself cannot be read or the settings are wrong.
-    """
+    """What ``STATUS_HELP`` says."""
 
     def go() -> bool:
         settings = _settings(config, _log_overrides(log_json))
@@ -299,24 +301,13 @@ def status(
             for warning in status["warnings"]:
                 typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
         else:
-            typer.echo(scrub(render_status_text(status), _SECRETS), nl=False)
+            from cdc.status_view import render_text
+
+            typer.echo(scrub(render_text(status), _SECRETS), nl=False)
         return bool(status["healthy"])
 
     if not _guard(debug, go):
         raise typer.Exit(UNHEALTHY_EXIT)
-
-
-def render_status_text(status: dict[str, Any]) -> str:
-    """The status as plain-text tables (scrubbed by the caller before printing)."""
-    import io
-
-    from rich.console import Console
-
-    from cdc.status_view import render
-
-    out = io.StringIO()
-    render(status, Console(file=out, width=120, no_color=True, highlight=False))
-    return out.getvalue()
 
 
 @app.command("reset-state")
@@ -383,15 +374,18 @@ def config_show(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt
     _guard(debug, go)
 
 
-@config_app.command("check")
-def config_check(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt = False) -> None:
-    """Connect to PostgreSQL, Kafka, Redis and OpenSearch and check what the pipeline needs:
-    wal_level, the role's REPLICATION and SELECT privileges, the captured tables' replica
-    identities and keys, the publication (per postgres.publication_autocreate_mode), the slot.
+CHECK_HELP = (
+    "Connect to PostgreSQL, Kafka, Redis and OpenSearch and check what the pipeline needs: "
+    "wal_level, the role's REPLICATION and SELECT privileges, the captured tables' replica "
+    "identities and keys, the publication (per postgres.publication_autocreate_mode), the slot."
+    "\n\nPrints one line per check (ok, or FAIL with how to fix it). Exit status: 0 when "
+    "every check passes, 3 when any fails, 2 when the settings themselves are invalid."
+)
 
-    Prints one line per check (``ok`` or ``FAIL`` with how to fix it). Exit status: 0 when
-    every check passes, 3 when any fails, 2 when the settings themselves are invalid.
-    """
+
+@config_app.command("check", help=CHECK_HELP)
+def config_check(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt = False) -> None:
+    """What ``CHECK_HELP`` says."""
 
     def go() -> bool:
         from cdc.config_check import run_checks

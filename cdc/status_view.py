@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,3 +85,10 @@ def render(status: Mapping[str, Any], console: Console) -> None:
     for problem in status.get("problems") or []:
         console.print(f"[red]unhealthy:[/red] {escape(problem)}", markup=True, highlight=False)
     console.print("healthy" if status.get("healthy", True) else "[red]UNHEALTHY[/red]")
+
+
+def render_text(status: Mapping[str, Any], width: int = 120) -> str:
+    """The status as plain-text tables (the caller scrubs secrets before printing)."""
+    out = io.StringIO()
+    render(status, Console(file=out, width=width, no_color=True, highlight=False))
+    return out.getvalue()

@@ -1,9 +1,10 @@
 """A stand-in for a schema registry: the part of Confluent's REST API the tests use.
 
-Only for when no real registry is given (``PGCDC_TEST_REGISTRY_URL`` unset): neither Karapace
-(not on PyPI) nor Apicurio Registry (Maven Central serves its jars but not a runnable build,
-and the Quarkus build of it does not resolve from the mirror this project reaches) installs
-here. It speaks the same wire API as a real registry (``POST /subjects/<s>/versions``,
+Only for when no real registry is given (``PGCDC_TEST_REGISTRY_URL`` unset): none installs
+from the package registries this project reaches. Karapace is not on PyPI; Confluent's
+registry is not on Maven Central; Apicurio Registry publishes only its application jar there,
+and building a runnable Quarkus app from it needs module jars (e.g.
+``apicurio-registry-schema-util-provider``) and Quarkus parent poms that are not served here. It speaks the same wire API as a real registry (``POST /subjects/<s>/versions``,
 ``GET /schemas/ids/<id>``, basic auth), so the client, the serializer framing and the
 library's ``AvroDeserializer`` are exercised unchanged; pointing the tests at a real registry
 takes only the environment variable.

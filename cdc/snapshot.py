@@ -59,6 +59,9 @@ Row = tuple[RawValue, ...]
 SchemaLoader = Callable[[psycopg.Connection[Any], str, str], TableSchema]
 
 
+KEY_BATCH = 1_000  # rows whose keys are compared with the live keys at once
+
+
 class SnapshotInterrupted(SnapshotError):
     """A stop was requested during the snapshot."""
 
@@ -390,12 +393,14 @@ class Snapshotter:
                 if index != current:
                     current = index
                     first_in = True
-                keys = keys_of(index, rows)
-                for row, key in zip(rows, keys, strict=True):
-                    if held is not None:
-                        emit(held[0], held[1], held[2], held[3], held[0] != index, False)
-                    held = (index, row, key, first_in)
-                    first_in = False
+                # A slice at a time: each key orjson writes holds a few kB until it is sent.
+                for start in range(0, len(rows), KEY_BATCH):
+                    part = rows[start : start + KEY_BATCH]
+                    for row, key in zip(part, keys_of(index, part), strict=True):
+                        if held is not None:
+                            emit(held[0], held[1], held[2], held[3], held[0] != index, False)
+                        held = (index, row, key, first_in)
+                        first_in = False
                 plan.rows += len(rows)
                 progress.update(plan)
             if held is not None:

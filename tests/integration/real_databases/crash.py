@@ -45,6 +45,13 @@ def create_tables(dsn: str) -> None:
 class MixedWorkload(threading.Thread):
     """Transactions of every kind until stopped; reconnects when PostgreSQL goes away."""
 
+    # A truncate costs the reader a scan of the table's topic, and the sync jobs pay for
+    # every record of a bulk transaction: one of each every few seconds (a busy database,
+    # not a benchmark), single-row changes as fast as they come (paced a little).
+    TRUNCATE_EVERY_S = 3.0
+    BULK_EVERY_S = 2.0
+    BULK_ROWS = 1000
+
     def __init__(self, dsn: str, seed: int) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
@@ -53,6 +60,7 @@ class MixedWorkload(threading.Thread):
         self.done: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
         self.next_id = 10_000_000
+        self.last_truncate = self.last_bulk = time.monotonic()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -78,6 +86,7 @@ class MixedWorkload(threading.Thread):
         r = self.rng.random()
         some = self.rng.randint(1, SEED_ITEMS)
         if r < 0.55:
+            time.sleep(0.002)
             conn.execute(
                 "INSERT INTO items VALUES (%s, 'row', 0) ON CONFLICT (id) DO UPDATE "
                 "SET v = 'upsert', n = items.n + 1",
@@ -93,18 +102,26 @@ class MixedWorkload(threading.Thread):
                 "UPDATE items SET id = %s, v = 'moved' WHERE id = %s", (self._new_id(), some)
             )
             return "key change"
-        if r < 0.93:
+        now = time.monotonic()
+        if r < 0.90 and now - self.last_bulk >= self.BULK_EVERY_S:
+            self.last_bulk = now
             with conn.transaction():
                 first = self.next_id + 1
-                self.next_id += 3000
+                self.next_id += self.BULK_ROWS
                 conn.execute(
                     "INSERT INTO items SELECT g, 'bulk', g FROM generate_series(%s, %s) g",
                     (first, self.next_id),
                 )
-                conn.execute("UPDATE items SET n = n + 1 WHERE id BETWEEN %s AND %s", (1, 2000))
-            time.sleep(0.05)
+                start = self.rng.randint(1, SEED_ITEMS - 500)
+                conn.execute(
+                    "UPDATE items SET n = n + 1 WHERE id BETWEEN %s AND %s", (start, start + 500)
+                )
             return "bulk"
-        if r < 0.97:
+        if now - self.last_truncate < self.TRUNCATE_EVERY_S:
+            time.sleep(0.005)
+            return "pause"
+        self.last_truncate = now
+        if r < 0.965:
             with conn.transaction():  # a truncate with inserts before and after it
                 conn.execute("INSERT INTO side VALUES (%s, 'before', 1)", (self._new_id(),))
                 conn.execute("TRUNCATE side")
@@ -115,6 +132,25 @@ class MixedWorkload(threading.Thread):
             return "truncate in a transaction"
         conn.execute("TRUNCATE side")
         return "truncate"
+
+
+def catch_up(p: Pipeline, log: Path, timeout: float = 600) -> None:
+    """``cdc run --until current``, output appended to ``log``; fails with its tail."""
+    with log.open("ab") as out:
+        try:
+            rc = subprocess.run(
+                [*CDC, "run", "--until", "current"],
+                env=p.env(PYTHONUNBUFFERED="1"),
+                cwd=ROOT,
+                stdout=out,
+                stderr=out,
+                timeout=timeout,
+                check=False,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    text = log.read_text(errors="replace")[-4000:]
+    assert rc == 0, f"cdc run --until current: {'timed out' if rc is None else rc}\n{text}"
 
 
 def start_reader(p: Pipeline, log: Path) -> subprocess.Popen[bytes]:

@@ -271,7 +271,7 @@ def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_
         assert set(restarts) == {"kafka", "postgres"}
         assert workload.done["truncate"] + workload.done["truncate in a transaction"] > 0
         assert workload.done["key change"] > 0 and workload.done["bulk"] > 0
-        run_reader_until_current(p)
+        crash.catch_up(p, log)
         for t in (crash.ITEMS, crash.SIDE):
             assert_topic_equals_table(
                 read_topic(p.endpoints.kafka_bootstrap, t.topic(p.name)), p.dsn, t.name
@@ -309,7 +309,7 @@ def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47(
         assert lsn is not None and int(lsn[0]) > 2**47
         run_reader_until_current(p)
         run_jobs_available_now(
-            p, JOBS, tmp_path, "--max-offsets-per-trigger", str(rows // 2), timeout=1200
+            p, JOBS, tmp_path, "--max-offsets-per-trigger", str(rows), timeout=1200
         )
         assert_followers_equal(p, [bulk])
         cache = CacheSink(p.endpoints.redis_url, p.key_prefix)

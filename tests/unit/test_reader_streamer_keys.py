@@ -121,7 +121,11 @@ def truncate_message() -> bytes:
 
 
 def run(
-    *changes: bytes, keyed: bool = True, publisher: Publisher | None = None, **postgres: Any
+    *changes: bytes,
+    keyed: bool = True,
+    publisher: Publisher | None = None,
+    captured: set[tuple[str, str]] | None = None,
+    **postgres: Any,
 ) -> tuple[Publisher, Streamer]:
     frames = [xlog(begin(0x900), 0x100), xlog(relation(), 0x100)]
     frames += [xlog(c, 0x100 + i) for i, c in enumerate(changes, 1)]
@@ -141,6 +145,7 @@ def run(
         catalog=Catalog(keyed),  # type: ignore[arg-type]
         stop=stop,
         checkpoint=lambda _: None,
+        captured=captured,
     )
     s.run(Lsn(0x100))
     return publisher, s
@@ -212,3 +217,15 @@ def test_skipped_operations_are_left_out() -> None:
         insert("1", "a"), update(b"K", ("1", None), "1", "b"), skipped_operations="c,u"
     )
     assert publisher.on(TOPIC) == []
+
+
+def test_a_table_that_joins_while_streaming_is_named_in_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run(insert("1", "a"), relation(), insert("2", "b"), captured=set())
+    warned = [r for r in caplog.records if "joined the captured tables" in r.getMessage()]
+    assert len(warned) == 1 and "public.items" in warned[0].getMessage()
+    assert "NOT snapshotted" in warned[0].getMessage()
+    caplog.clear()
+    run(insert("1", "a"), captured={("public", "items")})
+    assert not [r for r in caplog.records if "joined the captured tables" in r.getMessage()]

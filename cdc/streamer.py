@@ -44,7 +44,7 @@ from pgcdc.core.contract import (
     truncate_topic,
     version_headers,
 )
-from pgcdc.core.errors import SlotError
+from pgcdc.core.errors import SchemaError, SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
@@ -338,15 +338,24 @@ class Streamer:
             # Followers keep what they hold for these columns, whatever their placeholder.
             names = [table.columns[i].name for i in unchanged_columns(after)]
             headers = [*headers, (HEADER_UNCHANGED, encode_unchanged_header(names))]
-        if key is None:
-            # One call converts the key columns once, for both the key and the value.
-            key, value = self._encoder.encode_change(
-                table, op, before, after, source, self._transaction(relation_id)
-            )
-        else:
-            value = self._encoder.encode_value(
-                table, op, before, after, source, self._transaction(relation_id)
-            )
+        try:
+            if key is None:
+                # One call converts the key columns once, for both the key and the value.
+                key, value = self._encoder.encode_change(
+                    table, op, before, after, source, self._transaction(relation_id)
+                )
+            else:
+                value = self._encoder.encode_value(
+                    table, op, before, after, source, self._transaction(relation_id)
+                )
+        except SchemaError as e:
+            # Nothing after this change is acknowledged: the run stops here, and a restart
+            # with the setting the message names carries it.
+            raise SchemaError(
+                f"cannot encode a change of {table.schema}.{table.table} "
+                f"(key {_key_text(table, after if after is not None else before)}, "
+                f"commit LSN {Lsn(int(self._commit_lsn_header))}): {e}"
+            ) from e
         topic = self._topics[relation_id]
         self._send_to(topic, key, value, headers)
         self._count(op)
@@ -407,3 +416,11 @@ class Streamer:
         if not missing:
             return row
         return fetch_current(self._catalog.conn, table, row, missing, self._xid)
+
+
+def _key_text(table: TableSchema, row: Row | None) -> str:
+    """The key columns' values of a row, as PostgreSQL sent them, for an error line."""
+    if row is None or not table.key_columns:
+        return "none"
+    names = [c.name for c in table.columns]
+    return ", ".join(f"{c}={row[names.index(c)]!r}" for c in table.key_columns if c in names)

@@ -31,6 +31,7 @@ from tests.e2e.pipeline import (
     search_state,
     start_job,
 )
+from tests.integration.real_databases.support import cleanup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
@@ -168,48 +169,8 @@ def pipeline(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _cleanup(p: Pipeline) -> None:
-    from opensearchpy import OpenSearch
-
-    ep = p.endpoints
-    with psycopg.connect(ep.postgres_dsn, autocommit=True) as conn:
-        conn.execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-            "WHERE database = %s AND active_pid IS NOT NULL",
-            (p.name,),
-        )
-        wait_until(
-            lambda: (
-                not conn.execute(
-                    "SELECT 1 FROM pg_replication_slots WHERE database = %s AND active", (p.name,)
-                ).fetchone()
-            ),
-            timeout=30,
-            what="slots to be released",
-        )
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE database = %s",
-            (p.name,),
-        )
-        conn.execute(f'DROP DATABASE IF EXISTS "{p.name}" WITH (FORCE)')
-    admin = AdminClient({"bootstrap.servers": ep.kafka_bootstrap})
-    topics = [
-        t
-        for t in admin.list_topics(timeout=10).topics
-        if t.startswith(p.name) or t == f"__cdc-heartbeat.{p.name}"
-    ]
-    if topics:
-        for fut in admin.delete_topics(topics, operation_timeout=30).values():
-            fut.result()
-    client = OpenSearch(ep.search_url)
-    client.indices.delete(
-        index=f"{p.index_prefix}*", ignore_unavailable=True, expand_wildcards="all"
-    )
-    client.close()
-    r = redis.Redis.from_url(ep.redis_url)
-    for k in r.scan_iter(match=f"{p.key_prefix}*", count=5000):
-        r.delete(k)
-    r.close()
+    """Drop the pipeline's slots, database, topics, indices and keys."""
+    cleanup(p)
 
 
 def assert_followers_equal_leader(p: Pipeline) -> None:

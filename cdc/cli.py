@@ -224,10 +224,18 @@ def run(
         if settings.metrics_port:
             metrics = metrics or ReaderMetrics()
             metrics.serve(settings.metrics_port)
+        from cdc.pipeline import RunResult
+        from cdc.supervise import run_supervised
+
         try:
-            result = Pipeline(
-                settings, until_current=until == "current", stop=stop, metrics=metrics
-            ).run()
+            result = run_supervised(
+                lambda: Pipeline(
+                    settings, until_current=until == "current", stop=stop, metrics=metrics
+                ),
+                stop=stop,
+                reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
+                on_stopped=lambda: RunResult("stopped"),
+            )
         finally:
             if health is not None:
                 health.close()

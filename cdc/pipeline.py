@@ -113,6 +113,9 @@ class Pipeline:
         self.stop = stop or threading.Event()
         self.metrics = metrics
         self._dsn = settings.postgres.dsn.get_secret_value()
+        # Set once the stream started: a later lost connection is worth a reconnect
+        # (cdc.supervise), while a run that never got this far has a problem to report.
+        self.reached_streaming = False
 
     def run(self) -> RunResult:
         """Run the reader; returns when stopped, caught up (``until_current``) or done."""
@@ -220,6 +223,7 @@ class Pipeline:
                 captured=set(run.tables),
             )
             repl.start(run.slot, pg.publication_name, start, proto_version=pg.proto_version)
+            self.reached_streaming = True
             streamer.run(start)
             result.events = streamer.events
             result.acked_lsn = streamer.last_ack

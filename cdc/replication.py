@@ -87,6 +87,19 @@ def _check_name(kind: str, name: str) -> None:
         )
 
 
+# SQLSTATE classes of a lost connection: 08 connection exception; 57P operator intervention
+# (admin_shutdown, crash_shutdown, cannot_connect_now, database_dropped).
+_CONNECTION_LOST_CLASSES = ("08", "57P")
+_CONNECTION_LOST_SIGNS = (
+    "server closed the connection unexpectedly",
+    "terminating connection due to administrator command",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "could not receive data from server",
+    "ssl syscall error",
+)
+
+
 def classify(e: psycopg.Error, action: str) -> CdcError:
     """Map a psycopg error raised while ``action`` to our hierarchy, as one clear line."""
     msg = first_line(e)
@@ -115,7 +128,13 @@ def classify(e: psycopg.Error, action: str) -> CdcError:
     ):
         # Retrying cannot fix credentials or a missing database: fail fast.
         return ConfigError(f"{action}: {msg}")
-    if isinstance(e, psycopg.OperationalError):
+    if (
+        isinstance(e, psycopg.OperationalError)
+        or (sqlstate or "").startswith(_CONNECTION_LOST_CLASSES)
+        or any(sign in lowered for sign in _CONNECTION_LOST_SIGNS)
+    ):
+        # Includes a server restart or failover seen mid-stream: the error may come back
+        # as a COPY result whose class psycopg cannot tell (no SQLSTATE, libpq's own words).
         return ConnectionFailed(f"{action}: {msg}")
     return SlotError(f"{action}: {msg}")
 

@@ -31,6 +31,13 @@ pytestmark = pytest.mark.unit
             "\tIs the server running on that host?"), ConnectionFailed, True),
         (psycopg.OperationalError("server closed the connection unexpectedly"),
             ConnectionFailed, True),
+        # A restart seen mid-stream comes back as a COPY result psycopg cannot class.
+        (psycopg.DatabaseError("server closed the connection unexpectedly\n\tThis probably "
+            "means the server terminated abnormally"), ConnectionFailed, True),
+        (psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+            ConnectionFailed, True),
+        (psycopg.errors.CannotConnectNow("the database system is starting up"),
+            ConnectionFailed, True),
     ],
 )  # fmt: skip
 def test_classify(error: psycopg.Error, expected: type[CdcError], retryable: bool) -> None:

@@ -65,6 +65,13 @@ def _to_avro_required(schema: ConnectSchema, defined: set[str]) -> Any:
         return rec
     if ctype == "array":
         return {"type": "array", "items": to_avro(schema["items"], defined)}
+    if ctype == "map":
+        # Confluent's AvroData: a map with (required) string keys is an Avro map.
+        if schema["keys"].get("type") != "string" or schema["keys"].get("optional"):
+            raise SchemaError("no Avro mapping for a Connect map without required string keys")
+        out_map: dict[str, Any] = {"type": "map", "values": to_avro(schema["values"], defined)}
+        _connect_props(out_map, schema)
+        return out_map
     prim = _PRIMITIVE.get(ctype)
     if prim is None:
         raise SchemaError(f"no Avro mapping for Connect type {ctype!r}")
@@ -271,6 +278,8 @@ def from_avro_value(schema: ConnectSchema, value: Any) -> Any:
         return {f["field"]: from_avro_value(f, value.get(f["field"])) for f in schema["fields"]}
     if t == "array":
         return [from_avro_value(schema["items"], v) for v in value]
+    if t == "map":
+        return {k: from_avro_value(schema["values"], v) for k, v in value.items()}
     if isinstance(value, Decimal):
         scale = int(schema.get("parameters", {}).get("scale", 0))
         return unscaled_bytes(int(value.scaleb(scale)))

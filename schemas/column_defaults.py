@@ -115,6 +115,8 @@ def fallback(codec: Codec, type_name: str) -> Any:
     name = schema.get("name")
     if ctype == "array":
         return []
+    if ctype == "map":  # hstore_handling_mode=map
+        return {}
     if name == "io.debezium.data.geometry.Point":
         return point_struct("(0,0)")
     if name == "io.debezium.data.VariableScaleDecimal":

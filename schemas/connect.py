@@ -38,6 +38,8 @@ def connect_schema(
     parameters: dict[str, str] | None = None,
     fields: list[ConnectSchema] | None = None,
     items: ConnectSchema | None = None,
+    keys: ConnectSchema | None = None,
+    values: ConnectSchema | None = None,
 ) -> ConnectSchema:
     """A Connect schema as JsonConverter writes it, keys in JsonConverter's order."""
     s: ConnectSchema = {"type": type_}
@@ -45,6 +47,10 @@ def connect_schema(
         s["fields"] = fields
     if items is not None:
         s["items"] = items
+    if keys is not None:
+        s["keys"] = keys
+    if values is not None:
+        s["values"] = values
     s["optional"] = optional
     if name is not None:
         s["name"] = name

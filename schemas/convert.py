@@ -303,3 +303,8 @@ def point_struct(text: str) -> dict[str, Any]:
 def hstore_json(text: str) -> str:
     """hstore text as a JSON object's text (hstore.handling.mode=json)."""
     return orjson.dumps(dict(parse_hstore(text))).decode()
+
+
+def hstore_map(text: str) -> dict[str, str | None]:
+    """hstore text as a Connect map of strings (hstore.handling.mode=map)."""
+    return dict(parse_hstore(text))

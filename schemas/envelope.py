@@ -246,7 +246,7 @@ class EventEncoder:
         before = None
         if value is not None and plan.key_names and all(k in value for k in plan.key_names):
             keys = set(plan.key_names)
-            before = {n: value[n] if n in keys else None for n in plan.names}
+            before = {n: value[n] if n in keys else None for n in plan.value_names}
         payload = self._payload(plan, "d", before, None, source, None, time.time_ns())
         try:
             return self.format.encode_value(plan, payload)

@@ -24,7 +24,7 @@ from schemas.debezium import envelope_schema
 from schemas.model import Column, TableSchema
 from schemas.names import record_name
 from schemas.rowfuncs import Fill, KeyColumnNull, KeyFromRow, RowCompiler, RowFunction
-from schemas.typemap import codec_for, resolve_domain
+from schemas.typemap import codec_for, is_unknown, resolve_domain
 
 # What a generated function raises on a value it cannot take; the slow path then explains.
 FAST_PATH_ERRORS = (SchemaError, ValueError, TypeError, ArithmeticError, IndexError)
@@ -69,7 +69,9 @@ class EncodePlan:
         "placeholders",
         "table",
         "topic",
+        "value_indexes",
         "value_name",
+        "value_names",
         "value_schema",
     )
 
@@ -96,10 +98,20 @@ class EncodePlan:
             )
         self.key_indexes = tuple(index[k] for k in table.key_columns)
         self.key_names = table.key_columns
+        # The columns the row images carry: all, or (include_unknown_datatypes false, as
+        # Debezium's default) all but those of unmapped types. Key columns always stay.
+        self.value_indexes = tuple(
+            i
+            for i, (c, codec) in enumerate(zip(table.columns, self.codecs, strict=True))
+            if settings.include_unknown_datatypes or c.part_of_key or not is_unknown(codec.schema)
+        )
+        self.value_names = tuple(self.names[i] for i in self.value_indexes)
         self.fills = tuple(
             _fill(c, codec) for c, codec in zip(table.columns, self.codecs, strict=True)
         )
-        compiler = RowCompiler(self.names, self.codecs, self._special, self.topic, self.fills)
+        compiler = RowCompiler(
+            self.names, self.codecs, self._special, self.topic, self.fills, self.value_indexes
+        )
         self.fast_row: RowFunction = compiler.row(json=False)
         self.fast_json_row: RowFunction = compiler.row(json=True)
         self.fast_json_key: RowFunction = compiler.key(self.key_indexes)
@@ -110,7 +122,9 @@ class EncodePlan:
         fields = [
             _field_schema(c, codec) for c, codec in zip(table.columns, self.codecs, strict=True)
         ]
-        self.value_schema = connect_schema("struct", True, name=self.value_name, fields=fields)
+        self.value_schema = connect_schema(
+            "struct", True, name=self.value_name, fields=[fields[i] for i in self.value_indexes]
+        )
         self.key_schema: ConnectSchema | None = None
         if self.key_indexes:
             key_fields = []
@@ -217,7 +231,7 @@ class EncodePlan:
             raise SchemaError(f"{self._where(i)}: {e}") from e
         except (ValueError, TypeError, ArithmeticError, IndexError) as e:
             raise SchemaError(f"{self._where(i)}: cannot convert {values[i]!r}: {e}") from e
-        return dict(zip(self.names, vals, strict=True))
+        return {self.names[i]: vals[i] for i in self.value_indexes}
 
     def _special(self, i: int, v: Any) -> Any:
         """A value that is not text: an unchanged TOAST marker or a binary-format value."""

@@ -50,6 +50,7 @@ class RowCompiler:
         special: SpecialValue,
         label: str,
         fills: Sequence[Fill | None] = (),
+        kept: Sequence[int] | None = None,
     ) -> None:
         self._names = tuple(names)
         self._codecs = tuple(codecs)
@@ -58,6 +59,8 @@ class RowCompiler:
         self._label = label  # names the generated code in tracebacks
         # What a null becomes per column (None: it stays null).
         self._fills = tuple(fills) or (None,) * len(self._names)
+        # The columns a row carries (None: all); the others are unpacked and ignored.
+        self._kept = frozenset(range(len(self._names)) if kept is None else kept)
 
     def row(self, *, json: bool) -> RowFunction:
         """All columns: Connect values, or JSON-ready ones (BYTES as base64 text)."""
@@ -67,6 +70,8 @@ class RowCompiler:
         env: dict[str, Any] = {"S": self._special}
         items = []
         for i, name in enumerate(self._names):
+            if i not in self._kept:
+                continue
             v = f"v{i}"
             text = self._text_expr(i, v, json, env)
             null = "None"

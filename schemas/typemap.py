@@ -1,6 +1,7 @@
 """PostgreSQL type → Kafka Connect schema and value, the way Debezium's PostgreSQL connector
 maps them (decimal.handling.mode, binary.handling.mode, interval.handling.mode,
-time.precision.mode=adaptive, hstore.handling.mode=json).
+time.precision.mode, hstore.handling.mode; include.unknown.datatypes in
+:mod:`schemas.plan`).
 
 Values arrive as PostgreSQL's text output, so every converter goes by type OID from text
 (the converters themselves are in :mod:`schemas.convert`). A value of a type we do not know
@@ -17,7 +18,14 @@ from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
 )
 from pgcdc.core.errors import SchemaError
-from pgcdc.core.settings import BinaryHandling, DecimalHandling, IntervalHandling, SchemaSettings
+from pgcdc.core.settings import (
+    BinaryHandling,
+    DecimalHandling,
+    HStoreHandling,
+    IntervalHandling,
+    SchemaSettings,
+    TimePrecision,
+)
 from schemas import oids
 from schemas.connect import (
     DECIMAL_NAME,
@@ -35,6 +43,7 @@ from schemas.convert import (
     bytea_bytes,
     bytea_hex,
     hstore_json,
+    hstore_map,
     interval_iso,
     interval_micros,
     money_amount,
@@ -62,6 +71,10 @@ UNBOUNDED_BITS_LENGTH = 2147483647
 MONEY_FRACTION_DIGITS = 2
 # Debezium's column.propagate.source.type parameter name, used for pass-through types.
 SOURCE_TYPE_PARAMETER = "__debezium.source.column.type"
+# Kafka Connect's own logical types (time.precision.mode=connect).
+CONNECT_DATE = "org.apache.kafka.connect.data.Date"
+CONNECT_TIME = "org.apache.kafka.connect.data.Time"
+CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
 
 _SPECIAL_NUMERIC = {"NaN": "NAN", "Infinity": "POSITIVE_INFINITY", "-Infinity": "NEGATIVE_INFINITY"}
 # Types whose text is the Connect string as it is.
@@ -193,6 +206,32 @@ def _time_precision(typmod: int) -> int:
     return 6 if typmod < 0 else typmod
 
 
+def _time_codec(typmod: int, mode: TimePrecision, optional: bool) -> Codec:
+    """time: milliseconds up to time(3) and micros above (adaptive), micros always
+    (adaptive_time_microseconds), Connect's Time in milliseconds (connect)."""
+    if mode is TimePrecision.CONNECT:
+        schema = connect_schema("int32", optional, name=CONNECT_TIME, version=1)
+        return Codec(schema, time_millis, None)
+    if mode is TimePrecision.ADAPTIVE and _time_precision(typmod) <= 3:
+        schema = connect_schema("int32", optional, name="io.debezium.time.Time", version=1)
+        return Codec(schema, time_millis, None)
+    schema = connect_schema("int64", optional, name="io.debezium.time.MicroTime", version=1)
+    return Codec(schema, parse_time, None)
+
+
+def _timestamp_codec(typmod: int, mode: TimePrecision, optional: bool) -> Codec:
+    """timestamp: milliseconds up to timestamp(3) and micros above (both adaptive modes),
+    Connect's Timestamp in milliseconds (connect)."""
+    if mode is TimePrecision.CONNECT:
+        schema = connect_schema("int64", optional, name=CONNECT_TIMESTAMP, version=1)
+        return Codec(schema, timestamp_millis, None)
+    if _time_precision(typmod) <= 3:
+        schema = connect_schema("int64", optional, name="io.debezium.time.Timestamp", version=1)
+        return Codec(schema, timestamp_millis, None)
+    schema = connect_schema("int64", optional, name="io.debezium.time.MicroTimestamp", version=1)
+    return Codec(schema, timestamp_micros, None)
+
+
 _POINT_SCHEMA_FIELDS = [
     with_field(connect_schema(DOUBLE, False), "x"),
     with_field(connect_schema(DOUBLE, False), "y"),
@@ -266,27 +305,16 @@ def type_codec(
     if oid == oids.XML:
         return Codec(_named_string("io.debezium.data.Xml", optional), None, ph)
     if oid == oids.DATE:
-        return Codec(
-            connect_schema("int32", optional, name="io.debezium.time.Date", version=1),
-            to_epoch_days,
-            None,
-        )
+        name = "io.debezium.time.Date"
+        if settings.time_precision_mode is TimePrecision.CONNECT:
+            name = CONNECT_DATE
+        return Codec(connect_schema("int32", optional, name=name, version=1), to_epoch_days, None)
     if oid == oids.TIME:
-        if _time_precision(typmod) <= 3:
-            schema = connect_schema("int32", optional, name="io.debezium.time.Time", version=1)
-            return Codec(schema, time_millis, None)
-        schema = connect_schema("int64", optional, name="io.debezium.time.MicroTime", version=1)
-        return Codec(schema, parse_time, None)
+        return _time_codec(typmod, settings.time_precision_mode, optional)
     if oid == oids.TIMETZ:
         return Codec(_named_string("io.debezium.time.ZonedTime", optional), timetz_utc, None)
     if oid == oids.TIMESTAMP:
-        if _time_precision(typmod) <= 3:
-            schema = connect_schema("int64", optional, name="io.debezium.time.Timestamp", version=1)
-            return Codec(schema, timestamp_millis, None)
-        schema = connect_schema(
-            "int64", optional, name="io.debezium.time.MicroTimestamp", version=1
-        )
-        return Codec(schema, timestamp_micros, None)
+        return _timestamp_codec(typmod, settings.time_precision_mode, optional)
     if oid == oids.TIMESTAMPTZ:
         schema = _named_string("io.debezium.time.ZonedTimestamp", optional)
         return Codec(schema, timestamptz_converter(_time_precision(typmod)), None)
@@ -311,6 +339,15 @@ def type_codec(
         )
         return Codec(schema, None, ph)
     if t.name == "hstore":
+        if settings.hstore_handling_mode is HStoreHandling.MAP:
+            schema = connect_schema(
+                "map",
+                optional,
+                keys=connect_schema("string", False),
+                values=connect_schema("string", True),
+            )
+            # Debezium's placeholder for an unchanged TOASTed hstore map: {ph: ph}.
+            return Codec(schema, hstore_map, {ph: ph})
         return Codec(_named_string("io.debezium.data.Json", optional), hstore_json, ph)
     if t.name == "ltree":
         return Codec(_named_string("io.debezium.data.Ltree", optional), None, ph)
@@ -321,6 +358,13 @@ def type_codec(
     # Anything else passes through as its text, with the type's name in the schema.
     schema = connect_schema("string", optional, parameters={SOURCE_TYPE_PARAMETER: t.name})
     return Codec(schema, None, ph)
+
+
+def is_unknown(schema: ConnectSchema) -> bool:
+    """A schema of a type without a mapping (text passed through), or an array of one."""
+    while schema.get("type") == "array":
+        schema = schema["items"]
+    return SOURCE_TYPE_PARAMETER in (schema.get("parameters") or {})
 
 
 def array_delimiter(element: PgType) -> str:

@@ -61,6 +61,21 @@ class IntervalHandling(StrEnum):
     STRING = "string"
 
 
+class HStoreHandling(StrEnum):
+    """Debezium's ``hstore.handling.mode``: a JSON string, or a Connect map."""
+
+    JSON = "json"
+    MAP = "map"
+
+
+class TimePrecision(StrEnum):
+    """Debezium's ``time.precision.mode`` for date, time and timestamp columns."""
+
+    ADAPTIVE = "adaptive"
+    ADAPTIVE_TIME_MICROSECONDS = "adaptive_time_microseconds"
+    CONNECT = "connect"
+
+
 class ValueFormat(StrEnum):
     JSON = "json"
     AVRO = "avro"
@@ -285,6 +300,11 @@ class SchemaSettings(BaseModel):
     decimal_handling_mode: DecimalHandling = DecimalHandling.PRECISE
     binary_handling_mode: BinaryHandling = BinaryHandling.BYTES
     interval_handling_mode: IntervalHandling = IntervalHandling.NUMERIC
+    hstore_handling_mode: HStoreHandling = HStoreHandling.JSON
+    time_precision_mode: TimePrecision = TimePrecision.ADAPTIVE
+    # Columns of types without a mapping: carried as their text (true, the default: nothing
+    # is dropped, design guarantee 6), or left out of the events as Debezium's default does.
+    include_unknown_datatypes: bool = True
     provide_transaction_metadata: bool = False
     registry_url: str | None = None
     # The registry's basic auth as "user:password" (Confluent's basic.auth.user.info), and

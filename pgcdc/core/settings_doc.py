@@ -81,6 +81,12 @@ MEANINGS = {
     "schema.decimal_handling_mode": "`precise` (bytes and scale), `string` or `double`",
     "schema.binary_handling_mode": "`bytes`, `base64` or `hex`",
     "schema.interval_handling_mode": "`numeric` (microseconds) or `string` (ISO 8601)",
+    "schema.hstore_handling_mode": "`json` (a JSON string) or `map` (a Connect map of strings)",
+    "schema.time_precision_mode": "`adaptive` (each column's own precision), "
+    "`adaptive_time_microseconds` (every `time` as microseconds) or `connect` (Kafka "
+    "Connect's Date, Time and Timestamp, milliseconds)",
+    "schema.include_unknown_datatypes": "carry columns of types without a mapping as their "
+    "text (false: leave them out, Debezium's default)",
     "schema.provide_transaction_metadata": "add the `transaction` block to each event",
     "schema.registry_url": "schema registry for Avro (Confluent API)",
     "schema.registry_basic_auth_user_info": "the registry's basic auth, `user:password`",
@@ -151,6 +157,9 @@ DEBEZIUM = {
     "schema.decimal_handling_mode": "`decimal.handling.mode`",
     "schema.binary_handling_mode": "`binary.handling.mode`",
     "schema.interval_handling_mode": "`interval.handling.mode`",
+    "schema.hstore_handling_mode": "`hstore.handling.mode`",
+    "schema.time_precision_mode": "`time.precision.mode`",
+    "schema.include_unknown_datatypes": "`include.unknown.datatypes` (default false there)",
     "schema.provide_transaction_metadata": "`provide.transaction.metadata`",
     "schema.registry_url": "`value.converter.schema.registry.url`",
     "schema.registry_basic_auth_user_info": "`value.converter.basic.auth.user.info`",

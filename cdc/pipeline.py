@@ -83,6 +83,7 @@ class _Run:
         *,
         consistent_point: Lsn | None = None,
         acked_lsn: Lsn | None = None,
+        last_commit_lsn: Lsn | None = None,
         wait: bool = True,
     ) -> None:
         """Record where the slot stands; ``wait`` blocks until Kafka acknowledged it."""
@@ -93,8 +94,22 @@ class _Run:
             consistent_point=consistent_point,
             acked_lsn=acked_lsn,
             updated_at=time.time(),
+            last_commit_lsn=last_commit_lsn,
         )
         self.store.save(state, wait=wait)
+
+
+def last_commit_at_start(action: Action, state: ReaderState | None, start: Lsn) -> Lsn | None:
+    """Where the last commit before ``start`` ends: Debezium's ``source.sequence[0]`` of the
+    first transaction streamed. None after a snapshot or on a new slot (Debezium's too); the
+    state record's when it was written at this very position; otherwise ``start`` itself
+    (exact when the slot was last confirmed at a commit, and never below the previous
+    transaction's, so the order ``sequence`` gives still holds)."""
+    if action is not Action.STREAM:
+        return None
+    if state is not None and state.acked_lsn == start:
+        return state.last_commit_lsn
+    return start
 
 
 class Pipeline:
@@ -210,6 +225,15 @@ class Pipeline:
             if plan.action is Action.STREAM:
                 kafka = self.settings.kafka
                 warn_unsnapshotted(run.admin, kafka, kafka.topic_prefix, run.tables)
+
+            def checkpoint(lsn: Lsn | None) -> None:
+                run.save_state(
+                    Phase.STREAMING,
+                    acked_lsn=lsn,
+                    last_commit_lsn=streamer.acked_commit,
+                    wait=False,
+                )
+
             streamer = Streamer(
                 repl,
                 settings=self.settings,
@@ -217,17 +241,22 @@ class Pipeline:
                 encoder=run.encoder,
                 catalog=run.catalog,
                 stop=self.stop,
-                checkpoint=lambda lsn: run.save_state(Phase.STREAMING, acked_lsn=lsn, wait=False),
+                checkpoint=checkpoint,
                 observer=self.metrics,
                 target=result.target_lsn,
                 captured=set(run.tables),
+                last_commit=last_commit_at_start(plan.action, run.state, start),
             )
             repl.start(run.slot, pg.publication_name, start, proto_version=pg.proto_version)
             self.reached_streaming = True
             streamer.run(start)
             result.events = streamer.events
             result.acked_lsn = streamer.last_ack
-            run.save_state(Phase.STREAMING, acked_lsn=streamer.last_ack)
+            run.save_state(
+                Phase.STREAMING,
+                acked_lsn=streamer.last_ack,
+                last_commit_lsn=streamer.acked_commit,
+            )
         finally:
             repl.close()
             if pg.drop_slot_on_exit:

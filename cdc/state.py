@@ -41,6 +41,8 @@ class ReaderState:
     consistent_point: Lsn | None = None
     acked_lsn: Lsn | None = None
     updated_at: float = 0.0
+    # End of the last commit at or before acked_lsn (source.sequence[0] after a restart).
+    last_commit_lsn: Lsn | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -51,6 +53,7 @@ class ReaderState:
                 "consistent_point": str(self.consistent_point) if self.consistent_point else None,
                 "acked_lsn": str(self.acked_lsn) if self.acked_lsn else None,
                 "updated_at": self.updated_at,
+                "last_commit_lsn": str(self.last_commit_lsn) if self.last_commit_lsn else None,
             }
         )
 
@@ -66,6 +69,7 @@ class ReaderState:
             else None,
             acked_lsn=Lsn.parse(d["acked_lsn"]) if d.get("acked_lsn") else None,
             updated_at=float(d.get("updated_at", 0.0)),
+            last_commit_lsn=Lsn.parse(d["last_commit_lsn"]) if d.get("last_commit_lsn") else None,
         )
 
 

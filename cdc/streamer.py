@@ -19,6 +19,7 @@ acknowledged LSN, and an observer for metrics.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -80,10 +81,13 @@ class Streamer:
         observer: StreamObserver | None = None,
         target: Lsn | None = None,
         captured: set[tuple[str, str]] | None = None,
+        last_commit: Lsn | None = None,
     ) -> None:
         """``target``: stop once everything up to it is acknowledged (``--until current``).
         ``captured``: the tables captured at start; another one showing up while streaming
-        was added to the publication since, and its earlier rows were never snapshotted."""
+        was added to the publication since, and its earlier rows were never snapshotted.
+        ``last_commit``: where the last commit before the start position ends (the first
+        transaction's ``source.sequence[0]``), when known."""
         self._repl = repl
         self._publisher = publisher
         self._encoder = encoder
@@ -121,7 +125,11 @@ class Streamer:
         self._commit_ts_us = 0
         self._commit_lsn_header = b"0"
         self._per_table: dict[int, int] = {}
-        self._last_commit_lsn: int | None = None
+        self._last_commit_lsn: int | None = None if last_commit is None else last_commit.value
+        # End of the last streamed commit Kafka holds (at or before last_ack), for the state
+        # record; commits seen and not yet acknowledged wait in _commits.
+        self.acked_commit: Lsn | None = last_commit
+        self._commits: collections.deque[Lsn] = collections.deque()
         # A keepalive's position, safe to acknowledge while nothing is in flight.
         self._idle_lsn: Lsn | None = None
         # When the periodic duties (see _duties) are next due, as monotonic times.
@@ -207,6 +215,9 @@ class Streamer:
 
     def _acknowledge(self, *, force: bool = False) -> None:
         acked = self._publisher.acked_lsn()
+        # The publisher's acknowledged LSN may be a snapshot's position: only commits count.
+        while self._commits and acked is not None and self._commits[0] <= acked:
+            self.acked_commit = self._commits.popleft()
         idle = self._idle_lsn if self._publisher.idle() and self._txn is None else None
         candidate = self.last_ack
         for lsn in (acked, idle):
@@ -249,6 +260,7 @@ class Streamer:
             self._txn = None
             # Debezium's source.sequence[0]: where the last commit record ends.
             self._last_commit_lsn = msg.end_lsn.value
+            self._commits.append(msg.end_lsn)
         elif isinstance(msg, pgoutput.Relation):
             self._relation(msg)
         elif isinstance(msg, pgoutput.Truncate):

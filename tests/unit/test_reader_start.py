@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cdc.pipeline import last_commit_at_start
 from cdc.slots import Action, SlotInfo, plan_start
 from cdc.state import Phase, ReaderState
 from pgcdc.core.errors import SlotError
@@ -70,5 +71,21 @@ def test_initial_only_runs_once() -> None:
 def test_reader_state_round_trips_through_json() -> None:
     s = state(Phase.STREAMING)
     assert ReaderState.from_json(s.to_json()) == s
+    with_commit = ReaderState(SLOT, "db", Phase.STREAMING, None, Lsn(100), 1.0, Lsn(90))
+    assert ReaderState.from_json(with_commit.to_json()) == with_commit
     empty = ReaderState(SLOT, "db", Phase.SNAPSHOT)
     assert ReaderState.from_json(empty.to_json()) == empty
+
+
+def test_the_last_commit_at_start_is_the_states_when_it_saw_that_position() -> None:
+    # Debezium's source.sequence[0] of the first transaction after a restart.
+    saved = ReaderState(SLOT, "db", Phase.STREAMING, None, Lsn(100), 1.0, Lsn(90))
+    assert last_commit_at_start(Action.STREAM, saved, Lsn(100)) == Lsn(90)
+    # The slot moved on after the state was written: its position, exact when it is a commit.
+    assert last_commit_at_start(Action.STREAM, saved, Lsn(120)) == Lsn(120)
+    assert last_commit_at_start(Action.STREAM, None, Lsn(120)) == Lsn(120)
+    # Right after a snapshot (or a new slot) nothing was committed yet: null, like Debezium.
+    after_snapshot = ReaderState(SLOT, "db", Phase.STREAMING, Lsn(100), Lsn(100), 1.0)
+    assert last_commit_at_start(Action.STREAM, after_snapshot, Lsn(100)) is None
+    for action in (Action.SNAPSHOT, Action.NEW_SLOT):
+        assert last_commit_at_start(action, saved, Lsn(100)) is None

@@ -226,21 +226,25 @@ def make(
     heartbeats: bool = False,
     idle_reads: int = 3,
     checkpoints: list[Lsn | None] | None = None,
+    encoder: JsonEncoder | None = None,
+    last_commit: Lsn | None = None,
+    publisher: ListPublisher | None = None,
 ) -> tuple[Streamer, ScriptedReplication, ListPublisher, RecordingObserver]:
     stop = threading.Event()
     repl = ScriptedReplication(frames, None if target else stop, idle_reads)
-    publisher = ListPublisher()
+    publisher = publisher or ListPublisher()
     observer = RecordingObserver()
     s = Streamer(
         repl,  # type: ignore[arg-type]
         settings=settings(heartbeats),
         publisher=publisher,  # type: ignore[arg-type]
-        encoder=JsonEncoder(),  # type: ignore[arg-type]
+        encoder=encoder or JsonEncoder(),  # type: ignore[arg-type]
         catalog=RelationCatalog(),  # type: ignore[arg-type]
         stop=stop,
         checkpoint=(checkpoints if checkpoints is not None else []).append,
         observer=observer,
         target=target,
+        last_commit=last_commit,
     )
     return s, repl, publisher, observer
 
@@ -318,3 +322,45 @@ def test_the_checkpoint_receives_the_acknowledged_position(
     s, _, _, _ = make(ONE_TRANSACTION, checkpoints=saved)
     s.run(Lsn(0x100))
     assert saved and saved[0] == Lsn(0x100) and saved[-1] == Lsn(0x210)
+
+
+class SequenceEncoder(JsonEncoder):
+    """The value says the change's LSN and its source.sequence[0] (the last commit's end)."""
+
+    def encode_value(
+        self, table: TableSchema, op: str, before: Any, after: Any, source: Any, txn: Any
+    ) -> bytes:
+        return orjson.dumps({"lsn": source.lsn, "last_commit": source.last_commit_lsn})
+
+
+SECOND_TRANSACTION = [
+    xlog(begin(0x400, 8), 0x300),
+    xlog(insert("3", "c"), 0x310),
+    xlog(commit(0x400, 0x410), 0x400),
+]
+
+
+def test_the_first_transaction_after_a_restart_says_where_the_last_commit_ended() -> None:
+    # Debezium's source.sequence[0]: the pipeline passes the commit it knows from the state.
+    s, _, publisher, _ = make(
+        [*ONE_TRANSACTION, *SECOND_TRANSACTION], encoder=SequenceEncoder(), last_commit=Lsn(0x90)
+    )
+    s.run(Lsn(0x100))
+    values = [orjson.loads(v) for _, _, v, _ in publisher.records if v is not None]
+    assert [v["last_commit"] for v in values] == [0x90, 0x90, 0x210]
+    assert s.acked_commit == Lsn(0x410)
+
+
+def test_the_acknowledged_commit_is_a_commit_not_an_idle_or_snapshot_position() -> None:
+    # What the state records for the next start: the last commit Kafka holds, though the slot
+    # is confirmed further (an idle keepalive), and never a snapshot's position (the
+    # snapshot's records were tracked by the same publisher).
+    publisher = ListPublisher()
+    snapshot = publisher.begin(Lsn(0x80))
+    publisher.close_txn(snapshot, Lsn(0x80))
+    s, _, _, _ = make([Keepalive(Lsn(0x90), 0, False)], publisher=publisher)
+    s.run(Lsn(0x80))
+    assert s.last_ack == Lsn(0x90) and s.acked_commit is None
+    s, _, _, _ = make([*ONE_TRANSACTION, Keepalive(Lsn(0x500), 0, False)])
+    s.run(Lsn(0x100))
+    assert s.last_ack == Lsn(0x500) and s.acked_commit == Lsn(0x210)

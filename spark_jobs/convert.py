@@ -5,12 +5,13 @@ since the epoch, timestamps as epoch micros). A search index and a cache want va
 or a query can use, so followers store:
 
 - Decimal / VariableScaleDecimal → the exact decimal as a string ("12.30", "NaN");
-- io.debezium.time.Date → "YYYY-MM-DD";
-- Timestamp / MicroTimestamp / NanoTimestamp → ISO-8601 without zone ("2024-01-02T03:04:05.123456");
+- io.debezium.time.Date (and Kafka Connect's Date) → "YYYY-MM-DD";
+- Timestamp / MicroTimestamp / NanoTimestamp (and Connect's Timestamp) → ISO-8601 without
+  zone ("2024-01-02T03:04:05.123456");
 - dates and timestamps outside years 1..9999 as PostgreSQL writes them in JSON: "infinity",
   "-infinity", "10000-01-01", "0044-03-15 BC", "0001-01-01T00:00:00 BC" (Debezium's infinity
   sentinels are recognised), so every value PostgreSQL accepts has an exact follower form;
-- Time / MicroTime / NanoTime → "HH:MM:SS.ffffff";
+- Time / MicroTime / NanoTime (and Connect's Time) → "HH:MM:SS.ffffff";
 - everything else as it came (ZonedTimestamp is already ISO, Json is a JSON string, bytes are
   base64, arrays element by element).
 
@@ -140,6 +141,10 @@ _BY_NAME: dict[str, Converter] = {
     "io.debezium.time.Time": _time(1_000),
     "io.debezium.time.MicroTime": _time(1_000_000),
     "io.debezium.time.NanoTime": _time(1_000_000_000),
+    # time.precision.mode=connect: Kafka Connect's own logical types (days, milliseconds).
+    "org.apache.kafka.connect.data.Date": _date,
+    "org.apache.kafka.connect.data.Timestamp": _timestamp(1_000),
+    "org.apache.kafka.connect.data.Time": _time(1_000),
 }
 
 

@@ -61,6 +61,17 @@ def test_known_debezium_encodings() -> None:
     assert plain("x") == "x"
 
 
+def test_connect_temporal_types() -> None:
+    # time.precision.mode=connect: Kafka Connect's Date (days), Time and Timestamp (ms), the
+    # same follower forms as Debezium's own types.
+    date = field_converter({"type": "int32", "name": "org.apache.kafka.connect.data.Date"})
+    assert date(19723) == "2024-01-01"
+    ts = field_converter({"type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"})
+    assert ts(1_704_067_200_123) == "2024-01-01T00:00:00.123000"
+    t = field_converter({"type": "int32", "name": "org.apache.kafka.connect.data.Time"})
+    assert t(86_399_999) == "23:59:59.999000"
+
+
 def test_row_converter_marks_unchanged_toast_and_never_keeps_the_placeholder() -> None:
     envelope = {
         "type": "struct",

@@ -21,6 +21,7 @@ from schemas.convert import (
 )
 from schemas.debezium import SNAPSHOT_VALUES
 from schemas.pgtext import days_from_civil
+from schemas.typemap import CONNECT_DATE
 from tests.integration.debezium_parity.compare import MISSING, Difference, field_schema
 
 # Where a payload or schema path names a column: value/payload/<image>/<column>/… and
@@ -30,6 +31,8 @@ SOURCE_TYPE = "__debezium.source.column.type"
 # The Gregorian calendar's first day: Debezium's snapshot reads older dates through
 # java.sql.Date (the Julian calendar), so they differ from its own stream.
 GREGORIAN_START_DAYS = days_from_civil(1582, 10, 15)
+# A date column's schema name: time.precision.mode adaptive, and connect.
+_DATE_NAMES = ("io.debezium.time.Date", CONNECT_DATE)
 
 
 def column_of(path: tuple[str, ...]) -> tuple[str, str] | None:
@@ -135,7 +138,7 @@ def _negative_scale(d: Difference) -> bool:
 
 def _snapshot_dates(d: Difference) -> bool:
     schema = _our_column_schema(d)
-    if not d.snapshot or schema is None or schema.get("name") != "io.debezium.time.Date":
+    if not d.snapshot or schema is None or schema.get("name") not in _DATE_NAMES:
         return False
     return isinstance(d.ours, int) and (
         d.ours < GREGORIAN_START_DAYS

@@ -3,12 +3,15 @@
 The jars (``org.apache.kafka:connect-json`` at the Kafka version the stack runs, with its
 runtime dependencies: connect-api, kafka-clients, Jackson) are resolved from Maven Central
 with mvn into ``.cache/connect-json-<version>/lib``, once, the way :mod:`pgcdc.stack.kafka`
-fetches Kafka's. The checker is compiled with the JDK's ``javac`` at test time.
+fetches Kafka's. The checker is compiled with the JDK's ``javac`` once per version of its
+source, into ``.cache/connect-json-<version>/classes-<digest>``.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -90,18 +93,27 @@ def _line(r: Record) -> str:
     return f"{r.topic}\t{b64(r.key)}\t{b64(r.value)}\t{headers}"
 
 
+def compiled(lib: Path, javac: Path, timeout_s: float) -> Path:
+    """ConnectCheck compiled once per version of its source (beside the jars)."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    classes = lib.parent / f"classes-{digest}"
+    if not (classes / "ConnectCheck.class").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="classes-", dir=lib.parent))
+        common.run([javac, "-d", tmp, "-cp", f"{lib}/*", SOURCE], timeout=timeout_s)
+        try:
+            tmp.rename(classes)
+        except OSError:  # compiled meanwhile by another run: keep that one
+            shutil.rmtree(tmp, ignore_errors=True)
+    return classes
+
+
 def check_records(records: Iterable[Record], timeout_s: float = 180) -> CheckResult:
     """Convert every record's key, value and headers as a Connect sink would."""
     lib = ensure_jars()
     java = find_java()
-    javac = java.with_name("javac")
+    classes = compiled(lib, java.with_name("javac"), timeout_s)
     records = list(records)
     with tempfile.TemporaryDirectory(prefix="connect-check-") as tmp:
-        classes = Path(tmp) / "classes"
-        common.run(
-            [javac, "-d", classes, "-cp", f"{lib}/*", SOURCE],
-            timeout=timeout_s,
-        )
         data = Path(tmp) / "records.tsv"
         data.write_text("".join(_line(r) + "\n" for r in records))
         done = subprocess.run(

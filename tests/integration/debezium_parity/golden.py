@@ -67,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="golden-") as tmp:
         env = BenchEnv(out_dir=Path(tmp))
         try:
-            got = capture(env)
+            got = capture(env, modes=False)
             if got.reader_errors:
                 raise SystemExit("\n".join(got.reader_errors))
             write_fixture(fixture(got))

@@ -56,8 +56,17 @@ class Record:
 class ParityDebezium(DebeziumServer):
     """Debezium Server configured to capture the parity database like our reader does."""
 
-    def __init__(self, env: BenchEnv, tables: list[str]) -> None:
-        super().__init__(env, tables, role="dbz", snapshot_mode="initial")
+    def __init__(
+        self,
+        env: BenchEnv,
+        tables: list[str],
+        *,
+        role: str = "dbz",
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(env, tables, role=role, snapshot_mode="initial")
+        # More connector properties (without the debezium.source. prefix): the modes.
+        self.extra = dict(extra or {})
 
     def topic(self, table: str) -> str:
         """Debezium's topic for ``schema.table`` (its default naming, sanitised)."""
@@ -91,6 +100,7 @@ class ParityDebezium(DebeziumServer):
                 "debezium.source.include.unknown.datatypes": "true",
                 "quarkus.log.level": "WARN",
                 'quarkus.log.category."io.debezium".level': "INFO",
+                **{f"debezium.source.{k}": v for k, v in self.extra.items()},
             }
         )
         # java.util.Properties reads a backslash as an escape.

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.unit.schemas.all_types import SETUP_SQL, create_table_sql, insert_sql, literal_rows
+from tests.unit.schemas.all_types import (
+    COLUMNS,
+    SETUP_SQL,
+    create_table_sql,
+    insert_sql,
+    literal_rows,
+)
 
 TIME_ZONE = "America/St_Johns"
 # Streamed copies of the all_types rows get ids this much higher than the snapshot's.
@@ -299,6 +305,86 @@ CHANGES: tuple[tuple[str, ...], ...] = (
 )
 
 FINISH: tuple[str, ...] = ("INSERT INTO parity_done VALUES (1)",)
+# Our reader stops after this many CHANGES and starts again for the rest (Debezium streams
+# on): the first transaction after the restart must carry Debezium's source.sequence.
+RESTART_AFTER = 9
+
+
+# --- the non-default modes ----------------------------------------------------------------
+# A second, small capture of the columns the modes change, both systems set the same way.
+MODES_DEBEZIUM = {
+    "hstore.handling.mode": "map",
+    "time.precision.mode": "connect",
+    "include.unknown.datatypes": "false",
+}
+MODES_OURS = {
+    "CDC_SCHEMA__HSTORE_HANDLING_MODE": "map",
+    "CDC_SCHEMA__TIME_PRECISION_MODE": "connect",
+    "CDC_SCHEMA__INCLUDE_UNKNOWN_DATATYPES": "false",
+}
+# all_types' columns of the types the modes touch: date, time, timestamp (and arrays of
+# them), hstore, the unmapped types; timetz, timestamptz and interval stay as they are.
+MODES_COLUMNS = frozenset(
+    name
+    for name, typ, _ in COLUMNS
+    if name == "id"
+    or typ.split("(")[0].split("[")[0].strip() in ("date", "time", "timestamp", "hstore")
+    or name in ("c_timetz", "c_tstz", "c_interval", "c_tstz_arr")
+    or name
+    in ("c_box", "c_circle", "c_line", "c_lseg", "c_path", "c_polygon", "c_tsquery", "c_pg_lsn")
+)
+MODES_STREAM_ID_OFFSET = 2000
+
+
+def _modes_rows(id_offset: int) -> tuple[str, ...]:
+    return tuple(
+        f"INSERT INTO modes (id, {name}) VALUES ({i + id_offset}, {lit})"
+        for i, name, lit in literal_rows()
+        if name in MODES_COLUMNS and (name, lit) not in UNCARRIED
+    )
+
+
+def _modes_ddl() -> str:
+    cols = ",\n  ".join(f"{name} {typ}" for name, typ, _ in COLUMNS if name in MODES_COLUMNS)
+    return f"CREATE TABLE modes (\n  {cols},\n  c_hstore_big hstore\n)"
+
+
+_BIG_HSTORE = "hstore('k', repeat(md5(i::text), 200))"  # TOASTed out of line when EXTERNAL
+
+MODES_TABLES: tuple[ParityTable, ...] = (
+    ParityTable(
+        "public",
+        "modes",
+        (
+            _modes_ddl(),
+            "ALTER TABLE modes ALTER COLUMN c_hstore_big SET STORAGE EXTERNAL",
+            "ALTER TABLE modes REPLICA IDENTITY FULL",
+        ),
+        (
+            *_modes_rows(0),
+            f"INSERT INTO modes (id, c_hstore_big, c_pg_lsn) SELECT i, {_BIG_HSTORE}, '0/1' "
+            "FROM generate_series(900, 901) AS i",
+        ),
+    ),
+    ParityTable("public", "modes_done", ("CREATE TABLE modes_done (id int PRIMARY KEY)",)),
+)
+MODES_SENTINEL = ("public", "modes_done")
+MODES_CHANGES: tuple[tuple[str, ...], ...] = (
+    _modes_rows(MODES_STREAM_ID_OFFSET),
+    (
+        "UPDATE modes SET c_hstore = 'x=>y', c_date = '2000-01-01' WHERE id = 1",
+        "DELETE FROM modes WHERE id = 2",
+    ),
+    # Unchanged TOAST under REPLICA IDENTITY FULL (the old row has it), and a changed one.
+    ("UPDATE modes SET c_pg_lsn = '0/2' WHERE id = 900",),
+    ("UPDATE modes SET c_hstore_big = 'a=>b' WHERE id = 901",),
+    ("INSERT INTO modes_done VALUES (1)",),
+)
+
+
+def modes_captured() -> list[str]:
+    """``schema.table`` of every table of the modes capture."""
+    return [t.qualified for t in MODES_TABLES]
 
 
 def captured() -> list[str]:

@@ -230,11 +230,12 @@ def check_redis(settings: Settings) -> CheckResult:
     """Redis answers PING with the URL's credentials and TLS."""
     import redis
 
-    from pgcdc.core.follower_clients import redis_options
+    from pgcdc.core.follower_clients import redis_cluster_url, redis_options
 
     try:
+        # PING answers on any node of a Redis Cluster as well.
         client = redis.Redis.from_url(
-            settings.redis.url.get_secret_value(),
+            redis_cluster_url(settings.redis.url.get_secret_value())[0],
             socket_connect_timeout=5,
             **redis_options(settings.redis),
         )

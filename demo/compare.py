@@ -16,7 +16,9 @@ import orjson
 import psycopg
 import redis
 from opensearchpy import OpenSearch
+from redis.cluster import RedisCluster
 
+from pgcdc.core.follower_clients import redis_cluster_url
 from sinks.search_index import index_name
 
 
@@ -55,7 +57,9 @@ def leader_state(dsn: str, table: str, key: str = "id") -> dict[str, dict[str, A
 def cache_state(dsn: str, redis_url: str, key_prefix: str, table: str) -> dict[str, dict[str, Any]]:
     """The Redis follower's rows of ``table`` (hashes ``<key_prefix>:<table>:<id>``)."""
     types = column_types(dsn, table)
-    r = redis.Redis.from_url(redis_url)
+    url, cluster = redis_cluster_url(redis_url)
+    # A cluster client scans every master.
+    r = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
     prefix = f"{key_prefix}:{table}:"
     out: dict[str, dict[str, Any]] = {}
     try:

@@ -9,8 +9,9 @@ id holds exactly one ``.`` and never ``:``; two tables never share a key):
   column whose value is the column's value as JSON, so types round-trip and SQL NULL is the
   field ``null`` (a column is absent only if the follower never got a value for it).
   ``value_mode="json"``: a string holding the row as one JSON object.
-- ``<prefix>:__v__:<table>:<key>`` holds the row's version as exact, fixed-width text
-  (:mod:`sinks.cache_script`). Kept beside the row rather
+- ``<prefix>:__v__:{<tag>}:<table>:<key>`` holds the row's version as exact, fixed-width
+  text (:mod:`sinks.cache_script`); ``<tag>`` makes it hash to the row key's Redis Cluster
+  slot, so the script touches one slot (:mod:`sinks.cache_keys`). Kept beside the row rather
   than inside it so that no column name can clash with it, and so that it can outlive a
   deleted row as its tombstone for ``tombstone_ttl_s``: a late, older insert is then still
   refused. With ``ttl_s`` the version key expires with its row.
@@ -30,6 +31,10 @@ into doubles and prints them with 14 digits, which would corrupt int64 and numer
 The sink reads the held row and version, merges, and the script writes only if the version
 is still the one read (else the merge is redone).
 
+Redis Cluster: with ``cluster`` (the ``redis.cluster`` setting, or ``cluster=true`` in the
+URL's query) the sink talks through ``redis.cluster.RedisCluster``, which routes each script
+call to the node owning its slot and loads the script on every primary.
+
 Redis must not evict version keys on its own (``maxmemory-policy`` ``noeviction`` or a
 ``volatile-*`` policy with ``ttl_s``), or stale writes could get through.
 """
@@ -43,15 +48,17 @@ from typing import Any, Final
 import orjson
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from pgcdc.core.contract import VersionOrder, redis_watermark_key
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
-from pgcdc.core.follower_clients import redis_options
+from pgcdc.core.follower_clients import redis_cluster_url, redis_options
 from pgcdc.core.settings import RedisSettings
+from sinks import cache_keys
 from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
 from sinks.cache_script import SCRIPT, Reply, parse_version, version_string, watermark_string
 
@@ -79,15 +86,18 @@ class CacheSink:
         retries: int = 5,
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
-        client: redis.Redis | None = None,
+        client: redis.Redis | RedisCluster | None = None,
         client_options: Mapping[str, Any] | None = None,
+        cluster: bool = False,
     ) -> None:
         """``client_options`` are more keyword arguments of ``redis.Redis.from_url`` (TLS
-        files: :func:`pgcdc.core.follower_clients.redis_options`)."""
+        files: :func:`pgcdc.core.follower_clients.redis_options`). ``cluster`` (or
+        ``cluster=true`` in the URL's query): talk to a Redis Cluster."""
         if value_mode not in ("hash", "json"):
             raise ConfigError(f"value_mode must be 'hash' or 'json', not {value_mode!r}")
         if not key_prefix:
             raise ConfigError("the Redis key prefix must not be empty")
+        cache_keys.check_prefix(key_prefix)
         if ttl_s is not None and ttl_s < 1:
             raise ConfigError("ttl_s must be at least 1 second")
         if tombstone_ttl_s < 1:
@@ -96,13 +106,25 @@ class CacheSink:
         self.value_mode = value_mode
         self.ttl_s = ttl_s
         self.tombstone_ttl_s = tombstone_ttl_s
+        url, in_url = redis_cluster_url(url)
+        self.cluster = cluster or in_url
         # The script is idempotent, so commands may be sent again after a lost connection.
-        self.client: redis.Redis = client or redis.Redis.from_url(
-            url,
-            retry=Retry(ExponentialBackoff(cap=max_backoff_s, base=backoff_s), retries),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            **(client_options or {}),
-        )
+        retry = Retry(ExponentialBackoff(cap=max_backoff_s, base=backoff_s), retries)
+        self.client: redis.Redis | RedisCluster
+        if client is not None:
+            self.client = client
+        elif self.cluster:
+            try:  # the cluster client asks a node for the slot map right away
+                self.client = RedisCluster.from_url(url, retry=retry, **(client_options or {}))
+            except RedisClusterException as e:
+                raise RetryableSinkError(f"Redis Cluster unreachable: {e}") from e
+        else:
+            self.client = redis.Redis.from_url(
+                url,
+                retry=retry,
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                **(client_options or {}),
+            )
         self._sha: str | None = None
 
     @classmethod
@@ -114,7 +136,7 @@ class CacheSink:
             settings.value_mode,
             settings.ttl_s,
             settings.tombstone_ttl_s,
-            **{"client_options": redis_options(settings), **kwargs},
+            **{"client_options": redis_options(settings), "cluster": settings.cluster, **kwargs},
         )
 
     # -- keys ----------------------------------------------------------------------------
@@ -125,9 +147,8 @@ class CacheSink:
         return f"{self.key_prefix}:{table}:{key}"
 
     def version_key(self, table: str, key: str) -> str:
-        """``<prefix>:__v__:<table>:<key>``."""
-        _check_table(table)
-        return f"{self.key_prefix}:__v__:{table}:{key}"
+        """``<prefix>:__v__:{<tag>}:<table>:<key>``, in the row key's cluster slot."""
+        return cache_keys.version_key(self.key_prefix, self.row_key(table, key), table, key)
 
     def watermark_key(self, job: str) -> str:
         """The key of ``job``'s watermark (the contract's :func:`redis_watermark_key`)."""
@@ -234,7 +255,9 @@ class CacheSink:
             sha = self._script_sha()
             pipe = self.client.pipeline(transaction=False)
             for _, _, keys, args in pending:
-                pipe.evalsha(sha, len(keys), *keys, *args)
+                # execute_command: the cluster pipeline blocks its evalsha() wrapper, but
+                # routes EVALSHA by its keys (one slot per call, see sinks.cache_keys).
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
             replies = self._execute(pipe, raise_on_error=False)
             lost: list[_Call] = []
             for call, reply in zip(pending, replies, strict=True):
@@ -278,7 +301,7 @@ class CacheSink:
     def _execute(self, pipe: Any, raise_on_error: bool = True) -> list[Any]:
         try:
             return list(pipe.execute(raise_on_error=raise_on_error))
-        except (RedisConnectionError, RedisTimeoutError) as e:
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as e:
             raise RetryableSinkError(f"Redis unreachable: {e}") from e
         except RedisError as e:
             raise SinkError(f"Redis refused the pipeline: {e}") from e
@@ -289,7 +312,8 @@ class CacheSink:
         """Record ``lsn`` for ``job``; an older ``lsn`` than the recorded one is ignored."""
         stored = watermark_string(lsn)
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._script_sha(), 1, self.watermark_key(job), "w", stored)
+        sha = self._script_sha()
+        pipe.execute_command("EVALSHA", sha, 1, self.watermark_key(job), "w", stored)
         reply = self._execute(pipe, raise_on_error=False)[0]
         if isinstance(reply, NoScriptError):
             self._sha = None

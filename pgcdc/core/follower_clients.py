@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pgcdc.core.errors import ConfigError
 
@@ -30,6 +31,21 @@ def redis_options(redis: RedisSettings) -> dict[str, Any]:
         "ssl_keyfile": _file("redis.ssl_key_location", redis.ssl_key_location),
     }
     return {k: v for k, v in files.items() if v is not None}
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def redis_cluster_url(url: str) -> tuple[str, bool]:
+    """``(url, cluster)``: the URL without a ``cluster=`` query parameter (which
+    ``redis.Redis.from_url`` would not accept), and whether it asked for a Redis Cluster."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v for k, v in query if k == "cluster"]
+    if not flags:
+        return url, False
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return urlunsplit(parts._replace(query=rest)), flags[-1].lower() in _TRUE
 
 
 def opensearch_options(search: SearchSettings) -> dict[str, Any]:

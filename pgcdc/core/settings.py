@@ -324,6 +324,9 @@ class RedisSettings(BaseModel):
     value_mode: str = Field(default="hash", pattern="^(hash|json)$")
     ttl_s: int | None = Field(default=None, ge=1)
     tombstone_ttl_s: int = Field(default=3600, ge=1)
+    # A Redis Cluster: the URL names any one node, the client finds the others. Also set by
+    # cluster=true in the URL's query (redis://host:7000/0?cluster=true).
+    cluster: bool = False
     # TLS (a rediss:// URL; an ACL user and password go in the URL: rediss://user:pw@host):
     # the CA to trust (default: the system's) and, for mutual TLS, a certificate and key.
     ssl_ca_location: str | None = None

@@ -96,6 +96,7 @@ MEANINGS = {
     "redis.url": "Redis follower, `redis://` or `rediss://` (TLS), ACL user and password "
     "in the URL",
     "redis.key_prefix": "first part of every key, `<prefix>:<schema>.<table>:<key>`",
+    "redis.cluster": "a Redis Cluster (the URL names any node); also `?cluster=true` in the URL",
     "redis.value_mode": "`hash` (one field per column) or `json` (one JSON string)",
     "redis.ttl_s": "expire rows after this many seconds (none: keep)",
     "redis.tombstone_ttl_s": "seconds a deleted row's version is kept, so a late older "

@@ -34,11 +34,29 @@ SECURE_PORTS: dict[str, int] = {
 KAFKA_SECURE_CONTROLLER_PORT = 19095
 SECURE_SERVICES: tuple[str, ...] = tuple(SECURE_PORTS)
 
+# Clusters started only on demand (``scripts/stack up kafka-cluster redis-cluster``, tests,
+# benchmarks), beside the single servers above, never instead of them. Node i (1-based) of
+# each cluster uses the i-th port of its tuple.
+KAFKA_CLUSTER_PORTS: tuple[int, ...] = (19101, 19102, 19103)  # brokers (PLAINTEXT)
+KAFKA_CLUSTER_CONTROLLER_PORTS: tuple[int, ...] = (19111, 19112, 19113)
+REDIS_CLUSTER_PORTS: tuple[int, ...] = (17001, 17002, 17003)  # three masters
+REDIS_CLUSTER_BUS_PORTS: tuple[int, ...] = (17101, 17102, 17103)  # their cluster bus
+# A Spark standalone cluster (pgcdc.stack.spark_cluster): the master, its web UI, and the
+# workers' own ports and web UIs.
+SPARK_MASTER_PORT = 17077
+SPARK_MASTER_UI_PORT = 17080
+SPARK_WORKER_PORTS: tuple[int, ...] = (17078, 17079)
+SPARK_WORKER_UI_PORTS: tuple[int, ...] = (17081, 17082)
+CLUSTER_SERVICES: tuple[str, ...] = ("kafka-cluster", "redis-cluster")
+
 
 # Where each service of the stack answers, as the clients' default settings.
 POSTGRES_DSN = f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc"
 KAFKA_BOOTSTRAP = f"{HOST}:{PORTS['kafka']}"
 REDIS_URL = f"redis://{HOST}:{PORTS['redis']}/0"
+KAFKA_CLUSTER_BOOTSTRAP = ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)
+REDIS_CLUSTER_URL = f"redis://{HOST}:{REDIS_CLUSTER_PORTS[0]}/0?cluster=true"
+SPARK_MASTER_URL = f"spark://{HOST}:{SPARK_MASTER_PORT}"
 OPENSEARCH_URL = f"http://{HOST}:{PORTS['opensearch']}"
 
 

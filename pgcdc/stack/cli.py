@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pgcdc.core.ports import (
+    CLUSTER_SERVICES,
     HOST,
+    KAFKA_CLUSTER_PORTS,
     KAFKA_CONTROLLER_PORT,
     KAFKA_SECURE_CONTROLLER_PORT,
     PORTS,
+    REDIS_CLUSTER_PORTS,
     SECURE_PORTS,
     SECURE_SERVICES,
     SERVICES,
@@ -38,6 +41,15 @@ On demand only (named, or --secure), beside the ones above:
   kafka-secure  a second broker, SASL_SSL only (SCRAM-SHA-512)   port {SECURE_PORTS["kafka-secure"]} (controller {KAFKA_SECURE_CONTROLLER_PORT})
   redis-secure  a second redis-server, TLS only, an ACL user     port {SECURE_PORTS["redis-secure"]}
 
+Clusters, on demand only (named), beside the single servers:
+
+  kafka-cluster  three KRaft nodes (broker+controller each), replication factor 3,
+                 min.insync.replicas=2      ports {",".join(map(str, KAFKA_CLUSTER_PORTS))}  (also: up --kafka-brokers 3)
+  redis-cluster  a Redis Cluster of three masters                ports {",".join(map(str, REDIS_CLUSTER_PORTS))}
+
+A Spark standalone cluster (a master and two workers) for the jobs is started by
+`python -m pgcdc.stack.spark_cluster up|down|status` (see the README's spark-submit section).
+
 Certificates come from a local CA made with openssl in .stack/tls/ (clients trust
 .stack/tls/ca.crt); passwords are random, in .stack/tls/credentials.json. PostgreSQL
 accepts TLS on its usual port (sslmode=verify-full). `env --secure` prints the settings
@@ -55,18 +67,24 @@ so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles
 """
 
 
-ALL_SERVICES = (*SERVICES, *SECURE_SERVICES)
+ALL_SERVICES = (*SERVICES, *SECURE_SERVICES, *CLUSTER_SERVICES)
 
 
-def _services(names: list[str], *, secure: bool = False) -> list[Service]:
+def _services(
+    names: list[str], *, secure: bool = False, clusters: bool = False
+) -> list[Service]:
     """The chosen services, always in start order. None named: the default ones, plus the
-    secured ones with ``secure``."""
+    secured ones with ``secure`` and the clusters with ``clusters``."""
     unknown = sorted(set(names) - set(ALL_SERVICES))
     if unknown:
         raise common.StackError(
             f"unknown service {', '.join(unknown)}; choose from {', '.join(ALL_SERVICES)}"
         )
-    wanted = set(names) or {*SERVICES, *(SECURE_SERVICES if secure else ())}
+    wanted = set(names) or {
+        *SERVICES,
+        *(SECURE_SERVICES if secure else ()),
+        *(CLUSTER_SERVICES if clusters else ()),
+    }
     chosen = [n for n in ALL_SERVICES if n in wanted]
     paths = common.paths()
     # Each module is imported only when its service is asked for.
@@ -84,6 +102,8 @@ _CLASSES = {
     "opensearch": ("opensearch", "OpenSearch"),
     "kafka-secure": ("kafka_secure", "KafkaSecure"),
     "redis-secure": ("redis_secure", "RedisSecure"),
+    "kafka-cluster": ("kafka_cluster", "KafkaClusterService"),
+    "redis-cluster": ("redis_cluster", "RedisClusterService"),
 }
 
 
@@ -125,8 +145,8 @@ def cmd_up(names: list[str], secure: bool = False) -> int:
 
 def cmd_down(names: list[str]) -> int:
     with _lock():
-        # Nothing named: every service, the secured ones too (none is left behind).
-        for s in reversed(_services(names, secure=True)):
+        # Nothing named: every service, the secured ones and clusters too (none is left behind).
+        for s in reversed(_services(names, secure=True, clusters=True)):
             was = s.stop()
             print(f"{s.name:<13} {'stopped' if was else 'was not running'}")
     return 0
@@ -175,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(
             "services", nargs="*", metavar="SERVICE", help=f"any of: {', '.join(ALL_SERVICES)}"
         )
+        if name == "up":
+            p.add_argument(
+                "--kafka-brokers",
+                type=int,
+                choices=(1, 3),
+                default=1,
+                help="3: also start kafka-cluster (three KRaft brokers) beside the single one",
+            )
         if name != "down":  # down with no service named stops them all anyway
             p.add_argument(
                 "--secure",
@@ -191,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.cmd == "up":
-            return cmd_up(args.services, args.secure)
+            names = list(args.services)
+            if args.kafka_brokers == 3:
+                if not names:  # the default services, plus the cluster
+                    names = [*SERVICES, *(SECURE_SERVICES if args.secure else ())]
+                names.append("kafka-cluster")
+            return cmd_up(names, args.secure)
         if args.cmd == "down":
             return cmd_down(args.services)
         if args.cmd == "status":

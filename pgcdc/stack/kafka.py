@@ -224,8 +224,8 @@ def _recv(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def probe_kafka(host: str, port: int, timeout: float = 3) -> bool:
-    """ApiVersions (error 0) then Metadata v4 listing at least one broker: a real answer."""
+def probe_kafka(host: str, port: int, timeout: float = 3, brokers: int = 1) -> bool:
+    """ApiVersions (error 0) then Metadata v4 listing at least ``brokers`` brokers."""
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
@@ -234,7 +234,7 @@ def probe_kafka(host: str, port: int, timeout: float = 3) -> bool:
                 return False
             # Metadata v4: topics=null (all), allow_auto_topic_creation=false.
             meta = request(s, 3, 4, 2, struct.pack(">i?", -1, False))
-            _throttle, brokers = struct.unpack(">ii", meta[:8])
-            return bool(brokers >= 1)
+            _throttle, listed = struct.unpack(">ii", meta[:8])
+            return bool(listed >= brokers)
     except (OSError, struct.error):
         return False

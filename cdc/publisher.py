@@ -161,12 +161,15 @@ class Publisher:
         missing = [t for t in missing if t not in self._known_topics]
         if not missing:
             return
+        topic_config = dict(TABLE_TOPIC_CONFIG if config is None else config)
+        if self.settings.min_insync_replicas is not None:
+            topic_config["min.insync.replicas"] = str(self.settings.min_insync_replicas)
         new = [
             NewTopic(
                 t,
                 partitions or self.settings.partitions,
                 self.settings.replication_factor,
-                config=dict(TABLE_TOPIC_CONFIG if config is None else config),
+                config=topic_config,
             )
             for t in missing
         ]

@@ -231,6 +231,9 @@ class KafkaSettings(BaseModel):
     topic_prefix: str = "cdc"
     partitions: int = Field(default=1, ge=1)
     replication_factor: int = Field(default=1, ge=1)
+    # min.insync.replicas of the topics the reader creates (none: the brokers' default).
+    # With replication_factor 3, 2 lets one broker be down while acks=all writes go on.
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     heartbeat_topic: str | None = None  # default: __cdc-heartbeat.<topic_prefix>
     # Heartbeats carry the reader's last acknowledged LSN: the followers' watermark.
     heartbeat_enabled: bool = True
@@ -289,6 +292,13 @@ class KafkaSettings(BaseModel):
     @model_validator(mode="after")
     def _security_consistent(self) -> KafkaSettings:
         client_security.check_kafka(self)
+        if self.min_insync_replicas is not None and (
+            self.min_insync_replicas > self.replication_factor
+        ):
+            raise ValueError(
+                f"min_insync_replicas {self.min_insync_replicas} is more than "
+                f"replication_factor {self.replication_factor}: no write could be acknowledged"
+            )
         return self
 
 

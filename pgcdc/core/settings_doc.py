@@ -49,6 +49,8 @@ MEANINGS = {
     "kafka.topic_prefix": "first part of every table topic, `<prefix>.<schema>.<table>`",
     "kafka.partitions": "partitions of each topic the reader creates",
     "kafka.replication_factor": "replication factor of each topic the reader creates",
+    "kafka.min_insync_replicas": "`min.insync.replicas` of each topic the reader creates "
+    "(none: the brokers' default)",
     "kafka.heartbeat_topic": "heartbeat topic (default `__cdc-heartbeat.<topic_prefix>`)",
     "kafka.heartbeat_interval_s": "seconds between heartbeats",
     "kafka.security_protocol": "how every client reaches the brokers (the reader's "
@@ -138,6 +140,7 @@ DEBEZIUM = {
     "kafka.topic_prefix": "`topic.prefix`",
     "kafka.partitions": "`topic.creation.default.partitions`",
     "kafka.replication_factor": "`topic.creation.default.replication.factor`",
+    "kafka.min_insync_replicas": "`topic.creation.default.min.insync.replicas`",
     "kafka.heartbeat_topic": "`topic.heartbeat.prefix`",
     "kafka.heartbeat_enabled": "`heartbeat.interval.ms` (0 turns heartbeats off)",
     "kafka.heartbeat_interval_s": "`heartbeat.interval.ms`",

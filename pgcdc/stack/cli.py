@@ -70,9 +70,7 @@ so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles
 ALL_SERVICES = (*SERVICES, *SECURE_SERVICES, *CLUSTER_SERVICES)
 
 
-def _services(
-    names: list[str], *, secure: bool = False, clusters: bool = False
-) -> list[Service]:
+def _services(names: list[str], *, secure: bool = False, clusters: bool = False) -> list[Service]:
     """The chosen services, always in start order. None named: the default ones, plus the
     secured ones with ``secure`` and the clusters with ``clusters``."""
     unknown = sorted(set(names) - set(ALL_SERVICES))

@@ -78,9 +78,7 @@ class RedisClusterNode(Redis):
             reply = ask(self.port, "CLUSTER", "INFO")
         except OSError:
             return {}
-        return dict(
-            line.split(":", 1) for line in reply.decode().splitlines() if ":" in line
-        )
+        return dict(line.split(":", 1) for line in reply.decode().splitlines() if ":" in line)
 
 
 class RedisClusterService(Service):

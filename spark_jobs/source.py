@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.kafka_config import spark_source_options
@@ -16,9 +17,32 @@ from spark_jobs.options import JobOptions
 REDACTED_OPTIONS = r"(?i)url|password|secret|token|jaas|keystore\.key"
 
 
+def submitted_conf() -> SparkConf:
+    """spark-submit's configuration (``--master``, ``--conf``): the JVM it started is joined
+    first, else a fresh SparkConf would not see those options and ``spark.master`` would be
+    overridden by the settings' default."""
+    SparkContext._ensure_initialized()
+    return SparkConf()
+
+
+def settings_env_from_conf(conf: SparkConf, environ: dict[str, str] | None = None) -> int:
+    """Settings given as Spark configuration, ``spark.cdc.<section>.<name>=<value>``, become
+    the ``CDC_<SECTION>__<NAME>`` variables the settings read (a variable already set wins);
+    the count of those taken."""
+    env = os.environ if environ is None else environ
+    taken = 0
+    for key, value in conf.getAll():
+        if key.startswith("spark.cdc."):
+            name = "CDC_" + "__".join(key[len("spark.cdc.") :].split(".")).upper()
+            if name not in env:
+                env[name] = value
+                taken += 1
+    return taken
+
+
 def spark_session(settings: Settings, app_name: str) -> SparkSession:
     """The active session: spark-submit's master if given, else the configured one."""
-    conf = SparkConf()
+    conf = submitted_conf()
     builder = SparkSession.builder.appName(app_name)
     if not conf.contains("spark.master"):
         builder = builder.master(settings.spark.master)

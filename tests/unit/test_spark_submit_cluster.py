@@ -1,0 +1,73 @@
+"""scripts/spark-submit on a standalone cluster ships the executors' environment, and
+settings given as Spark configuration reach the settings."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from pyspark import SparkConf
+
+from spark_jobs.source import settings_env_from_conf
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _submit() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader(
+        "spark_submit", str(ROOT / "scripts/spark-submit")
+    )
+    spec = importlib.util.spec_from_loader("spark_submit", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+JARS = [Path("/jars/a.jar")]
+EXE = Path("/spark/bin/spark-submit")
+FILES = (Path("/c/env.tar.gz"), Path("/c/code.zip"))
+
+
+def test_a_cluster_master_ships_the_packed_env_and_the_code() -> None:
+    s = _submit()
+    args = ["--master", "spark://h:7077", "spark_jobs/cache_sync.py", "--available-now"]
+    assert s.on_cluster(args)
+    argv = s.build_argv(args, JARS, EXE, FILES)
+    assert argv[argv.index("--archives") + 1] == "/c/env.tar.gz#environment"
+    assert "spark.pyspark.python=./environment/bin/python" in argv
+    assert argv[argv.index("--py-files") + 1] == "/c/code.zip"
+    assert argv[argv.index("--executor-memory") + 1] == "512m"
+    assert argv[argv.index("--master") + 1] == "spark://h:7077"
+    assert argv[-2:] == ["spark_jobs/cache_sync.py", "--available-now"]  # the app comes last
+
+
+def test_own_archives_and_local_masters_are_left_alone() -> None:
+    s = _submit()
+    own = ["--master=spark://h:7077", "--archives", "mine.tgz#env", "spark_jobs/cache_sync.py"]
+    argv = s.build_argv(own, JARS, EXE, FILES)
+    assert argv.count("--archives") == 1 and "mine.tgz#env" in argv
+    assert "--py-files" not in argv
+    assert not s.on_cluster(["--master", "local[2]", "spark_jobs/cache_sync.py"])
+    assert not s.on_cluster(["spark_jobs/cache_sync.py", "--master", "spark://h:1"])  # a job arg
+    assert "--archives" not in s.build_argv(["spark_jobs/cache_sync.py"], JARS, EXE)
+
+
+def test_spark_cdc_conf_becomes_settings_variables() -> None:
+    conf = SparkConf(loadDefaults=False)
+    conf.set("spark.cdc.redis.url", "redis://cache:6379/0")
+    conf.set("spark.cdc.kafka.bootstrap_servers", "k1:9092")
+    conf.set("spark.cdc.redis.key_prefix", "from-conf")
+    conf.set("spark.executor.memory", "1g")
+    env = {"CDC_REDIS__KEY_PREFIX": "from-env"}
+    assert settings_env_from_conf(conf, env) == 2
+    assert env == {
+        "CDC_REDIS__URL": "redis://cache:6379/0",
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": "k1:9092",
+        "CDC_REDIS__KEY_PREFIX": "from-env",  # a variable that is set wins
+    }

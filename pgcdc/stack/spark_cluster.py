@@ -245,11 +245,12 @@ class SparkCluster:
 
 
 def _dependencies() -> list[str]:
-    """The project's runtime dependencies (pyproject.toml) but pyspark."""
+    """The project's runtime dependencies (pyproject.toml) but pyspark (the workers bring
+    it) and venv-pack (the packer)."""
     import tomllib
 
     project = tomllib.loads((common.REPO / "pyproject.toml").read_text())["project"]
-    return [d for d in project["dependencies"] if not d.replace(" ", "").startswith("pyspark")]
+    return [d for d in project["dependencies"] if not d.startswith(("pyspark", "venv-pack"))]
 
 
 def executor_env(paths: common.Paths | None = None) -> Path:

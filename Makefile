@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= --durations=15
 
-.PHONY: install stack demo test unit lint bench clean-stack
+.PHONY: install stack demo test unit lint bench bench-rebuild clean-stack
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,12 @@ lint: install
 
 bench: stack
 	$(PY) scripts/bench.py
+
+# Issue 12 case 6: rebuild a Redis follower from offset 0 of a 1M-row compacted topic with a
+# 512 MiB driver and bounded micro-batches; reports peak RSS (BENCH_REBUILD_ARGS=--cluster:
+# on the two-worker standalone cluster).
+bench-rebuild: stack
+	$(PY) -m benchmarks.rebuild $(BENCH_REBUILD_ARGS)
 
 clean-stack:
 	scripts/stack down

@@ -1,0 +1,109 @@
+"""The Redis follower's writer against a real three-master Redis Cluster (started for this
+module in a temporary STACK_DIR): every write is one slot, replays and stale writes are
+refused, tombstones hold, partial JSON rows merge, and a script lost on every node is loaded
+again. Keys with braces in the pk spread over the nodes like any other."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.ports import HOST, REDIS_CLUSTER_PORTS
+from pgcdc.stack import common
+from pgcdc.stack.redis_cluster import RedisClusterService
+from sinks.base import Change
+from sinks.cache import CacheSink
+from tests.conftest import unique
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+T = "public.orders"
+# Plain keys, a pk with a whole tag, with a lone '}' (no tag: the slot-tag case), a lone '{'.
+KEYS = [str(i) for i in range(60)] + ["{a}", "x}y", "}", "{", "{}", "a{b}c"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterService]:
+    paths = common.Paths(stack=tmp_path_factory.mktemp("rc"), cache=common.paths().cache)
+    service = RedisClusterService(paths)
+    try:
+        service.start()
+        service.wait_ready()
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(params=["hash", "json"])
+def sink(request: pytest.FixtureRequest, cluster: RedisClusterService) -> Iterator[CacheSink]:
+    s = CacheSink(cluster.url, unique("rc"), value_mode=request.param, tombstone_ttl_s=600)
+    assert isinstance(s.client, RedisCluster)
+    yield s
+    s.close()
+
+
+def _rows(lsn: int, **extra: object) -> list[Change]:
+    return [Change(T, k, lsn, 0, {"id": k, "v": lsn, **extra}) for k in KEYS]
+
+
+def test_writes_replays_and_tombstones_on_the_cluster(sink: CacheSink) -> None:
+    assert {r.outcome for r in sink.apply(_rows(100))} == {"applied"}
+    for k in KEYS:
+        assert key_slot(sink.row_key(T, k).encode()) == key_slot(sink.version_key(T, k).encode())
+    # The rows are spread over the three masters.
+    client = sink.client
+    assert isinstance(client, RedisCluster)
+    nodes = {client.get_node_from_key(sink.row_key(T, k)).name for k in KEYS}
+    assert len(nodes) == 3
+    # A replay and an older write change nothing.
+    assert {r.outcome for r in sink.apply(_rows(100))} == {"skipped"}
+    assert {r.outcome for r in sink.apply(_rows(50))} == {"skipped"}
+    assert all(sink.read_row(T, k) == {"id": k, "v": 100} for k in KEYS)
+    # Deletes leave tombstones that refuse a late, older insert.
+    assert {r.outcome for r in sink.apply([Change(T, k, 200, 0, None) for k in KEYS])} == {
+        "applied"
+    }
+    assert {r.outcome for r in sink.apply(_rows(150))} == {"skipped"}
+    assert all(sink.read_row(T, k) is None for k in KEYS)
+    assert all(sink.read_version(T, k) == (200, 0) for k in KEYS)
+
+
+def test_partial_rows_keep_held_values_on_the_cluster(sink: CacheSink) -> None:
+    sink.apply(_rows(100, big="held"))
+    partial = [
+        Change(T, k, 300, 0, {"id": k, "v": 300, "big": UNAVAILABLE_VALUE_PLACEHOLDER},
+               frozenset({"big"}))
+        for k in KEYS
+    ]  # fmt: skip
+    assert {r.outcome for r in sink.apply(partial)} == {"applied"}
+    assert all(sink.read_row(T, k) == {"id": k, "v": 300, "big": "held"} for k in KEYS)
+
+
+def test_the_script_is_loaded_again_after_a_flush_on_every_node(sink: CacheSink) -> None:
+    sink.apply(_rows(100))
+    sha = sink._sha
+    assert sha is not None
+    for port in REDIS_CLUSTER_PORTS:  # every node held the script; now every node forgets it
+        node = redis.Redis(host=HOST, port=port)
+        try:
+            assert node.script_exists(sha) == [True]
+            node.script_flush()
+            assert node.script_exists(sha) == [False]
+        finally:
+            node.close()
+    assert {r.outcome for r in sink.apply(_rows(400))} == {"applied"}
+    sink.record_watermark("job", 12345)
+    assert sink.read_watermark("job") == 12345
+
+
+def test_a_wrong_address_is_a_retryable_error(tmp_path: Path) -> None:
+    from pgcdc.core.errors import RetryableSinkError
+
+    with pytest.raises(RetryableSinkError, match="Redis Cluster unreachable"):
+        CacheSink("redis://127.0.0.1:1/0?cluster=true", "x", retries=0)

@@ -193,12 +193,12 @@ class SparkCluster:
             return 0
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
-    def executors_of(self, i: int) -> int:
-        """How many executor JVMs run under worker ``i`` now."""
+    def executor_pids(self, i: int) -> list[int]:
+        """The executor JVMs running under worker ``i`` now."""
         pid = self.pid(f"worker-{i}")
         if pid is None:
-            return 0
-        count = 0
+            return []
+        found = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 with contextlib.suppress(OSError):
@@ -206,8 +206,12 @@ class SparkCluster:
                     if int(stat[1]) == pid and "CoarseGrainedExecutorBackend" in common.cmdline(
                         int(proc.name)
                     ):
-                        count += 1
-        return count
+                        found.append(int(proc.name))
+        return found
+
+    def executors_of(self, i: int) -> int:
+        """How many executor JVMs run under worker ``i`` now."""
+        return len(self.executor_pids(i))
 
     def kill_worker(self, i: int) -> None:
         """SIGKILL worker ``i``'s process group: the worker, its executors and their Python

@@ -1,4 +1,4 @@
-"""The ``cdc`` command line: run the reader, show its status, reset its state.
+"""The ``cdc`` command line: run the reader, show its status, snapshot tables, reset its state.
 
 Every error the reader raises on purpose ends as one line ``error: ...`` on stderr and a
 non-zero exit status; ``--debug`` shows the traceback too. Whatever reaches the terminal (the
@@ -344,6 +344,57 @@ def reset_state(
             database, settings.postgres.slot_name
         )
         typer.echo(f"state of slot {settings.postgres.slot_name} reset")
+
+    _guard(debug, go)
+
+
+SNAPSHOT_HELP = (
+    "Ask the running (or next) reader to snapshot TABLES incrementally, while it streams: "
+    "each table is read in key-ordered chunks between watermarks, its rows published as "
+    'op "r" (source.snapshot = incremental), and a streamed change always wins over a '
+    "chunk row. The request is written into the WAL as a logical message (Debezium's "
+    "execute-snapshot signal), so a reader that is down runs it when it comes back."
+    "\n\n--where adds a condition (SQL, ANDed) to every table's chunks; --stop cancels "
+    "the snapshots of TABLES (of every table when none is given). Progress shows in the "
+    "reader's log (a bar on a terminal), in `cdc status` and in its metrics."
+)
+
+
+@app.command(help=SNAPSHOT_HELP)
+def snapshot(
+    tables: Annotated[
+        list[str] | None, typer.Argument(help="schema.table names (public. if left out).")
+    ] = None,
+    where: Annotated[
+        str | None, typer.Option("--where", help="SQL condition ANDed to each chunk's query.")
+    ] = None,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop these tables' snapshots instead (stop-snapshot).")
+    ] = False,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+    log_json: LogJsonOpt = False,
+) -> None:
+    """What ``SNAPSHOT_HELP`` says."""
+
+    def go() -> None:
+        settings = _settings(config, _log_overrides(log_json))
+        _setup_logging(settings, debug, level="WARNING")
+        from cdc.connection import connect
+        from cdc.signals import emit_wal_signal, execute_document, split_table, stop_document
+
+        try:
+            names = [split_table(t) for t in tables or []]
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        if not names and not stop:
+            raise ConfigError("name at least one table to snapshot (schema.table)")
+        document = stop_document(names) if stop else execute_document(names, where)
+        with connect(settings.postgres.dsn.get_secret_value()) as conn:
+            lsn = emit_wal_signal(conn, document)
+        what = "stop-snapshot" if stop else "execute-snapshot"
+        listed = ", ".join(f"{s}.{t}" for s, t in names) or "every table"
+        typer.echo(f"{what} signal {document['id']} for {listed} written at LSN {lsn}")
 
     _guard(debug, go)
 

@@ -43,6 +43,24 @@ class ReaderMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=self.registry,
         )
+        self.snapshot_rows = Gauge(
+            "cdc_incremental_snapshot_rows",
+            "Rows an incremental snapshot of the table has published and seen acknowledged",
+            ["table"],
+            registry=self.registry,
+        )
+        self.snapshot_estimated_rows = Gauge(
+            "cdc_incremental_snapshot_estimated_rows",
+            "The table's estimated rows (pg_class.reltuples) when its snapshot started",
+            ["table"],
+            registry=self.registry,
+        )
+        self.snapshot_chunks = Gauge(
+            "cdc_incremental_snapshot_chunks",
+            "Chunks of the table's incremental snapshot acknowledged",
+            ["table"],
+            registry=self.registry,
+        )
         # One labelled child per op, looked up once: on_event runs for every event.
         self._event_counters: dict[str, Any] = {}
 
@@ -67,6 +85,12 @@ class ReaderMetrics:
     def on_lag(self, lag_bytes: int) -> None:
         """Record how far the server's WAL is ahead of the acknowledged position."""
         self.lag_bytes.set(lag_bytes)
+
+    def on_snapshot_progress(self, table: str, rows: int, estimated: int, chunks: int) -> None:
+        """An incremental snapshot chunk of ``table`` was acknowledged."""
+        self.snapshot_rows.labels(table).set(rows)
+        self.snapshot_estimated_rows.labels(table).set(estimated)
+        self.snapshot_chunks.labels(table).set(chunks)
 
     def on_delivery(self, seconds: float) -> None:
         """Record one sampled produce-to-acknowledgment latency."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,13 @@ import psycopg
 
 from cdc.catalog import SchemaCatalog
 from cdc.connection import connect, current_database, current_wal_lsn
+from cdc.incremental import (
+    IncrementalSnapshots,
+    SnapshotsState,
+    TableSnapshot,
+    join_tables,
+    load_snapshots,
+)
 from cdc.metrics import ReaderMetrics
 from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
@@ -43,7 +51,7 @@ from cdc.table_checks import check_tables, warn_unsnapshotted
 from cdc.table_topics import TableTopics
 from pgcdc.core.errors import SlotError
 from pgcdc.core.lsn import Lsn
-from pgcdc.core.settings import Settings
+from pgcdc.core.settings import InitialSnapshot, Settings
 from schemas.envelope import EventEncoder
 
 log = logging.getLogger(__name__)
@@ -76,6 +84,7 @@ class _Run:
     table_topics: TableTopics
     tables: list[tuple[str, str]]
     state: ReaderState | None  # as loaded at startup
+    snapshots: SnapshotsState  # incremental snapshots, as loaded at startup
 
     def save_state(
         self,
@@ -166,8 +175,12 @@ class Pipeline:
         slot = self.settings.postgres.slot_name
         state = store.load(database, slot)
         pg = self.settings.postgres
+        listed = pg.tables
+        if pg.signal_data_collection and listed and pg.signal_data_collection not in listed:
+            # The signal table's inserts reach the reader through the publication.
+            listed = (*listed, pg.signal_data_collection)
         tables = ensure_publication(
-            admin, pg.publication_name, pg.tables, pg.publication_autocreate_mode
+            admin, pg.publication_name, listed, pg.publication_autocreate_mode
         )
         run = _Run(
             admin=admin,
@@ -180,6 +193,7 @@ class Pipeline:
             table_topics=TableTopics(publisher, kafka),
             tables=tables,
             state=state,
+            snapshots=load_snapshots(store, database, slot),
         )
         check_tables(run.admin, run.catalog, run.encoder, run.table_topics, tables)
         return run
@@ -220,11 +234,13 @@ class Pipeline:
         repl = ReplicationConnection(
             self._dsn, application_name="cdc", status_interval_s=pg.status_interval_s
         )
+        snapshots: IncrementalSnapshots | None = None
         try:
             start = self._prepare_slot(run, plan, repl, result)
-            if plan.action is Action.STREAM:
+            if plan.action is Action.STREAM and run.snapshots.captured is None:
                 kafka = self.settings.kafka
                 warn_unsnapshotted(run.admin, kafka, kafka.topic_prefix, run.tables)
+            snapshots = self._incremental(run, plan)
 
             def checkpoint(lsn: Lsn | None) -> None:
                 run.save_state(
@@ -246,8 +262,12 @@ class Pipeline:
                 target=result.target_lsn,
                 captured=set(run.tables),
                 last_commit=last_commit_at_start(plan.action, run.state, start),
+                snapshots=snapshots,
             )
-            repl.start(run.slot, pg.publication_name, start, proto_version=pg.proto_version)
+            # Logical messages carry the incremental snapshots' watermarks and signals.
+            repl.start(
+                run.slot, pg.publication_name, start, proto_version=pg.proto_version, messages=True
+            )
             self.reached_streaming = True
             streamer.run(start)
             result.events = streamer.events
@@ -259,11 +279,54 @@ class Pipeline:
             )
         finally:
             repl.close()
+            if snapshots is not None:
+                snapshots.close()
             if pg.drop_slot_on_exit:
                 # The walsender releases the slot only once it has seen our connection
                 # close; drop_slot waits for that rather than failing with "in use".
                 drop_slot(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S)
                 run.store.reset(run.database, run.slot)
+
+    def _incremental(self, run: _Run, plan: StartPlan) -> IncrementalSnapshots:
+        """The incremental snapshots of this run: what was queued before, the tables that
+        joined the captured set since the last run, all tables for an incremental initial
+        snapshot; nothing left from before when a new exported snapshot copied everything."""
+        state = run.snapshots
+        fresh = plan.action in (Action.SNAPSHOT, Action.NEW_SLOT)
+        if fresh:
+            state.queue.clear()
+            state.captured = list(run.tables) if plan.action is Action.NEW_SLOT else None
+        engine = IncrementalSnapshots(
+            self._dsn,
+            settings=self.settings,
+            publisher=run.publisher,
+            encoder=run.encoder,
+            load_schema=run.catalog.load_table_in,
+            store=run.store,
+            database=run.database,
+            state=state,
+            observer=self.metrics,
+        )
+        pg = self.settings.postgres
+        if plan.action is Action.SNAPSHOT and pg.initial_snapshot is InitialSnapshot.INCREMENTAL:
+            state.captured = list(run.tables)
+            for table in run.tables:
+                if table != engine.signal_table:
+                    state.queue.append(TableSnapshot(uuid.uuid4().hex, *table, via="initial"))
+            log.info(
+                "initial snapshot of %d tables runs incrementally while streaming",
+                len(state.queue),
+                extra={"slot": run.slot},
+            )
+        elif state.captured is None:
+            state.captured = list(run.tables)  # from now on, tables that join are seen
+        else:
+            for table in join_tables(state, run.tables):
+                engine.table_joined(table, "while the reader was stopped", save=False)
+            # A table that left the captured set is snapshotted again if it comes back.
+            state.captured = [t for t in state.captured if t in run.tables]
+        engine.save()
+        return engine
 
     def _prepare_slot(
         self, run: _Run, plan: StartPlan, repl: ReplicationConnection, result: RunResult
@@ -271,6 +334,14 @@ class Pipeline:
         """Create (snapshotting if planned) or find the slot; return where streaming starts."""
         if plan.drop_existing_slot:
             drop_slot(run.admin, run.slot)
+        incremental = self.settings.postgres.initial_snapshot is InitialSnapshot.INCREMENTAL
+        if plan.action is Action.SNAPSHOT and incremental:
+            # No exported snapshot: the tables are read in chunks while streaming
+            # (see _incremental), and a stop resumes at the next chunk.
+            created = repl.create_slot(run.slot, export_snapshot=False)
+            start = created.consistent_point
+            run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
+            return start
         if plan.action is Action.SNAPSHOT:
             created = repl.create_slot(run.slot, export_snapshot=True)
             start = created.consistent_point

@@ -30,6 +30,8 @@ class SnapshotProgress:
         """One bar per table when ``tty``; log lines at most every 5 s otherwise."""
         self._started = time.monotonic()
         self._last_log = self._started
+        # Rows already done when the bars start (a resumed snapshot): not part of the rate.
+        self._base = {id(p): p.rows for p in tables}
         self._bar: Any = None
         self._tasks: dict[int, Any] = {}
         if tty:
@@ -39,6 +41,7 @@ class SnapshotProgress:
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
+                TimeRemainingColumn,
             )
 
             self._bar = Progress(
@@ -47,12 +50,14 @@ class SnapshotProgress:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} rows/s"),
                 TimeElapsedColumn(),
+                TimeRemainingColumn(),
                 transient=False,
             )
             for p in tables:
                 self._tasks[id(p)] = self._bar.add_task(
                     f"{p.schema.schema}.{p.schema.table}",
                     total=p.estimated_rows or None,
+                    completed=p.rows,
                     rate="0",
                 )
             self._bar.start()
@@ -60,7 +65,9 @@ class SnapshotProgress:
     def update(self, plan: TableCopy) -> None:
         """``plan`` has copied ``plan.rows`` rows so far."""
         now = time.monotonic()
-        rate = plan.rows / max(1e-6, now - self._started)
+        done = plan.rows - self._base.get(id(plan), 0)
+        rate = done / max(1e-6, now - self._started)
+        left = max(0, plan.estimated_rows - plan.rows)
         if self._bar is not None:
             self._bar.update(
                 self._tasks[id(plan)],
@@ -71,12 +78,13 @@ class SnapshotProgress:
         elif now - self._last_log >= 5.0:
             self._last_log = now
             log.info(
-                "snapshot progress: %s.%s %d rows (~%d), %.0f rows/s",
+                "snapshot progress: %s.%s %d rows (~%d), %.0f rows/s, ETA %s",
                 plan.schema.schema,
                 plan.schema.table,
                 plan.rows,
                 plan.estimated_rows,
                 rate,
+                f"{left / rate:.0f}s" if rate > 0 else "?",
                 extra={"table": f"{plan.schema.schema}.{plan.schema.table}"},
             )
 

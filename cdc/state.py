@@ -86,6 +86,11 @@ class StateStore:
     def key(database: str, slot: str) -> bytes:
         return f"{database}/{slot}".encode()
 
+    @staticmethod
+    def snapshots_key(database: str, slot: str) -> bytes:
+        """The slot's incremental snapshots record (:mod:`cdc.incremental`)."""
+        return f"{database}/{slot}#snapshots".encode()
+
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
         admin = admin_client(self._kafka)
@@ -97,14 +102,22 @@ class StateStore:
 
     def load(self, database: str, slot: str, timeout_s: float = 15.0) -> ReaderState | None:
         """The latest state record for the slot, or None if there is none (or it was reset)."""
-        key = self.key(database, slot)
+        latest = self.load_record(self.key(database, slot), timeout_s)
+        if latest is None:  # never written, or reset by a tombstone
+            return None
+        return ReaderState.from_json(latest)
+
+    def load_record(self, key: bytes, timeout_s: float = 15.0) -> bytes | None:
+        """The latest value written under ``key`` (None: never written, or a tombstone)."""
         latest: bytes | None = None
         for msg in read_topic(self._kafka, self.topic, "cdc-state-reader", timeout_s):
             if msg.key() == key:
                 latest = msg.value()
-        if latest is None:  # never written, or reset by a tombstone
-            return None
-        return ReaderState.from_json(latest)
+        return latest
+
+    def save_record(self, key: bytes, value: bytes, *, wait: bool = True) -> None:
+        """Write ``value`` under ``key``; with ``wait`` block until Kafka acknowledged it."""
+        self._write(key, value, wait=wait)
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
@@ -117,6 +130,7 @@ class StateStore:
 
     def reset(self, database: str, slot: str) -> None:
         """Forget the slot (a tombstone), so the next run starts from scratch."""
+        self._write(self.snapshots_key(database, slot), None, wait=False)
         self._write(self.key(database, slot), None, wait=True)
 
     def _write(self, key: bytes, value: bytes | None, *, wait: bool) -> None:

@@ -12,12 +12,14 @@ a function of the settings that returns a JSON-able mapping.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 
 import psycopg
 from confluent_kafka import TopicPartition
 
 from cdc.connection import connect, current_database, current_wal_lsn
+from cdc.incremental import load_snapshots
 from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds
 from cdc.slots import slot_info
 from cdc.state import StateStore
@@ -171,6 +173,11 @@ def gather_status(
             "acked_lsn": str(state.acked_lsn) if state.acked_lsn else None,
         },
         "topics": topics,
+        # Incremental snapshots queued or running (cdc.incremental), in their order.
+        "snapshots": [
+            asdict(snap)
+            for snap in load_snapshots(store, slot["database"], settings.postgres.slot_name).queue
+        ],
     }
     for name, section in (sections or {}).items():
         out[name] = section(settings)

@@ -74,10 +74,32 @@ def _followers_table(followers: Mapping[str, Mapping[str, Any]]) -> Table:
     return table
 
 
+def _snapshots_table(snapshots: list[Mapping[str, Any]]) -> Table:
+    table = Table(title="Incremental snapshots", title_justify="left")
+    for column in ("table", "rows / estimated", "done", "chunks", "last key", "where", "via"):
+        table.add_column(column)
+    for s in snapshots:
+        est = int(s.get("estimated_rows") or 0)
+        rows = int(s.get("rows") or 0)
+        done = f"{min(100.0, 100.0 * rows / est):.0f} %" if est else "-"
+        table.add_row(
+            escape(f"{s['schema']}.{s['table']}"),
+            f"{rows} / ~{est}",
+            done,
+            str(s.get("chunks", 0)),
+            escape(",".join(s.get("last_key") or []) or "-"),
+            escape(s.get("where") or "-"),
+            _text(s.get("via")),
+        )
+    return table
+
+
 def render(status: Mapping[str, Any], console: Console) -> None:
     """Print the status: reader, topics, followers, then warnings and problems."""
     console.print(_slot_table(status["slot"], status.get("state")))
     console.print(_topics_table(status.get("topics") or {}))
+    if status.get("snapshots"):
+        console.print(_snapshots_table(status["snapshots"]))
     if status.get("followers") is not None:
         console.print(_followers_table(status["followers"]))
     for warning in status.get("warnings") or []:

@@ -31,6 +31,7 @@ from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
 from cdc.connection import current_wal_lsn
 from cdc.heartbeat import Heartbeats
+from cdc.incremental import IncrementalSnapshots
 from cdc.observer import NullObserver, StreamObserver
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
@@ -82,10 +83,12 @@ class Streamer:
         target: Lsn | None = None,
         captured: set[tuple[str, str]] | None = None,
         last_commit: Lsn | None = None,
+        snapshots: IncrementalSnapshots | None = None,
     ) -> None:
-        """``target``: stop once everything up to it is acknowledged (``--until current``).
-        ``captured``: the tables captured at start; another one showing up while streaming
-        was added to the publication since, and its earlier rows were never snapshotted.
+        """``target``: stop once everything up to it is acknowledged (``--until current``)
+        and no incremental snapshot is left. ``captured``: the tables captured at start;
+        another one showing up while streaming was added to the publication since: it is
+        handed to ``snapshots`` (:mod:`cdc.incremental`), which reads its earlier rows.
         ``last_commit``: where the last commit before the start position ends (the first
         transaction's ``source.sequence[0]``), when known."""
         self._repl = repl
@@ -106,6 +109,9 @@ class Streamer:
         self._heartbeat_interval_s = settings.kafka.heartbeat_interval_s
         self._skipped = frozenset(settings.postgres.skipped_operations)
         self._captured = captured
+        self._snapshots = snapshots
+        self._signal_table = snapshots.signal_table if snapshots is not None else None
+        self._snapshot_due = 0.0
         self._relations: dict[int, TableSchema] = {}
         self._topics: dict[int, str] = {}
         self._table_topics = TableTopics(publisher, settings.kafka)
@@ -181,6 +187,7 @@ class Streamer:
             self._target is not None
             and self.last_ack is not None
             and (self.last_ack >= self._target)
+            and (self._snapshots is None or not self._snapshots.busy)
         )
 
     # --- periodic duties ----------------------------------------------------------------
@@ -194,6 +201,13 @@ class Streamer:
             self._state_due = now + STATE_INTERVAL_S
             self._checkpoint(self.last_ack)
         due = [self._ack_due, self._state_due]
+        snapshots = self._snapshots
+        if snapshots is not None:
+            if now >= self._snapshot_due:
+                snapshots.tick(now)
+                # While a snapshot runs, its next step is looked for often.
+                self._snapshot_due = now + (0.005 if snapshots.busy else 0.5)
+            due.append(self._snapshot_due)
         if self._heartbeats:
             if now >= self._heartbeat_due:
                 self._heartbeat_due = now + self._heartbeat_interval_s
@@ -258,6 +272,8 @@ class Streamer:
             if self._txn is not None:
                 self._publisher.close_txn(self._txn, msg.end_lsn)
             self._txn = None
+            if self._snapshots is not None and self._snapshots.busy:
+                self._snapshots.committed(self._xid)
             # Debezium's source.sequence[0]: where the last commit record ends.
             self._last_commit_lsn = msg.end_lsn.value
             self._commits.append(msg.end_lsn)
@@ -266,7 +282,10 @@ class Streamer:
         elif isinstance(msg, pgoutput.Truncate):
             for rid in msg.relation_ids:
                 self._truncate(frame, rid)
-        # Origin, Type and logical messages carry nothing we publish.
+        elif isinstance(msg, pgoutput.LogicalMessage) and self._snapshots is not None:
+            # Watermarks and signals (cdc.incremental); other prefixes are not ours.
+            self._snapshots.on_message(msg)
+        # Origin and Type messages carry nothing we publish.
 
     def _relation(self, msg: pgoutput.Relation) -> None:
         schema = self._catalog.from_relation(msg)
@@ -277,11 +296,16 @@ class Streamer:
         self._topics[msg.relation_id] = topic
         if self._captured is not None and (schema.schema, schema.table) not in self._captured:
             self._captured.add((schema.schema, schema.table))
-            warn_not_snapshotted(name, "while streaming")
+            if self._snapshots is not None:
+                self._snapshots.table_joined((schema.schema, schema.table), "while streaming")
+            else:
+                warn_not_snapshotted(name, "while streaming")
 
     def _truncate(self, frame: XLogData, relation_id: int) -> None:
         table = self._table(relation_id)
         topic = self._topics[relation_id]
+        if self._snapshots is not None:
+            self._snapshots.on_truncate((table.schema, table.table))
         deleted = self._truncates.write(table, topic, self._source(frame), self._send_to)
         for _ in range(deleted):
             self._count("d")
@@ -326,6 +350,10 @@ class Streamer:
         ]
         self._publisher.send(self._txn, topic, key, value, headers)
         self._order += 1
+        snapshots = self._snapshots
+        if snapshots is not None and topic == snapshots.window_topic:
+            # Inside an incremental snapshot chunk's window: the streamed change wins.
+            snapshots.observe(key, self._xid)
 
     def _count(self, op: str) -> None:
         self.events += 1
@@ -342,9 +370,17 @@ class Streamer:
         key: bytes | None = None,
         headers: Headers = (),
     ) -> None:
+        table = self._table(relation_id)
+        signal = self._signal_table
+        if (
+            signal is not None
+            and op == "c"
+            and after is not None
+            and (table.schema, table.table) == signal
+        ):
+            self._signal_row(table, after)
         if op in self._skipped:
             return
-        table = self._table(relation_id)
         source = self._source(frame)
         if after is not None and UNCHANGED_TOAST in after:
             # Followers keep what they hold for these columns, whatever their placeholder.
@@ -376,6 +412,16 @@ class Streamer:
             # like Debezium's; its topic is not compacted), with the delete's headers (a key
             # change's __debezium.newkey) as Debezium writes it.
             self._send_to(topic, key, None, headers)
+
+    def _signal_row(self, table: TableSchema, row: Row) -> None:
+        assert self._snapshots is not None
+        values = {c.name: row[i] for i, c in enumerate(table.columns)}
+        self._snapshots.on_signal_row(
+            {
+                k: v.decode() if isinstance(v, bytes) else v if isinstance(v, str) else None
+                for k, v in values.items()
+            }
+        )
 
     def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
         table = self._table(msg.relation_id)

@@ -44,6 +44,13 @@ class SnapshotMode(StrEnum):
     WHEN_NEEDED = "when_needed"
 
 
+class InitialSnapshot(StrEnum):
+    """How the initial snapshot is read (see docs/incremental-snapshots.md)."""
+
+    EXPORTED = "exported"  # inside the slot's exported snapshot, in parallel; restarts if cut
+    INCREMENTAL = "incremental"  # chunks between watermarks while streaming; resumes if cut
+
+
 class DecimalHandling(StrEnum):
     PRECISE = "precise"
     STRING = "string"
@@ -147,6 +154,18 @@ class PostgresSettings(BaseModel):
     snapshot_workers: int = Field(default=2, ge=1, le=64)
     snapshot_chunk_rows: int = Field(default=50_000, ge=100)
     drop_slot_on_exit: bool = False
+    # exported: the initial snapshot reads every table inside the slot's exported snapshot
+    # (fast, parallel; an interrupted one starts over). incremental: the slot streams at once
+    # and every table is read in watermarked chunks, resumed at the next chunk after a stop.
+    initial_snapshot: InitialSnapshot = InitialSnapshot.EXPORTED
+    # Rows per chunk of an incremental snapshot (Debezium's incremental.snapshot.chunk.size).
+    incremental_chunk_rows: int = Field(default=10_000, ge=1)
+    # A table that joins the captured set (publication or postgres.tables), while the reader
+    # runs or between runs, is snapshotted incrementally (Flink CDC's newly added tables).
+    snapshot_new_tables: bool = True
+    # Debezium's signal.data.collection: a "schema.table" with columns id, type, data whose
+    # inserted rows are signals (execute-snapshot, stop-snapshot); added to the publication.
+    signal_data_collection: str | None = None
     # An UPDATE that leaves a TOASTed column alone does not carry its value (pgoutput sends
     # "unchanged TOAST"). True: the reader reads the value by key, so every event holds the
     # whole row and a compacted topic alone rebuilds a follower. False: Debezium's behaviour,
@@ -195,6 +214,13 @@ class PostgresSettings(BaseModel):
                 raise ValueError(f"table {t!r} must be written as schema.table")
         return v
 
+    @field_validator("signal_data_collection")
+    @classmethod
+    def _qualified_signal(cls, v: str | None) -> str | None:
+        if v is not None and (v.count(".") != 1 or not all(v.split("."))):
+            raise ValueError(f"signal_data_collection {v!r} must be written as schema.table")
+        return v
+
     @field_validator("message_key_columns", mode="before")
     @classmethod
     def _parse_key_columns(cls, v: Any) -> Any:
@@ -239,6 +265,9 @@ class KafkaSettings(BaseModel):
     heartbeat_enabled: bool = True
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
+    # Debezium's signal.kafka.topic: records keyed by topic_prefix whose value is a signal
+    # ({"type": "execute-snapshot", "data": {...}}); read by the group cdc-signals.<slot>.
+    signal_topic: str | None = None
     # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL
     # Extra librdkafka producer settings, merged over ours.

@@ -1,0 +1,600 @@
+"""Incremental snapshots: tables read in key-ordered chunks between watermarks while the
+stream runs (DBLog's algorithm, as Debezium's incremental snapshots use it).
+
+For each chunk, on a connection of its own, the reader
+
+1. writes a *low* watermark into the WAL (a non-transactional
+   ``pg_logical_emit_message(false, 'pgcdc-watermark', …)``: no table, no write access to
+   user schemas);
+2. reads the chunk: ``SELECT … WHERE (key) > (last key) [AND (filter)] ORDER BY key LIMIT n``;
+3. writes a *high* watermark.
+
+The stream goes on meanwhile. When it reaches the low watermark, every streamed change of the
+chunk's table drops its key from the chunk (a change committed inside the window may or may
+not be in what the SELECT saw; the streamed event is right either way). So does a change of a
+transaction the SELECT's snapshot saw as running: its commit record can precede L while the
+transaction becomes visible only after the SELECT began. At the high watermark
+the chunk's remaining rows are published as ``op: "r"`` with ``source.snapshot =
+"incremental"``, before any streamed event that follows.
+
+**The version rule.** Chunk rows carry the high watermark's position as their commit LSN
+(``cdc.commit_lsn`` = H - 1, where H is the end of the watermark's record as pgoutput reports
+it, and ``cdc.order`` = the row's place in the chunk). A change committed before the low
+watermark L has a smaller commit LSN and its effect is in the chunk row (or, if the SELECT
+could not see it yet, its key left the chunk); a change committed between L and H removed its
+key from the chunk; a change committed after H has a commit LSN of at least H and wins at
+every follower (OpenSearch external versions, Redis
+compare-and-set). So a chunk row never overwrites a newer streamed value.
+
+**Acknowledgement.** The chunk is one tracked transaction whose end is H
+(:meth:`cdc.publisher.Publisher.begin`), so the slot never moves past H before Kafka holds the
+chunk. Once it does, the snapshot's progress (last key, chunks, rows) is written to the state
+topic (:mod:`cdc.state`, key ``<database>/<slot>#snapshots``) and the next chunk starts. A
+crash or a stop before that re-reads that one chunk, with new watermarks, on the next run; a
+re-read row is the row as of its new H, never older than what a follower holds.
+
+Memory is one chunk of rows; the slot advances with the stream throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc import pgoutput
+from cdc.connection import connect
+from cdc.observer import NullObserver, StreamObserver
+from cdc.publication import captured_tables
+from cdc.publisher import Publisher, TxnTracker
+from cdc.signal_topic import SignalTopic
+from cdc.signals import (
+    SIGNAL_PREFIX,
+    Signal,
+    SnapshotRequest,
+    StopRequest,
+    parse_envelope,
+    parse_signal,
+)
+from cdc.snapshot_progress import SnapshotProgress
+from cdc.state import StateStore
+from cdc.table_checks import warn_not_snapshotted
+from pgcdc.core.contract import version_headers
+from pgcdc.core.errors import SchemaError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import Settings
+from pgcdc.core.values import RawValue
+from schemas.envelope import EventEncoder
+from schemas.model import SourceInfo, TableSchema
+
+log = logging.getLogger(__name__)
+
+WATERMARK_PREFIX = "pgcdc-watermark"
+POLL_INTERVAL_S = 2.0  # how often the publication and the signal topic are looked at
+RECENT_XIDS = 4096  # transactions streamed lately, remembered while a snapshot runs
+# The stream remembers transactions only while a snapshot is queued: the first chunk waits
+# this long, so a transaction streamed just before the request is remembered too.
+WARM_UP_S = 0.5
+
+Table = tuple[str, str]
+Row = tuple[RawValue, ...]
+SchemaLoader = Callable[[psycopg.Connection[Any], str, str], TableSchema]
+
+
+@dataclass
+class TableSnapshot:
+    """One table's incremental snapshot, as kept in the state topic."""
+
+    id: str
+    schema: str
+    table: str
+    where: str | None = None
+    via: str = "signal"  # signal | cli | kafka | table | joined | initial
+    last_key: list[str] | None = None  # the key columns' text of the last row read
+    chunks: int = 0  # chunks published and acknowledged
+    rows: int = 0  # rows published by those chunks
+    estimated_rows: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass
+class SnapshotsState:
+    """The slot's incremental snapshots: the tables captured so far and the queue."""
+
+    captured: list[Table] | None = None  # None: never recorded (a reader from before)
+    queue: list[TableSnapshot] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "captured": None if self.captured is None else [list(t) for t in self.captured],
+                "queue": [asdict(s) for s in self.queue],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | None) -> SnapshotsState:
+        if not data:
+            return cls()
+        d: dict[str, Any] = orjson.loads(data)
+        captured = d.get("captured")
+        return cls(
+            captured=None if captured is None else [(s, t) for s, t in captured],
+            queue=[TableSnapshot(**s) for s in d.get("queue", [])],
+        )
+
+
+def load_snapshots(store: StateStore, database: str, slot: str) -> SnapshotsState:
+    return SnapshotsState.from_json(store.load_record(store.snapshots_key(database, slot)))
+
+
+@dataclass
+class _Chunk:
+    """A chunk read and waiting for its watermarks."""
+
+    snap: TableSnapshot
+    table: TableSchema
+    topic: str
+    number: int
+    low: bytes
+    high: bytes
+    rows: dict[bytes, Row]  # by key, in key order
+    last_key: list[str] | None
+    complete: bool  # fewer rows than a chunk: the table ends with this one
+    # Transactions the chunk's SELECT did not see although they may commit before L (see
+    # _read): their streamed changes win whenever they arrive before H.
+    invisible: frozenset[int] = frozenset()
+    in_window: bool = False
+    dropped: int = 0
+
+
+@dataclass
+class _Progress:
+    """What the progress bar shows for a table (see :class:`SnapshotProgress`)."""
+
+    schema: TableSchema
+    estimated_rows: int
+    rows: int
+
+
+class IncrementalSnapshots:
+    """Runs the queued incremental snapshots from inside the streaming loop.
+
+    The streamer calls :meth:`on_message` for logical messages, :meth:`observe` for every
+    record of :attr:`window_topic` while a chunk's window is open, :meth:`on_truncate`,
+    :meth:`table_joined` for a table first seen in the stream, and :meth:`tick` often.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        settings: Settings,
+        publisher: Publisher,
+        encoder: EventEncoder,
+        load_schema: SchemaLoader,
+        store: StateStore,
+        database: str,
+        state: SnapshotsState,
+        observer: StreamObserver | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        import sys
+
+        pg = settings.postgres
+        self.state = state
+        self._publisher = publisher
+        self._encoder = encoder
+        self._load_schema = load_schema
+        self._store = store
+        self._key = store.snapshots_key(database, pg.slot_name)
+        self._chunk_rows = pg.incremental_chunk_rows
+        self._publication = pg.publication_name
+        self._auto = pg.snapshot_new_tables
+        self._observer: StreamObserver = observer or NullObserver()
+        self._tty = sys.stderr.isatty() if progress is None else progress
+        sig = pg.signal_data_collection
+        self.signal_table: Table | None = tuple(sig.split(".", 1)) if sig else None  # type: ignore[assignment]
+        self._conn = connect(dsn, application_name="cdc-snapshot")
+        self._signal_topic = (
+            SignalTopic(settings.kafka, settings.kafka.signal_topic, database, pg.slot_name)
+            if settings.kafka.signal_topic
+            else None
+        )
+        self._run = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._open: _Chunk | None = None
+        self._acking: tuple[_Chunk, TxnTracker] | None = None
+        self._started: set[int] = set()  # snapshots this run has logged a start for
+        self._bars: dict[int, tuple[SnapshotProgress, _Progress]] = {}
+        self._next_poll = 0.0
+        self.window_topic: str | None = None
+        self._recent: dict[int, None] = {}  # xids streamed lately, oldest first
+        self._busy_since: float | None = None
+        self.retries = 0  # chunks read again: a transaction streamed already was invisible
+        self.dropped = 0  # chunk rows dropped for a change inside their window (this run)
+        self.chunks = 0  # chunks published and acknowledged (this run)
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A snapshot is queued, or a chunk is in flight."""
+        return bool(self.state.queue) or self._open is not None or self._acking is not None
+
+    def save(self) -> None:
+        """Write the state and wait for Kafka: a signal or a chunk counts once it is saved."""
+        self._store.save_record(self._key, self.state.to_json(), wait=True)
+
+    def close(self) -> None:
+        for bar, _ in self._bars.values():
+            bar.close()
+        if self._signal_topic is not None:
+            self._signal_topic.close()
+        self._conn.close()
+
+    # --- requests -----------------------------------------------------------------------
+
+    def on_signal(self, signal: Signal, via: str) -> None:
+        """Carry out a signal and save the state (before the signal itself is acknowledged)."""
+        if isinstance(signal, SnapshotRequest):
+            for t in signal.tables:
+                self._queue(TableSnapshot(signal.id, *t, where=signal.where(t), via=via))
+        elif isinstance(signal, StopRequest):
+            self._stop(signal)
+        self.save()
+
+    def _queue(self, snap: TableSnapshot) -> None:
+        if any(
+            s.schema == snap.schema
+            and s.table == snap.table
+            and s.where == snap.where
+            and s.chunks == 0
+            and s.last_key is None
+            for s in self.state.queue
+        ):
+            log.info("incremental snapshot of %s already queued", snap.name)
+            return
+        self.state.queue.append(snap)
+        log.info(
+            "incremental snapshot of %s queued (%s%s)",
+            snap.name,
+            snap.via,
+            f", where {snap.where}" if snap.where else "",
+            extra={"table": snap.name},
+        )
+
+    def _stop(self, signal: StopRequest) -> None:
+        wanted = set(signal.tables)
+        keep = [s for s in self.state.queue if wanted and (s.schema, s.table) not in wanted]
+        for s in self.state.queue:
+            if s not in keep:
+                log.info("incremental snapshot of %s stopped (signal %s)", s.name, signal.id)
+        self.state.queue = keep
+        if self._open is not None and self._open.snap not in keep:
+            self._open = None
+            self.window_topic = None
+
+    def table_joined(self, table: Table, when: str, *, save: bool = True) -> None:
+        """``table`` is captured now and was not before: snapshot it (unless turned off)."""
+        if self.state.captured is None:
+            self.state.captured = []
+        if table in self.state.captured:
+            return
+        self.state.captured.append(table)
+        name = f"{table[0]}.{table[1]}"
+        if self._auto and table != self.signal_table:
+            log.warning(
+                "table %s joined the captured tables %s: its changes from now on are "
+                "captured and its rows are snapshotted incrementally",
+                name,
+                when,
+                extra={"table": name},
+            )
+            self._queue(TableSnapshot(uuid.uuid4().hex, *table, via="joined"))
+        elif table != self.signal_table:
+            warn_not_snapshotted(name, when)
+        if save:
+            self.save()
+
+    # --- stream hooks -------------------------------------------------------------------
+
+    def on_message(self, msg: pgoutput.LogicalMessage) -> None:
+        if msg.prefix == WATERMARK_PREFIX:
+            content = bytes(msg.content)
+            chunk = self._open
+            if chunk is None:
+                return  # an earlier run's, or a stopped chunk's
+            if content == chunk.low:
+                chunk.in_window = True
+            elif content == chunk.high:
+                self._publish(chunk, msg.lsn)
+        elif msg.prefix == SIGNAL_PREFIX:
+            signal = parse_envelope(f"wal@{msg.lsn}", bytes(msg.content))
+            if signal is not None:
+                self.on_signal(signal, "wal")
+
+    def on_signal_row(self, values: dict[str, str | None]) -> None:
+        """A row inserted into the signal table (Debezium's id, type, data)."""
+        signal = parse_signal(values.get("id"), values.get("type"), values.get("data"))
+        if signal is not None:
+            self.on_signal(signal, "table")
+
+    def observe(self, key: bytes | None, xid: int | None) -> None:
+        """A streamed record of the open chunk's table: inside the window (or from a
+        transaction the chunk's SELECT did not see) its key leaves the chunk."""
+        chunk = self._open
+        if chunk is None or key is None:
+            return
+        if (chunk.in_window or xid in chunk.invisible) and chunk.rows.pop(key, None) is not None:
+            chunk.dropped += 1
+
+    def committed(self, xid: int | None) -> None:
+        """The stream has passed this transaction's commit (called while :attr:`busy`)."""
+        if xid is not None:
+            recent = self._recent
+            recent[xid] = None
+            if len(recent) > RECENT_XIDS:
+                del recent[next(iter(recent))]
+
+    def on_truncate(self, table: Table) -> None:
+        chunk = self._open
+        if chunk is not None and (chunk.snap.schema, chunk.snap.table) == table:
+            chunk.dropped += len(chunk.rows)
+            chunk.rows.clear()
+
+    # --- driving ------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Finish an acknowledged chunk, look for signals and new tables, start a chunk."""
+        if self._acking is not None:
+            self._publisher.poll(0)
+            chunk, txn = self._acking
+            if txn.closed and txn.pending == 0:
+                self._acking = None
+                self._finish(chunk)
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_INTERVAL_S
+            self._poll()
+        if not self.busy:
+            self._busy_since = None
+            self._recent.clear()
+        elif self._busy_since is None:
+            self._busy_since = now
+        idle = self._open is None and self._acking is None
+        if idle and self.state.queue and now - (self._busy_since or now) >= WARM_UP_S:
+            self._start_chunk()
+
+    def _poll(self) -> None:
+        if self._signal_topic is not None:
+            signals = self._signal_topic.poll()
+            for signal in signals:
+                self.on_signal(signal, "kafka")
+            self._signal_topic.commit()
+        for table in captured_tables(self._conn, self._publication):
+            if self.state.captured is not None and table not in self.state.captured:
+                self.table_joined(table, "while streaming")
+
+    def _start_chunk(self) -> None:
+        snap = self.state.queue[0]
+        try:
+            table = self._load_schema(self._conn, snap.schema, snap.table)
+        except SchemaError as e:
+            log.warning("incremental snapshot of %s dropped: %s", snap.name, e)
+            self.state.queue.pop(0)
+            self.save()
+            return
+        if not table.key_columns:
+            log.warning(
+                "incremental snapshot of %s dropped: it has no key to read it in chunks by "
+                "(set CDC_POSTGRES__MESSAGE_KEY_COLUMNS for it)",
+                snap.name,
+                extra={"table": snap.name},
+            )
+            self.state.queue.pop(0)
+            self.save()
+            return
+        if id(snap) not in self._started:
+            self._begin_table(snap)
+        self._seq += 1
+        low = f"{self._run}:{self._seq}:low".encode()
+        high = f"{self._run}:{self._seq}:high".encode()
+        self._emit(low)
+        rows, last_key, invisible = self._read(table, snap)
+        if not invisible.isdisjoint(self._recent):
+            # A transaction the stream already passed was not visible to the SELECT yet (its
+            # commit record was written, its visibility not): its change is not in these
+            # rows and will not come again. Read the chunk again, with new watermarks.
+            self.retries += 1
+            log.debug("chunk of %s read again: a streamed transaction was invisible", snap.name)
+            return
+        chunk = _Chunk(
+            snap,
+            table,
+            self._encoder.topic(table),
+            snap.chunks + 1,
+            low,
+            high,
+            {},
+            last_key if rows else snap.last_key,
+            complete=len(rows) < self._chunk_rows,
+            invisible=invisible,
+        )
+        for row in rows:
+            key = self._encoder.encode_key(table, row)
+            if key is not None:
+                chunk.rows[key] = row
+        self._open = chunk
+        self.window_topic = chunk.topic
+        self._emit(high)
+
+    def _begin_table(self, snap: TableSnapshot) -> None:
+        self._started.add(id(snap))
+        if not snap.estimated_rows:
+            row = self._conn.execute(
+                "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = %s::regclass",
+                (sql.Identifier(snap.schema, snap.table).as_string(self._conn),),
+            ).fetchone()
+            snap.estimated_rows = int(row[0]) if row else 0
+            if not snap.estimated_rows:  # never analyzed: count once
+                count = self._conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(
+                        sql.Identifier(snap.schema, snap.table)
+                    )
+                ).fetchone()
+                snap.estimated_rows = int(count[0]) if count else 0
+        if snap.chunks:
+            log.info(
+                "incremental snapshot of %s resumed after chunk %d (%d rows done, key > %s)",
+                snap.name,
+                snap.chunks,
+                snap.rows,
+                ",".join(snap.last_key or []),
+                extra={"table": snap.name},
+            )
+        else:
+            log.info(
+                "incremental snapshot of %s started (~%d rows, %d per chunk)",
+                snap.name,
+                snap.estimated_rows,
+                self._chunk_rows,
+                extra={"table": snap.name},
+            )
+
+    def _emit(self, content: bytes) -> None:
+        self._conn.execute(
+            "SELECT pg_logical_emit_message(false, %s, %s::bytea)", (WATERMARK_PREFIX, content)
+        )
+
+    def _read(
+        self, table: TableSchema, snap: TableSnapshot
+    ) -> tuple[list[Row], list[str], frozenset[int]]:
+        """The next chunk's rows (as text, like pgoutput's), the last one's key, and the
+        transactions its snapshot saw as running.
+
+        A transaction's commit record reaches the WAL before the transaction becomes visible,
+        so one whose commit lies just before L can still be invisible to the SELECT: its
+        changes are streamed before L, yet not in the chunk. Its xid is in the snapshot's
+        running list, and its changes remove their keys from the chunk like those inside
+        the window."""
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key_columns)
+        conds: list[sql.Composable] = []
+        if snap.last_key is not None:
+            conds.append(
+                sql.SQL("({}) > ({})").format(
+                    keys, sql.SQL(", ").join(sql.Literal(v) for v in snap.last_key)
+                )
+            )
+        if snap.where:
+            conds.append(sql.SQL("({})").format(sql.SQL(snap.where)))  # the user's filter
+        where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
+        query = sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
+            cols,
+            sql.Identifier(table.schema, table.table),
+            where,
+            keys,
+            sql.Literal(self._chunk_rows),
+        )
+        names = [c.name for c in table.columns]
+        positions = [names.index(k) for k in table.key_columns]
+        rows: list[Row] = []
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            # The first query fixes the snapshot the COPY below reads with.
+            cur.execute("SELECT pg_snapshot_xip(pg_current_snapshot())::text::bigint")
+            running = frozenset(int(x) & 0xFFFFFFFF for (x,) in cur.fetchall())
+            with cur.copy(query) as copy:
+                copy.set_types(["text"] * len(table.columns))
+                for r in copy.rows():
+                    rows.append(r)
+        last = [str(rows[-1][i]) for i in positions] if rows else []
+        return rows, last, running
+
+    def _publish(self, chunk: _Chunk, high: Lsn) -> None:
+        """The high watermark: publish what is left of the chunk, versioned at H."""
+        self._open = None
+        self.window_topic = None
+        txn = self._publisher.begin(high)
+        # pgoutput gives the end of the watermark's record; a commit record may start right
+        # there. One byte less still follows every commit before the watermark.
+        lsn_header = str(high.value - 1).encode()
+        source = SourceInfo(int(time.time() * 1_000_000), "incremental", None, high.value, None)
+        for order, (key, row) in enumerate(chunk.rows.items()):
+            try:
+                value = self._encoder.encode_value(chunk.table, "r", None, row, source)
+            except SchemaError as e:
+                raise SchemaError(
+                    f"cannot encode a snapshot row of {chunk.snap.name} (key "
+                    f"{key.decode(errors='replace')}): {e}"
+                ) from e
+            self._publisher.send(txn, chunk.topic, key, value, version_headers(lsn_header, order))
+            self._observer.on_event("r")
+        self._publisher.close_txn(txn, high)
+        self._acking = (chunk, txn)
+
+    def _finish(self, chunk: _Chunk) -> None:
+        """The chunk is in Kafka: record the progress (the next run starts after it)."""
+        snap = chunk.snap
+        self.dropped += chunk.dropped
+        if snap not in self.state.queue:
+            return  # stopped meanwhile
+        emitted = len(chunk.rows)
+        snap.chunks = chunk.number
+        snap.rows += emitted
+        snap.last_key = chunk.last_key
+        if chunk.complete:
+            self.state.queue.remove(snap)
+        self.save()
+        self.chunks += 1
+        log.info(
+            "incremental snapshot chunk %d of %s done: %d rows, %d dropped for changes in "
+            "its window, key up to %s",
+            chunk.number,
+            snap.name,
+            emitted,
+            chunk.dropped,
+            ",".join(chunk.last_key or []),
+            extra={"table": snap.name},
+        )
+        self._observer_progress(snap, chunk.table)
+        if chunk.complete:
+            log.info(
+                "incremental snapshot of %s complete: %d rows in %d chunks",
+                snap.name,
+                snap.rows,
+                snap.chunks,
+                extra={"table": snap.name},
+            )
+            bar = self._bars.pop(id(snap), None)
+            if bar is not None:
+                bar[0].close()
+
+    def _observer_progress(self, snap: TableSnapshot, table: TableSchema) -> None:
+        on_progress = getattr(self._observer, "on_snapshot_progress", None)
+        if on_progress is not None:
+            on_progress(snap.name, snap.rows, snap.estimated_rows, snap.chunks)
+        bar = self._bars.get(id(snap))
+        if bar is None:
+            view = _Progress(table, snap.estimated_rows, snap.rows)
+            bar = self._bars[id(snap)] = (SnapshotProgress([view], self._tty), view)
+        bar[1].rows = snap.rows
+        bar[1].estimated_rows = max(snap.estimated_rows, snap.rows)
+        bar[0].update(bar[1])
+
+
+def join_tables(state: SnapshotsState, tables: Sequence[Table]) -> list[Table]:
+    """Tables of ``tables`` not captured before (all of them if nothing was recorded)."""
+    if state.captured is None:
+        return list(tables)
+    return [t for t in tables if t not in state.captured]

@@ -1,0 +1,72 @@
+"""The Kafka signal topic (``kafka.signal_topic``, Debezium's ``signal.kafka.topic``).
+
+Records keyed by the topic prefix (as Debezium asks: other keys are ignored) carry a signal
+document (:mod:`cdc.signals`). The reader's group ``cdc-signals.<database>.<slot>`` commits
+an offset only after the caller has made the request durable (:meth:`SignalTopic.commit`),
+so a signal written while the reader is down, or read just before a crash, runs on the next
+start.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka.cimpl import NewTopic
+
+from cdc.kafka_clients import admin_client, consumer, create_topics
+from cdc.signals import Signal, parse_envelope
+from pgcdc.core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class SignalTopic:
+    """Polls the signal topic without blocking; :meth:`commit` after acting on a batch."""
+
+    def __init__(self, kafka: KafkaSettings, topic: str, database: str, slot: str) -> None:
+        self.topic = topic
+        self._key = kafka.topic_prefix.encode()
+        admin = admin_client(kafka)
+        if topic not in admin.list_topics(timeout=10).topics:
+            create_topics(admin, [NewTopic(topic, 1, kafka.replication_factor)])
+        self._consumer: Consumer = consumer(
+            kafka,
+            f"cdc-signals.{database}.{slot}",
+            **{"enable.auto.commit": False, "auto.offset.reset": "earliest"},
+        )
+        self._consumer.subscribe([topic])
+        self._last: Message | None = None
+
+    def poll(self) -> list[Signal]:
+        """Signals that arrived since the last call (never waits)."""
+        out: list[Signal] = []
+        for msg in self._consumer.consume(100, 0):
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("signal topic: %s", err.str(), extra={"topic": self.topic})
+                continue
+            self._last = msg
+            if msg.key() != self._key:
+                log.warning(
+                    "signal record at offset %d ignored: its key is not the topic prefix %r",
+                    msg.offset(),
+                    self._key.decode(),
+                    extra={"topic": self.topic},
+                )
+                continue
+            value = msg.value()
+            signal = parse_envelope(f"{self.topic}@{msg.offset()}", value) if value else None
+            if signal is not None:
+                out.append(signal)
+        return out
+
+    def commit(self) -> None:
+        """Everything polled so far has been acted on (and saved): commit its offsets."""
+        if self._last is not None:
+            self._consumer.commit(message=self._last, asynchronous=False)
+            self._last = None
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -66,6 +66,7 @@ from cdc.signals import (
 from cdc.snapshot_progress import SnapshotProgress
 from cdc.state import StateStore
 from cdc.table_checks import warn_not_snapshotted
+from cdc.table_topics import TableTopics
 from pgcdc.core.contract import version_headers
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.lsn import Lsn
@@ -184,6 +185,7 @@ class IncrementalSnapshots:
         encoder: EventEncoder,
         load_schema: SchemaLoader,
         store: StateStore,
+        table_topics: TableTopics,
         database: str,
         state: SnapshotsState,
         observer: StreamObserver | None = None,
@@ -197,6 +199,7 @@ class IncrementalSnapshots:
         self._encoder = encoder
         self._load_schema = load_schema
         self._store = store
+        self._table_topics = table_topics
         self._key = store.snapshots_key(database, pg.slot_name)
         self._chunk_rows = pg.incremental_chunk_rows
         self._publication = pg.publication_name
@@ -406,6 +409,7 @@ class IncrementalSnapshots:
             return
         if id(snap) not in self._started:
             self._begin_table(snap)
+            self._table_topics.ensure(self._encoder.topic(table), keyless=False, table=snap.name)
         self._seq += 1
         low = f"{self._run}:{self._seq}:low".encode()
         high = f"{self._run}:{self._seq}:high".encode()
@@ -416,7 +420,7 @@ class IncrementalSnapshots:
             # commit record was written, its visibility not): its change is not in these
             # rows and will not come again. Read the chunk again, with new watermarks.
             self.retries += 1
-            log.debug("chunk of %s read again: a streamed transaction was invisible", snap.name)
+            log.info("chunk of %s read again: a streamed transaction was invisible", snap.name)
             return
         chunk = _Chunk(
             snap,

@@ -303,6 +303,7 @@ class Pipeline:
             encoder=run.encoder,
             load_schema=run.catalog.load_table_in,
             store=run.store,
+            table_topics=run.table_topics,
             database=run.database,
             state=state,
             observer=self.metrics,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.cimpl import NewTopic
 
 from cdc.kafka_clients import admin_client, consumer, create_topics
@@ -35,7 +35,19 @@ class SignalTopic:
             f"cdc-signals.{database}.{slot}",
             **{"enable.auto.commit": False, "auto.offset.reset": "earliest"},
         )
-        self._consumer.subscribe([topic])
+        # Assigned, not subscribed: no rebalance to wait for, so the first poll reads what
+        # was written while the reader was down (from the group's committed offsets).
+        md = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        parts = [TopicPartition(topic, p) for p in sorted(md.partitions)]
+        committed = self._consumer.committed(parts, timeout=10)
+        self._consumer.assign(
+            [
+                TopicPartition(
+                    topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                )
+                for tp in committed
+            ]
+        )
         self._last: Message | None = None
 
     def poll(self) -> list[Signal]:

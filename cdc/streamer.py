@@ -203,7 +203,9 @@ class Streamer:
         due = [self._ack_due, self._state_due]
         snapshots = self._snapshots
         if snapshots is not None:
-            if now >= self._snapshot_due:
+            # Between transactions only: a chunk read while one is half streamed could miss
+            # the changes of it sent already (cdc.incremental, the running transactions).
+            if now >= self._snapshot_due and self._txn is None:
                 snapshots.tick(now)
                 # While a snapshot runs, its next step is looked for often.
                 self._snapshot_due = now + (0.005 if snapshots.busy else 0.5)

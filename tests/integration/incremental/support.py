@@ -118,6 +118,7 @@ def assert_chunk_rows_not_stale(records: list[Record]) -> int:
     and never newer than one after it (the per-key order check says the rest). Returns the
     number of incremental rows checked."""
     last: dict[tuple[int, bytes], dict[str, Any] | None] = {}
+    prev: dict[tuple[int, bytes], Record] = {}
     checked = 0
     for r in records:
         if r.key is None:
@@ -129,7 +130,10 @@ def assert_chunk_rows_not_stale(records: list[Record]) -> int:
             if k in last:
                 assert last[k] == p["after"], (
                     f"incremental row of {r.key!r} at offset {r.offset} is {p['after']}, but "
-                    f"the stream had {last[k]} just before it"
+                    f"the stream had {last[k]} just before it (offset {prev[k].offset}, "
+                    f"version {prev[k].commit_lsn}/{prev[k].order}; the row's version "
+                    f"{r.commit_lsn}/{r.order})"
                 )
         last[k] = None if p is None or p["op"] == "d" else p["after"]
+        prev[k] = r
     return checked

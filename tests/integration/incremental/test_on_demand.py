@@ -8,6 +8,7 @@ incremental row must equal what its key held in the stream just before it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -62,16 +63,16 @@ def test_cdc_snapshot_while_three_writers_change_the_table(
         # The case this test exists for: rows changed inside a chunk's window were dropped
         # from the chunk in favour of the streamed change.
         assert dropped > 0, "no row changed inside a chunk's window: the rule went untested"
+        print(f"{len(done)} chunks, {dropped} chunk rows dropped for a streamed change")
         records = topic(p)
         incremental = assert_chunk_rows_not_stale(records)
         assert incremental == sum(c[2] for c in done)
         assert_topic_equals_table(records, p.dsn, "public.orders")
         assert_key_order(records)
         assert_no_change_missing(records, log)
-        if False:
-            run_jobs_available_now(p, JOBS, tmp_path)
-        return
+        if os.environ.get("SKIPF"):
+            return
+        run_jobs_available_now(p, JOBS, tmp_path)
         leader = leader_state(p.dsn, "public.orders")
         assert not diff(leader, cache_state(p, "public.orders")), "Redis differs"
         assert not diff(leader, search_state(p, "public.orders")), "OpenSearch differs"
-        print(f"chunks {len(done)}, rows dropped for changes in their window: {dropped}")

@@ -155,7 +155,15 @@ class _Chunk:
     # Transactions the chunk's SELECT did not see although they may commit before L (see
     # _read): their streamed changes win whenever they arrive before H.
     invisible: frozenset[int] = frozenset()
+    xmax: int = 0  # and every transaction from this xid on (32-bit, as pgoutput sends it)
     in_window: bool = False
+
+    def unseen(self, xid: int | None) -> bool:
+        """The SELECT did not see this transaction (running, or begun after its snapshot)."""
+        if xid is None:
+            return False
+        return xid in self.invisible or (xid - self.xmax) & 0xFFFFFFFF < 0x80000000
+
     dropped: int = 0
 
 
@@ -339,7 +347,7 @@ class IncrementalSnapshots:
         chunk = self._open
         if chunk is None or key is None:
             return
-        if (chunk.in_window or xid in chunk.invisible) and chunk.rows.pop(key, None) is not None:
+        if (chunk.in_window or chunk.unseen(xid)) and chunk.rows.pop(key, None) is not None:
             chunk.dropped += 1
 
     def committed(self, xid: int | None) -> None:
@@ -414,8 +422,9 @@ class IncrementalSnapshots:
         low = f"{self._run}:{self._seq}:low".encode()
         high = f"{self._run}:{self._seq}:high".encode()
         self._emit(low)
-        rows, last_key, invisible = self._read(table, snap)
-        if not invisible.isdisjoint(self._recent):
+        rows, last_key, invisible, xmax = self._read(table, snap)
+        probe = _Chunk(snap, table, "", 0, b"", b"", {}, None, False, invisible, xmax)
+        if any(probe.unseen(xid) for xid in self._recent):
             # A transaction the stream already passed was not visible to the SELECT yet (its
             # commit record was written, its visibility not): its change is not in these
             # rows and will not come again. Read the chunk again, with new watermarks.
@@ -433,6 +442,7 @@ class IncrementalSnapshots:
             last_key if rows else snap.last_key,
             complete=len(rows) < self._chunk_rows,
             invisible=invisible,
+            xmax=xmax,
         )
         for row in rows:
             key = self._encoder.encode_key(table, row)
@@ -482,9 +492,11 @@ class IncrementalSnapshots:
 
     def _read(
         self, table: TableSchema, snap: TableSnapshot
-    ) -> tuple[list[Row], list[str], frozenset[int]]:
+    ) -> tuple[list[Row], list[str], frozenset[int], int]:
         """The next chunk's rows (as text, like pgoutput's), the last one's key, and the
-        transactions its snapshot saw as running.
+        transactions its snapshot did not see: those it lists as running, and every one from
+        its xmax on (xmax is the latest completed xid + 1, so a transaction still running
+        above it is invisible without being listed).
 
         A transaction's commit record reaches the WAL before the transaction becomes visible,
         so one whose commit lies just before L can still be invisible to the SELECT: its
@@ -516,14 +528,20 @@ class IncrementalSnapshots:
         with self._conn.transaction(), self._conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             # The first query fixes the snapshot the COPY below reads with.
-            cur.execute("SELECT pg_snapshot_xip(pg_current_snapshot())::text::bigint")
-            running = frozenset(int(x) & 0xFFFFFFFF for (x,) in cur.fetchall())
+            cur.execute(
+                "SELECT pg_snapshot_xmax(s)::text::bigint, "
+                "ARRAY(SELECT pg_snapshot_xip(s)::text::bigint) FROM pg_current_snapshot() s"
+            )
+            row = cur.fetchone()
+            assert row is not None
+            xmax = int(row[0]) & 0xFFFFFFFF
+            running = frozenset(int(x) & 0xFFFFFFFF for x in row[1])
             with cur.copy(query) as copy:
                 copy.set_types(["text"] * len(table.columns))
                 for r in copy.rows():
                     rows.append(r)
         last = [str(rows[-1][i]) for i in positions] if rows else []
-        return rows, last, running
+        return rows, last, running, xmax
 
     def _publish(self, chunk: _Chunk, high: Lsn) -> None:
         """The high watermark: publish what is left of the chunk, versioned at H."""

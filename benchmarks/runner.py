@@ -12,7 +12,9 @@ Order of a full run (:func:`run_all`), chosen so every system reads the *same* W
    reader stopped, then the ceilings (peek, pg_recvlogical), our catch-up and Debezium's;
 5. :func:`streaming` per system — commit→Kafka latency at a fixed rate, then rate steps
    until the slot's lag is no longer flat;
-6. :func:`envelope` and :func:`followers`.
+6. :func:`benchmarks.incremental.incremental_snapshot` — ``cdc snapshot`` of the big table
+   while the stream table takes 1,000 changes/s;
+7. :func:`envelope` and :func:`followers`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from benchmarks.context import BIG, SMALL, STREAM, Bench
 from benchmarks.debezium import DebeziumServer
 from benchmarks.envelope import measure_envelope
 from benchmarks.follower_run import followers, start_followers
+from benchmarks.incremental import incremental_snapshot
 from benchmarks.ours import OursReader
 from benchmarks.results import Figure
 from benchmarks.snapshots import snapshot_ceiling, snapshot_debezium, snapshot_ours
@@ -135,6 +138,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "streaming": _streaming,
     "envelope": envelope,
     "followers": followers,
+    "incremental": incremental_snapshot,
 }
 
 
@@ -177,5 +181,6 @@ def run_all(b: Bench) -> None:
     for name in ("debezium", "ours"):
         streaming(b, name)
     rss_scaling(b)
+    incremental_snapshot(b)
     envelope(b)
     followers(b)

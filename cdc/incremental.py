@@ -157,14 +157,14 @@ class _Chunk:
     invisible: frozenset[int] = frozenset()
     xmax: int = 0  # and every transaction from this xid on (32-bit, as pgoutput sends it)
     in_window: bool = False
+    dropped: int = 0  # rows whose key a streamed change took out
+    emitted: int = 0  # rows published at H
 
     def unseen(self, xid: int | None) -> bool:
         """The SELECT did not see this transaction (running, or begun after its snapshot)."""
         if xid is None:
             return False
         return xid in self.invisible or (xid - self.xmax) & 0xFFFFFFFF < 0x80000000
-
-    dropped: int = 0
 
 
 @dataclass
@@ -563,6 +563,8 @@ class IncrementalSnapshots:
             self._publisher.send(txn, chunk.topic, key, value, version_headers(lsn_header, order))
             self._observer.on_event("r")
         self._publisher.close_txn(txn, high)
+        chunk.emitted = len(chunk.rows)
+        chunk.rows = {}  # in the producer's hands now
         self._acking = (chunk, txn)
 
     def _finish(self, chunk: _Chunk) -> None:
@@ -571,7 +573,7 @@ class IncrementalSnapshots:
         self.dropped += chunk.dropped
         if snap not in self.state.queue:
             return  # stopped meanwhile
-        emitted = len(chunk.rows)
+        emitted = chunk.emitted
         snap.chunks = chunk.number
         snap.rows += emitted
         snap.last_key = chunk.last_key

@@ -422,7 +422,21 @@ class IncrementalSnapshots:
         low = f"{self._run}:{self._seq}:low".encode()
         high = f"{self._run}:{self._seq}:high".encode()
         self._emit(low)
-        rows, last_key, invisible, xmax = self._read(table, snap)
+        try:
+            rows, last_key, invisible, xmax = self._read(table, snap)
+        except psycopg.Error as e:
+            if self._conn.closed:
+                raise
+            # A filter the server refuses (a signal's --where) must not stop the stream.
+            log.warning(
+                "incremental snapshot of %s dropped: its chunk query failed: %s",
+                snap.name,
+                str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+                extra={"table": snap.name},
+            )
+            self.state.queue.remove(snap)
+            self.save()
+            return
         probe = _Chunk(snap, table, "", 0, b"", b"", {}, None, False, invisible, xmax)
         if any(probe.unseen(xid) for xid in self._recent):
             # A transaction the stream already passed was not visible to the SELECT yet (its

@@ -10,6 +10,7 @@ start.
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.cimpl import NewTopic
@@ -19,6 +20,8 @@ from cdc.signals import Signal, parse_envelope
 from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+
+BACKLOG_TIMEOUT_S = 15.0  # how long the first poll waits for the records already there
 
 
 class SignalTopic:
@@ -49,11 +52,16 @@ class SignalTopic:
             ]
         )
         self._last: Message | None = None
+        # Records already there at start (written while the reader was down) are read by
+        # the first poll, waiting for them if need be: `--until current` must see them.
+        self._backlog = {
+            tp.partition: self._consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts
+        }
 
     def poll(self) -> list[Signal]:
         """Signals that arrived since the last call (never waits)."""
         out: list[Signal] = []
-        for msg in self._consumer.consume(100, 0):
+        for msg in self._read():
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -73,6 +81,26 @@ class SignalTopic:
             if signal is not None:
                 out.append(signal)
         return out
+
+    def _read(self) -> list[Message]:
+        if not self._backlog:
+            return list(self._consumer.consume(100, 0))
+        msgs: list[Message] = []
+        deadline = time.monotonic() + BACKLOG_TIMEOUT_S
+        while self._backlog and time.monotonic() < deadline:
+            for msg in self._consumer.consume(100, 0.2):
+                msgs.append(msg)
+                part, offset = msg.partition(), msg.offset()
+                caught_up = offset is not None and offset + 1 >= self._backlog.get(part or 0, 0)
+                if part is not None and caught_up:
+                    self._backlog.pop(part, None)
+            for tp in self._consumer.position(
+                [TopicPartition(self.topic, p) for p in list(self._backlog)]
+            ):
+                if tp.offset >= self._backlog[tp.partition]:
+                    self._backlog.pop(tp.partition, None)
+        self._backlog.clear()
+        return msgs
 
     def commit(self) -> None:
         """Everything polled so far has been acted on (and saved): commit its offsets."""

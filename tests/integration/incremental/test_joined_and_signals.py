@@ -102,6 +102,8 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
         # The reader is down: one signal each way.
         out = cdc(p, "snapshot", "by_cli", "--where", "id % 2 = 0")
         assert "execute-snapshot signal" in out.stdout
+        # A filter the server refuses drops that request only (one warning), nothing stops.
+        cdc(p, "snapshot", "by_table", "--where", "no_such_column > 1")
         with psycopg.connect(p.dsn, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO cdc_signal VALUES ('s-1', 'execute-snapshot', %s)",
@@ -126,6 +128,7 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
             assert _incremental_rows(records) == rows
             assert_topic_equals_table(records, p.dsn, table)
         assert {c[1] for c in chunks_done(text)} == set(expected)
+        assert "incremental snapshot of public.by_table dropped: its chunk query failed" in text
         # Each signal ran once: the Kafka offset was committed, the WAL was acknowledged.
         reader.catch_up()
         assert reader.text().count("incremental snapshot of public.by_kafka queued") == 1

@@ -17,10 +17,10 @@ import time
 
 from benchmarks import workload
 from benchmarks.context import BIG, STREAM, Bench, require
-from benchmarks.kafka import LatencyConsumer
+from benchmarks.kafka import LatencyConsumer, end_offsets
 from benchmarks.lag import LagSampler
 from benchmarks.ours import OursReader
-from benchmarks.probes import ready_probe, wait_slot_active
+from benchmarks.probes import ready_probe, wait_slot_active, write_marker
 from benchmarks.results import Figure, Series
 from cdc.signals import emit_wal_signal, execute_document, split_table
 
@@ -53,6 +53,13 @@ def incremental_snapshot(b: Bench) -> None:
         t_start = time.time()
         try:
             wait_slot_active(b, reader.slot, m)
+            # The stream table's topic appears with its first change; then the probe.
+            write_marker(b, "incremental-topic")
+            deadline = time.time() + 120
+            while not end_offsets(b.env.bootstrap, [reader.topic(STREAM)]):
+                if time.time() > deadline or not m.running():
+                    raise RuntimeError(f"no stream topic: {reader.log_tail(3)}")
+                time.sleep(0.2)
             ready_probe(b, reader, m)
             consumer = LatencyConsumer(b.env.bootstrap, [reader.topic(STREAM)])
             consumer.start()

@@ -15,8 +15,10 @@ from pgcdc.core.errors import ConfigError, ConnectionFailed
 
 pytestmark = pytest.mark.unit
 
-LOST = ConnectionFailed("replication connection to 127.0.0.1:5432/app failed: terminating "
-                        "connection due to administrator command")
+LOST = ConnectionFailed(
+    "replication connection to 127.0.0.1:5432/app failed: terminating "
+    "connection due to administrator command"
+)
 
 
 class Script:
@@ -82,7 +84,8 @@ def test_an_error_that_is_not_about_the_connection_stops_at_once() -> None:
 
 def test_a_lost_connection_from_a_catalog_query_counts_as_lost() -> None:
     admin_shutdown = psycopg.errors.AdminShutdown(
-        "terminating connection due to administrator command")
+        "terminating connection due to administrator command"
+    )
     script = Script((True, admin_shutdown), (True, "done"))
     assert run(script) == "done"
     assert script.started == 2

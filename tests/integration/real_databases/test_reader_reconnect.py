@@ -56,9 +56,13 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
     try:
         # The reader has reached the stream once it has created the slot and its topic.
         wait_until(
-            lambda: server.connect("app").execute(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (name,)
-            ).fetchone(),
+            lambda: (
+                server.connect("app")
+                .execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (name,)
+                )
+                .fetchone()
+            ),
             timeout=90,
             what="the reader to stream",
         )
@@ -84,7 +88,9 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
             what="every row in Kafka after the restart",
         )
         records = read_topic(endpoints.kafka_bootstrap, topic)
-        updated = {r.key_id for r in records if r.payload and r.payload["after"]["v"].startswith("upd")}
+        updated = {
+            r.key_id for r in records if r.payload and r.payload["after"]["v"].startswith("upd")
+        }
         assert updated == set(range(10))
         text = log.read_text(errors="replace")
         assert reader.poll() is None, f"the reader exited after the restart:\n{text[-3000:]}"

@@ -213,10 +213,17 @@ class Publisher:
         headers: Headers,
     ) -> None:
         """Queue one record; waits (serving delivery reports) while the queue is full."""
-        self.raise_if_failed()
+        if self._failure is not None or self._refused:
+            self.raise_if_failed()
         txn.pending += 1
         try:
-            self._produce(topic, key, value, headers, txn.on_delivery)
+            # Hot path: one produce() call; a full queue falls back to the polling loop.
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=txn.on_delivery
+                )
+            except BufferError:
+                self._produce(topic, key, value, headers, txn.on_delivery)
         except KafkaException as e:
             err = e.args[0]
             if not is_permanent(err.code()):

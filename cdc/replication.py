@@ -155,7 +155,7 @@ class ReplicationConnection:
         self.status_interval_s = status_interval_s
         self._where = describe_dsn(dsn)
         self._flushed = ZERO
-        self._received = ZERO
+        self._received = 0  # highest wal_start seen (an int: compared on every frame)
         self._last_status = 0.0  # monotonic time of the last status update sent
         self._streaming = False
         self._selector: selectors.BaseSelector | None = None
@@ -304,8 +304,8 @@ class ReplicationConnection:
         kind = buf[0]
         if kind == 0x77:  # 'w'
             start, end, clock = _XLOG_HEAD.unpack_from(buf, 1)
-            if start > self._received.value:
-                self._received = Lsn(start)
+            if start > self._received:
+                self._received = start
             return XLogData(
                 Lsn(start), Lsn(end), clock + PG_EPOCH_OFFSET_US, buf[_XLOG_HEADER_SIZE:]
             )
@@ -335,7 +335,7 @@ class ReplicationConnection:
 
     def _send_status(self, reply_requested: bool = False) -> None:
         flushed = self._flushed.value
-        written = max(self._received.value, flushed)
+        written = max(self._received, flushed)
         message = _STATUS.pack(b"r", written, flushed, flushed, _now_pg_us(), reply_requested)
         try:
             while not self._pgconn.put_copy_data(message):

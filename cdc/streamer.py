@@ -346,10 +346,9 @@ class Streamer:
         """Queue a record of the open transaction with its version (the next order)."""
         if self._txn is None:
             raise SlotError("a change arrived outside a transaction")
-        headers: list[tuple[str, str | bytes | None]] = [
-            *version_headers(self._commit_lsn_header, self._order),
-            *extra_headers,
-        ]
+        headers = version_headers(self._commit_lsn_header, self._order)
+        if extra_headers:
+            headers = [*headers, *extra_headers]
         self._publisher.send(self._txn, topic, key, value, headers)
         self._order += 1
         snapshots = self._snapshots
@@ -388,16 +387,13 @@ class Streamer:
             # Followers keep what they hold for these columns, whatever their placeholder.
             names = [table.columns[i].name for i in unchanged_columns(after)]
             headers = [*headers, (HEADER_UNCHANGED, encode_unchanged_header(names))]
+        tx = self._transaction(relation_id) if self._tx_metadata else None
         try:
             if key is None:
                 # One call converts the key columns once, for both the key and the value.
-                key, value = self._encoder.encode_change(
-                    table, op, before, after, source, self._transaction(relation_id)
-                )
+                key, value = self._encoder.encode_change(table, op, before, after, source, tx)
             else:
-                value = self._encoder.encode_value(
-                    table, op, before, after, source, self._transaction(relation_id)
-                )
+                value = self._encoder.encode_value(table, op, before, after, source, tx)
         except SchemaError as e:
             # Nothing after this change is acknowledged: the run stops here, and a restart
             # with the setting the message names carries it.
@@ -472,6 +468,8 @@ class Streamer:
 
     def _fill_unchanged_toast(self, table: TableSchema, row: Row) -> Row:
         """``row`` with its unchanged TOAST values read by key (see :mod:`cdc.toast`)."""
+        if UNCHANGED_TOAST not in row:  # the usual case, checked in C
+            return row
         missing = unchanged_columns(row)
         if not missing:
             return row

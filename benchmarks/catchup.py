@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks import ceilings, workload
-from benchmarks.context import STREAM, Bench, require
+from benchmarks.context import PEERS, STREAM, Bench, require, system_of
 from benchmarks.debezium import DebeziumServer
 from benchmarks.kafka import end_offsets, span_timestamps, wait_for_marker
 from benchmarks.probes import ready_probe, wait_slot_active, write_marker
@@ -35,6 +35,18 @@ def create_stream_slots(b: Bench) -> None:
                 b.dbz.finish(m)
         except Exception as e:
             b.unavailable["debezium"] = f"creating its slot failed: {e}: {b.dbz.log_tail(3)}"
+    if b.dbzt and "debezium-tuned" not in b.unavailable and not b.dbzt_streaming:
+        try:
+            b.dbzt.prepare()
+            m = b.dbzt.launch()
+            try:
+                wait_slot_active(b, b.dbzt.slot, m)
+                ready_probe(b, b.dbzt, m)
+            finally:
+                b.dbzt.finish(m)
+            b.dbzt_streaming = True
+        except Exception as e:
+            b.unavailable["debezium-tuned"] = f"creating its slot failed: {e}: {b.dbzt.log_tail(3)}"
 
 
 def catchup_phase(b: Bench, txn_rows: int, *, keep_peer: bool = False) -> None:
@@ -70,7 +82,7 @@ def catchup_phase(b: Bench, txn_rows: int, *, keep_peer: bool = False) -> None:
         b.record.add(Figure("pg_recvlogical", "pg_recvlogical rows/s", r.rows_per_s, "rows/s",
                             detail))  # fmt: skip
     b.env.drop_slot(ceil_slot)
-    for name in ("ours", "debezium"):
+    for name in ("ours", *PEERS):
         with b.record.guarded(name, ["catch-up events/s"], detail):
             require(b, name)
             catchup(b, name, marker, expected, backlog.changes, detail, keep=keep_peer)
@@ -87,7 +99,7 @@ def catchup(
 ) -> None:
     """Start ``name`` on its stopped slot and time until the backlog (and the marker
     written after it) is in Kafka."""
-    system: Any = b.ours if name == "ours" else b.dbz
+    system: Any = system_of(b, name)
     topic = system.topic(STREAM)
     start = end_offsets(b.env.bootstrap, [topic])
     m = system.launch(until_current=True) if name == "ours" else system.launch()

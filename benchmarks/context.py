@@ -41,9 +41,11 @@ class Bench:
     params: Params
     record: BenchRecord
     ours: OursReader | None = None
-    dbz: DebeziumServer | None = None
+    dbz: DebeziumServer | None = None  # Debezium Server with its defaults
+    dbzt: DebeziumServer | None = None  # Debezium Server tuned for throughput (TUNED)
     unavailable: dict[str, str] = field(default_factory=dict)
     dbz_streaming: bool = False  # Debezium's slot exists and it has streamed (see snapshot)
+    dbzt_streaming: bool = False  # the same for the tuned instance
     dbz_live: Measured | None = None  # quick run: the catch-up instance, kept for latency
     fol_reader: OursReader | None = None  # the follower run's reader (not yet started)
     fol_jobs: Any = None  # its Spark jobs (benchmarks.followers.SparkJobs), once started
@@ -59,6 +61,14 @@ class Bench:
         first = self.next_id
         self.next_id += max(n, 1) * 2 + 1000
         return first
+
+
+PEERS = ("debezium", "debezium-tuned")
+
+
+def system_of(b: Bench, name: str) -> Any:
+    """The system called ``name`` (ours, debezium, debezium-tuned)."""
+    return {"ours": b.ours, "debezium": b.dbz, "debezium-tuned": b.dbzt}[name]
 
 
 def require(b: Bench, name: str) -> None:

@@ -12,7 +12,7 @@ class Params:
     stream_rows: int  # rows in the streaming table before any load
     backlog_changes: int  # changes written while readers are stopped (catch-up)
     catchup_txn_rows: tuple[int, ...]  # transaction sizes of the backlogs
-    latency_rate: float  # changes/s of the commit→Kafka latency run
+    latency_rates: tuple[float, ...]  # changes/s of the commit→Kafka latency runs (1-row txns)
     latency_s: float
     step_s: float  # duration of one rate step
     step_rates: dict[int, tuple[float, ...]]  # txn size -> rates (changes/s) to step through
@@ -30,10 +30,14 @@ FULL = Params(
     stream_rows=100_000,
     backlog_changes=50_000,
     catchup_txn_rows=(1, 100, 1000),
-    latency_rate=2000,
+    latency_rates=(1000, 5000),
     latency_s=20,
     step_s=12,
-    step_rates={1: (1000, 2000, 3000, 5000), 100: (5000, 10000, 20000, 40000)},
+    # Extended until our reader's lag grows (issue 13): past 40k/s in 100-row txns.
+    step_rates={
+        1: (1000, 2000, 3000, 5000, 8000, 12000),
+        100: (5000, 10000, 20000, 40000, 60000, 80000, 120000),
+    },
     peer_step_txn_rows=(1,),
     follower_rate=500,
     follower_s=25,
@@ -48,7 +52,7 @@ QUICK = Params(
     stream_rows=5_000,
     backlog_changes=5_000,
     catchup_txn_rows=(1,),
-    latency_rate=1000,
+    latency_rates=(1000,),
     latency_s=4,
     step_s=4,
     step_rates={1: (1000, 2000), 100: (5000,)},

@@ -8,6 +8,7 @@ measured, next to its published figures, said as such.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def comparisons(rec: BenchRecord) -> list[Comparison]:
     """Ratios of each reader's figures to the ceilings and to the peer."""
     out: list[Comparison] = []
     for f in rec.figures:
-        if not f.measured or f.system not in ("ours", "debezium"):
+        if not f.measured or f.system not in ("ours", "debezium", "debezium-tuned"):
             continue
         assert f.value is not None
         against: list[tuple[str, Figure | None]] = []
@@ -58,6 +59,7 @@ def comparisons(rec: BenchRecord) -> list[Comparison]:
             against.append(("COPY binary", _same(rec, "postgres", "COPY binary rows/s", f.detail)))
         if f.system == "ours":
             against.append(("Debezium", _same(rec, "debezium", f.metric, f.detail)))
+            against.append(("tuned Debezium", _same(rec, "debezium-tuned", f.metric, f.detail)))
         for label, other in against:
             if other is not None and other.value:
                 out.append(Comparison(f.system, f.metric, f.detail, f.value, label,
@@ -117,6 +119,9 @@ def markdown(rec: BenchRecord) -> str:
     ]
     for row in _rows(rec):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+    if throughput_points(rec):
+        lines += ["", "![catch-up events/s against transaction size](bench-throughput.png)"]
+    lines += ["", "![slot lag and commit→Kafka latency over time](bench.png)"]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in rec.notes]
     lines += ["", "## Reference figures (not measured here)", "", f"- Ceilings {KNOWN_CEILINGS}"]
     lines += [f"- {who}, {what}: {fig}" for who, what, fig in PUBLISHED]
@@ -158,6 +163,66 @@ def plot(rec: BenchRecord, path: Path) -> bool:
     return True
 
 
+# Catch-up throughput against transaction size: (system, metric) -> plot label.
+THROUGHPUT_LINES = (
+    ("ours", "catch-up events/s", "ours (pgcdc reader)"),
+    ("debezium-tuned", "catch-up events/s", "Debezium Server, tuned"),
+    ("debezium", "catch-up events/s", "Debezium Server, defaults"),
+    ("pg_recvlogical", "pg_recvlogical rows/s", "pg_recvlogical to a file (ceiling)"),
+    ("postgres", "pgoutput decode rows/s", "PostgreSQL pgoutput decoding (ceiling)"),
+)
+
+
+def _txn_rows(detail: str) -> int | None:
+    """The transaction size a catch-up figure's conditions name (``…, 100-row txns``)."""
+    m = re.search(r"(\d+)-row txns", detail)
+    return int(m.group(1)) if m else None
+
+
+def throughput_points(rec: BenchRecord) -> dict[str, list[tuple[int, float]]]:
+    """Per line of :data:`THROUGHPUT_LINES`: (transaction rows, events or rows per second)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for system, metric, label in THROUGHPUT_LINES:
+        pts = sorted(
+            (n, f.value)
+            for f in rec.figures
+            if f.system == system and f.metric == metric and f.value is not None
+            for n in [_txn_rows(f.detail)]
+            if n is not None
+        )
+        if pts:
+            out[label] = pts
+    return out
+
+
+def plot_throughput(rec: BenchRecord, path: Path) -> bool:
+    """Catch-up events/s against transaction size, ours beside Debezium and the ceilings,
+    as a PNG; False when no catch-up was measured."""
+    lines = throughput_points(rec)
+    if not lines:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, pts in lines.items():
+        style = "--" if "ceiling" in label else "-"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("rows per transaction")
+    ax.set_ylabel("catch-up events/s (ceilings: rows/s)")
+    ax.set_title(f"Catch-up throughput, run {rec.run_id} (2 cores shared with the whole stack)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_all(rec: BenchRecord, out_dir: Path) -> dict[str, Path]:
     """Write JSON, Markdown and PNG into ``out_dir``; also copy them as ``latest.*``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,6 +234,9 @@ def write_all(rec: BenchRecord, out_dir: Path) -> dict[str, Path]:
     png = out_dir / "bench.png"
     if plot(rec, png):
         paths["png"] = png
+    tput = out_dir / "bench-throughput.png"
+    if plot_throughput(rec, tput):
+        paths["throughput.png"] = tput
     latest = out_dir.parent
     for kind, p in paths.items():
         (latest / f"latest.{kind}").write_bytes(p.read_bytes())

@@ -14,15 +14,19 @@ Order of a full run (:func:`run_all`), chosen so every system reads the *same* W
    until the slot's lag is no longer flat;
 6. :func:`benchmarks.incremental.incremental_snapshot` — ``cdc snapshot`` of the big table
    while the stream table takes 1,000 changes/s;
-7. :func:`envelope` and :func:`followers`.
+7. :func:`envelope`, :func:`hotpath` (instructions per change, callgrind) and
+   :func:`followers`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import shutil
 from collections.abc import Callable
 
+from benchmarks import hotpath as hotpath_mod
 from benchmarks import workload
 from benchmarks.catchup import catchup_phase, create_stream_slots
 from benchmarks.context import BIG, SMALL, STREAM, Bench
@@ -61,6 +65,10 @@ def probe_systems(b: Bench) -> None:
     reason = b.dbz.available()
     if reason:
         b.unavailable["debezium"] = reason
+    b.dbzt = DebeziumServer(b.env, [STREAM], role="dbzt", tuned=True)
+    reason = b.dbzt.available()
+    if reason:
+        b.unavailable["debezium-tuned"] = reason
     for name, why in b.unavailable.items():
         b.record.notes.append(f"{name} not measured: {why}")
 
@@ -108,6 +116,31 @@ def rss_scaling(b: Bench) -> None:
                             f"{a.value:.0f} → {c.value:.0f} MiB ({d_small} → {d_big})"))  # fmt: skip
 
 
+def hotpath(b: Bench) -> None:
+    """Instructions per change of decode + encode + produce (callgrind), per transaction
+    size, over a stream captured from this run's server (:mod:`benchmarks.hotpath`); and
+    the same replay's CPU time per change without valgrind."""
+    sizes = b.params.catchup_txn_rows
+    events = 500 if b.env.quick else 2_000
+    for txn_rows in sizes:
+        detail = f"{txn_rows}-row txns, replay of {events:,} vs {3 * events:,} changes"
+        metric = "hot path instructions per change"
+        with b.record.guarded("ours", [metric, "hot path CPU µs per change"], detail):
+            path = hotpath_mod.frames_path(txn_rows)
+            hotpath_mod.capture(b.env, txn_rows, 4 * events, path, table=f"public.hot{txn_rows}")
+            prefix = b.env.register_prefix(b.env.name(f"hot{txn_rows}"))
+            r = hotpath_mod.replay(b.env, path, None, prefix)
+            b.record.add(Figure("ours", "hot path CPU µs per change", r.cpu_s / r.changes * 1e6,
+                                "µs", f"{txn_rows}-row txns, replay of {r.changes:,} changes "
+                                "into Kafka (loaded machine)"))  # fmt: skip
+            if shutil.which("valgrind") is None:
+                b.record.not_measured("ours", metric, "valgrind is not installed", detail)
+                continue
+            ins = hotpath_mod.callgrind(txn_rows, events)
+            b.record.add(Figure("ours", metric, ins.per_change, "instructions", detail,
+                                extra=dataclasses.asdict(ins)))  # fmt: skip
+
+
 # --- the whole run ------------------------------------------------------------------------
 
 
@@ -127,8 +160,8 @@ def _catchups(b: Bench) -> None:
 
 def _streaming(b: Bench) -> None:
     create_stream_slots(b)
-    streaming(b, "ours")
-    streaming(b, "debezium")
+    for name in ("debezium", "debezium-tuned", "ours"):
+        streaming(b, name)
 
 
 # The groups a run may be limited to (BENCH_ONLY / --only); slots are created as needed.
@@ -137,6 +170,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "catchup": _catchups,
     "streaming": _streaming,
     "envelope": envelope,
+    "hotpath": hotpath,
     "followers": followers,
     "incremental": incremental_snapshot,
 }
@@ -178,9 +212,10 @@ def run_all(b: Bench) -> None:
     # Debezium streams first: a stopped slot replays everything written since, and ours
     # catches up on its load in seconds while Debezium took >300 s for ours' (full run).
     # A peer kept running from its catch-up must go first anyway (never beside ours).
-    for name in ("debezium", "ours"):
+    for name in ("debezium", "debezium-tuned", "ours"):
         streaming(b, name)
     rss_scaling(b)
     incremental_snapshot(b)
     envelope(b)
+    hotpath(b)
     followers(b)

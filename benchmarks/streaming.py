@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from benchmarks import workload
-from benchmarks.context import STREAM, Bench, require
+from benchmarks.context import STREAM, Bench, require, system_of
 from benchmarks.kafka import CountWatcher, LatencyConsumer
 from benchmarks.lag import LagSampler, trend
 from benchmarks.probes import drain, ready_probe, wait_slot_active
@@ -25,8 +25,8 @@ def streaming(b: Bench, name: str) -> None:
     ]
     with b.record.guarded(name, metrics):
         require(b, name)
-        system: Any = b.ours if name == "ours" else b.dbz
-        if name != "ours" and b.dbz_live is not None:
+        system: Any = system_of(b, name)
+        if name == "debezium" and b.dbz_live is not None:
             m, b.dbz_live = b.dbz_live, None  # still running since its catch-up
         else:
             m = system.launch(until_current=False) if name == "ours" else system.launch()
@@ -36,8 +36,9 @@ def streaming(b: Bench, name: str) -> None:
         try:
             wait_slot_active(b, system.slot, m)
             ready_probe(b, system, m)
-            with b.record.guarded(name, ["commit→Kafka p50", "commit→Kafka p99"]):
-                latency(b, name, system, m, t_start)
+            for rate in b.params.latency_rates:
+                with b.record.guarded(name, ["commit→Kafka p50", "commit→Kafka p99"]):
+                    latency(b, name, system, m, t_start, rate)
             for txn_rows, rates in b.params.step_rates.items():
                 if name != "ours" and txn_rows not in b.params.peer_step_txn_rows:
                     # The peer's rate steps cost minutes of JVM-side drain each.
@@ -66,19 +67,19 @@ def streaming(b: Bench, name: str) -> None:
         )  # fmt: skip
 
 
-def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float) -> None:
-    """Commit→Kafka latency at the fixed rate: the event's source commit time against the
-    broker's append time."""
+def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float, rate: float) -> None:
+    """Commit→Kafka latency at a fixed rate (changes/s, single-row transactions): the
+    event's source commit time against the broker's append time."""
     p = b.params
     consumer = LatencyConsumer(b.env.bootstrap, [system.topic(STREAM)])
     consumer.start()
     load = workload.OpenLoopLoad(
         b.env.dsn,
         STREAM,
-        p.latency_rate,
+        rate,
         1,
         p.latency_s,
-        id_base=b.take_ids(int(p.latency_rate * p.latency_s * 2)),
+        id_base=b.take_ids(int(rate * p.latency_s * 2)),
     )
     res = load.run()
     if res.errors:
@@ -94,7 +95,7 @@ def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float) -> No
     if not samples.points:
         raise RuntimeError("no change events arrived")
     s = samples.summary()
-    detail = (f"offered {p.latency_rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
+    detail = (f"offered {rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
               f"1-row txns, {int(s['events']):,} events")  # fmt: skip
     if s["events"] < res.changes:
         detail += f" (of {res.changes:,} committed)"
@@ -102,7 +103,7 @@ def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float) -> No
     b.record.add(Figure(name, "commit→Kafka p99", s["p99_ms"], "ms", detail, extra=s))
     base = t_start * 1000
     b.record.series.append(
-        Series(f"{name} commit→Kafka latency", "ms",
+        Series(f"{name} commit→Kafka latency at {rate:,.0f}/s", "ms",
                [((t - base) / 1000, lat) for t, lat in samples.points])
     )  # fmt: skip
 

@@ -145,3 +145,25 @@ def test_prober_finds_rows_in_redis_and_search(env: BenchEnv) -> None:
         problems = SparkJobs(env, prefix, env.run_dir).drop_follower_state(redis_url, search_url)
     assert problems == []
     assert not list(r.scan_iter(match=f"{prefix}:*"))
+
+
+def test_hot_path_replay_of_a_captured_stream_reaches_kafka(env: BenchEnv, tmp_path) -> None:
+    """The callgrind harness's replay is the reader's own streamer over captured frames:
+    every change and every delete's tombstone lands in Kafka, and a shorter replay stops
+    at a transaction boundary after the changes asked for."""
+    from benchmarks import hotpath
+    from benchmarks.kafka import end_offsets
+
+    path = tmp_path / "txn10.frames"
+    frames = hotpath.capture(env, 10, 600, path, table="public.hot10")
+    assert frames > 600  # Begin/Commit around every 10 changes, a Relation
+    captured = list(hotpath.read_frames(path))
+    short, n = hotpath.take_changes(captured, 200)
+    assert n == 200 and short[-1].payload[:1] == b"C"
+    prefix = env.register_prefix(env.name("hot"))
+    r = hotpath.replay(env, path, None, prefix)
+    assert r.changes == r.records == 600
+    deletes = sum(1 for f in captured if f.payload[:1] == b"D")
+    assert deletes > 0
+    written = sum(end_offsets(env.bootstrap, [f"{prefix}.public.hot10"]).values())
+    assert written == r.changes + deletes  # each delete is followed by its tombstone

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # Kafka's default limit is 1 MB: table topics and the producer allow 64 MiB records.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES)}
+# How long Publisher.hurry waits at most for Kafka's answer (a round trip on a LAN).
+HURRY_TIMEOUT_S = 0.005
 # The dead-letter topic, when the reader creates it: letters are kept, not compacted.
 DEAD_LETTER_TOPIC_CONFIG = {"cleanup.policy": "delete"}
 
@@ -332,6 +334,17 @@ class Publisher:
         """Serve delivery reports."""
         self._producer.poll(timeout_s)
         self.raise_if_failed()
+
+    def hurry(self, timeout_s: float = HURRY_TIMEOUT_S) -> bool:
+        """Send what is queued now instead of after ``linger.ms``, and wait up to
+        ``timeout_s`` for Kafka's answer (serving delivery reports). For a reader with
+        nothing else to do: while the source is idle, lingering only adds latency.
+        True while records are still waiting (e.g. for a new topic's metadata), so the
+        caller hurries again on its next idle turn."""
+        # librdkafka ignores linger.ms while a flush() is in progress.
+        left = self._producer.flush(timeout_s)
+        self.raise_if_failed()
+        return left > 0
 
     def acked_lsn(self) -> Lsn | None:
         """End LSN of the last transaction that is, with all before it, fully in Kafka."""

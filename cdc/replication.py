@@ -261,6 +261,7 @@ class ReplicationConnection:
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         """The next frame, or None when ``timeout_s`` passes without one.
 
+        ``timeout_s`` 0 polls: it takes in what the socket holds already, never waits.
         Answers keepalives that ask for a reply at once and sends a status update every
         ``status_interval_s``, so a caller that keeps calling read() keeps the session alive.
         """
@@ -290,6 +291,15 @@ class ReplicationConnection:
             # status update.
             if deadline is None:
                 deadline = now + timeout_s
+                if timeout_s <= 0:
+                    # A poll: read what has arrived, then answer without waiting.
+                    if selector.select(0):
+                        try:
+                            pgconn.consume_input()
+                        except psycopg.Error as e:
+                            raise self._lost(e) from e
+                        continue
+                    return None
             remaining = deadline - now
             if remaining <= 0:
                 return None

@@ -126,6 +126,7 @@ class Streamer:
         )
         # The open transaction (between Begin and Commit).
         self._txn: TxnTracker | None = None
+        self._unsent = False  # records of a closed transaction may be lingering
         self._order = 0
         self._xid: int | None = None
         self._commit_ts_us = 0
@@ -154,10 +155,14 @@ class Streamer:
         if self._heartbeats:
             self._heartbeats.ensure_topic()
         while not self._stop.is_set():
-            msg = self._repl.read(READ_TIMEOUT_S)
+            # After a transaction's records are queued, look whether more has arrived;
+            # when nothing has, hurry them to Kafka rather than let them wait linger.ms.
+            msg = self._repl.read(0.0 if self._unsent else READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
                 self._handle(msg)
             else:
+                if msg is None and self._unsent:
+                    self._unsent = self._publisher.hurry()
                 # Between frames: serve delivery reports (send() also polls every 1,024
                 # records, so a busy stream does not pay for a poll per message).
                 self._publisher.poll(0)
@@ -273,6 +278,7 @@ class Streamer:
         elif isinstance(msg, pgoutput.Commit):
             if self._txn is not None:
                 self._publisher.close_txn(self._txn, msg.end_lsn)
+                self._unsent = self._unsent or self._order > 0
             self._txn = None
             if self._snapshots is not None and self._snapshots.busy:
                 self._snapshots.committed(self._xid)

@@ -120,3 +120,40 @@ def _slot_active(reader: ReaderEnv) -> bool:
             "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (reader.slot,)
         ).fetchone()
         return bool(row and row[0])
+
+
+def test_a_lone_change_is_sent_when_the_source_goes_idle_not_after_linger(
+    reader: ReaderEnv, tmp_path: Path
+) -> None:
+    """With linger.ms at 100 s, a single insert still reaches Kafka in seconds: once
+    the stream has nothing more, the reader hurries its records to Kafka (latency) instead
+    of letting them wait for a batch to fill."""
+    from tests.integration.reader_support import end_offset
+
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    log_path = tmp_path / "reader.log"
+    proc = reader.start(
+        log_path=log_path,
+        CDC_POSTGRES__TABLES="public.items",
+        CDC_KAFKA__PRODUCER='{"linger.ms": "100000"}',
+    )
+    topic = f"{reader.prefix}.public.items"
+    try:
+
+        def streaming() -> bool:
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            return _slot_active(reader)
+
+        wait_until(streaming, timeout=60, what="the reader to stream")
+        with psycopg.connect(reader.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO items VALUES (1, 'one')")
+        wait_until(
+            lambda: end_offset(reader.bootstrap, topic) >= 1,
+            timeout=30,
+            what="the lone insert in Kafka well before linger.ms (100 s)",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert proc.returncode == 0, log_path.read_text(errors="replace")[-3000:]

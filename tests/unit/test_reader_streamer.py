@@ -95,9 +95,11 @@ class ScriptedReplication:
         self.idle_reads = idle_reads
         self.acknowledged: list[Lsn] = []
         self.reads = 0
+        self.timeouts: list[float] = []  # each read's timeout, in order
 
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         self.reads += 1
+        self.timeouts.append(timeout_s)
         assert self.reads < 1_000, "the loop never ended"
         if self.frames:
             return self.frames.popleft()
@@ -118,6 +120,7 @@ class ListPublisher:
         self.plain: list[tuple[str, bytes | None, bytes | None]] = []
         self.topics: list[str] = []
         self._acks = AckQueue()
+        self.hurried_after: list[int] = []  # records sent when each hurry() came
 
     def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
         self.topics.extend(topics)
@@ -153,6 +156,10 @@ class ListPublisher:
 
     def flush(self, timeout_s: float = 60.0) -> None:
         pass
+
+    def hurry(self, timeout_s: float = 0.005) -> bool:
+        self.hurried_after.append(len(self.records))
+        return False  # everything is acknowledged at once here
 
     def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.plain.append((topic, key, value))
@@ -276,6 +283,31 @@ def test_a_transaction_becomes_records_in_order_and_is_acknowledged_at_its_end()
     assert s.last_ack == Lsn(0x210)
     assert repl.acknowledged[-1] == Lsn(0x210)
     assert observer.acknowledged[-1] == Lsn(0x210)
+
+
+def test_records_of_a_committed_transaction_are_hurried_to_kafka_once_the_source_is_idle() -> None:
+    two = [
+        *ONE_TRANSACTION,
+        xlog(begin(0x300, 8), 0x220),
+        xlog(insert("3", "c"), 0x230),
+        xlog(commit(0x300, 0x310), 0x300),
+    ]
+    s, repl, publisher, _ = make(two, idle_reads=3)
+    s.run(Lsn(0x100))
+    # After each Commit the loop polls (timeout 0) instead of waiting; the second
+    # transaction was already there, so only one hurry, when the poll found nothing.
+    commits = [i for i, f in enumerate(two) if bytes(f.payload[:1]) == b"C"]
+    assert [repl.timeouts[i + 1] for i in commits] == [0.0, 0.0]
+    assert publisher.hurried_after == [4]
+    # Nothing left to hurry: back to waiting reads.
+    assert repl.timeouts[len(two) + 1 :] == [streamer.READ_TIMEOUT_S] * 2
+
+
+def test_a_transaction_without_records_is_not_hurried() -> None:
+    empty = [xlog(begin(0x200, 7), 0x100), xlog(commit(0x200, 0x210), 0x200)]
+    s, repl, publisher, _ = make(empty)
+    s.run(Lsn(0x100))
+    assert publisher.hurried_after == [] and 0.0 not in repl.timeouts
 
 
 def test_an_open_transaction_is_not_acknowledged_when_stopped() -> None:

@@ -39,6 +39,9 @@ JDK_CANDIDATES = (
 )
 MIN_JAVA = 21
 HEAP = ("-Xms128m", "-Xmx512m")
+# Quarkus' thread pools reset thread locals by reflection; Java 24+ refuses without this
+# (an IllegalAccessError in its executor threads otherwise).
+JVM_OPTS = ("--add-opens", "java.base/java.lang=ALL-UNNAMED")
 
 # Debezium Server tuned for throughput, as the connector's and Debezium Server's documentation
 # advise for a high-volume source (the "default" instance keeps every one of these at its
@@ -272,7 +275,7 @@ class DebeziumServer:
                 str(self.home / "lib" / "*"),
             ]
         )
-        cmd = [str(self.java), *HEAP, "-cp", cp, "io.debezium.server.Main"]
+        cmd = [str(self.java), *HEAP, *JVM_OPTS, "-cp", cp, "io.debezium.server.Main"]
         return Measured(cmd, cwd=self.workdir, log_path=self.workdir / "debezium.log")
 
     def finish(self, m: Measured, timeout_s: float = 90.0) -> None:

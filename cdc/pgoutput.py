@@ -391,13 +391,13 @@ _Reader: TypeAlias = Callable[[bytes, bool], tuple[PgOutputMessage, int]]
 def _begin(data: bytes, in_stream: bool) -> tuple[PgOutputMessage, int]:
     _need(data, 1, _BEGIN.size, "Begin")
     lsn, ts, xid = _BEGIN.unpack_from(data, 1)
-    return Begin(Lsn(lsn), _ts(ts), xid), 1 + _BEGIN.size
+    return Begin(Lsn.from_wire(lsn), _ts(ts), xid), 1 + _BEGIN.size
 
 
 def _commit(data: bytes, in_stream: bool) -> tuple[PgOutputMessage, int]:
     _need(data, 1, _COMMIT.size, "Commit")
     flags, lsn, end, ts = _COMMIT.unpack_from(data, 1)
-    return Commit(flags, Lsn(lsn), Lsn(end), _ts(ts)), 1 + _COMMIT.size
+    return Commit(flags, Lsn.from_wire(lsn), Lsn.from_wire(end), _ts(ts)), 1 + _COMMIT.size
 
 
 def _origin(data: bytes, in_stream: bool) -> tuple[PgOutputMessage, int]:

@@ -76,6 +76,9 @@ class Keepalive:
     reply_requested: bool
 
 
+_lsn = Lsn.from_wire
+
+
 def _now_pg_us() -> int:
     return time.time_ns() // 1000 - PG_EPOCH_OFFSET_US
 
@@ -287,19 +290,18 @@ class ReplicationConnection:
                 continue
             if nbytes == -1:
                 raise self._stream_ended()
-            # Nothing buffered: wait for the socket, but not past the deadline or the next
-            # status update.
             if deadline is None:
+                # Nothing buffered: take in what the socket holds already (libpq reads
+                # without blocking; cheaper than asking the selector first, and what a
+                # busy stream needs), then look again.
                 deadline = now + timeout_s
-                if timeout_s <= 0:
-                    # A poll: read what has arrived, then answer without waiting.
-                    if selector.select(0):
-                        try:
-                            pgconn.consume_input()
-                        except psycopg.Error as e:
-                            raise self._lost(e) from e
-                        continue
-                    return None
+                try:
+                    pgconn.consume_input()
+                except psycopg.Error as e:
+                    raise self._lost(e) from e
+                continue
+            # Still nothing: wait for the socket, but not past the deadline or the next
+            # status update.
             remaining = deadline - now
             if remaining <= 0:
                 return None
@@ -317,14 +319,14 @@ class ReplicationConnection:
             if start > self._received:
                 self._received = start
             return XLogData(
-                Lsn(start), Lsn(end), clock + PG_EPOCH_OFFSET_US, buf[_XLOG_HEADER_SIZE:]
+                _lsn(start), _lsn(end), clock + PG_EPOCH_OFFSET_US, buf[_XLOG_HEADER_SIZE:]
             )
         if kind == 0x6B:  # 'k'
             end, clock, reply = _KEEPALIVE.unpack_from(buf, 1)
             if reply:
                 # The server disconnects us after wal_sender_timeout without an answer.
                 self._send_status()
-            return Keepalive(Lsn(end), clock + PG_EPOCH_OFFSET_US, bool(reply))
+            return Keepalive(_lsn(end), clock + PG_EPOCH_OFFSET_US, bool(reply))
         log.warning("ignoring unknown replication frame", extra={"kind": chr(kind)})
         return None
 

@@ -8,6 +8,8 @@ from typing import Final
 from pgcdc.core.errors import DecodeError
 
 _MAX: Final = 1 << 64
+_new_object = object.__new__
+_set_attribute = object.__setattr__
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
 
 
@@ -31,6 +33,15 @@ class Lsn:
             if type(v) is not int:
                 raise TypeError(f"Lsn value must be an int, not {type(v).__name__}")
             raise ValueError(f"Lsn value {v} is outside 0 .. 2**64-1")
+
+    @classmethod
+    def from_wire(cls, value: int) -> Lsn:
+        """An LSN unpacked from the replication protocol (an unsigned 64-bit field, so
+        always in range): built without the check, since the stream builds several per
+        frame. Equal to ``Lsn(value)``."""
+        lsn = _new_object(cls)
+        _set_attribute(lsn, "value", value)
+        return lsn
 
     @classmethod
     def parse(cls, text: str) -> Lsn:

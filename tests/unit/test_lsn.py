@@ -80,3 +80,12 @@ def test_immutable_and_hashable() -> None:
     with pytest.raises(AttributeError):
         lsn.value = 6  # type: ignore[misc]
     assert {Lsn(5), Lsn(5), Lsn(6)} == {Lsn(5), Lsn(6)}
+
+
+@given(lsn_values, lsn_values)
+def test_from_wire_is_the_same_value_as_the_constructor(v: int, w: int) -> None:
+    fast = Lsn.from_wire(v)
+    assert type(fast) is Lsn and fast == Lsn(v) and hash(fast) == hash(Lsn(v))
+    assert (fast < Lsn(w)) == (v < w) and str(fast) == str(Lsn(v))
+    with pytest.raises(AttributeError):
+        fast.value = 0  # type: ignore[misc]

@@ -33,6 +33,7 @@ def create_stream_slots(b: Bench) -> None:
                 ready_probe(b, b.dbz, m)  # streaming for real, offsets committed
             finally:
                 b.dbz.finish(m)
+            b.dbz_streaming = True  # another group (--only …) must not create it again
         except Exception as e:
             b.unavailable["debezium"] = f"creating its slot failed: {e}: {b.dbz.log_tail(3)}"
     if b.dbzt and "debezium-tuned" not in b.unavailable and not b.dbzt_streaming:

@@ -2,11 +2,12 @@
 function, on the driver) and how one partition is applied (:func:`apply_partition`, in the
 Python workers).
 
-A micro-batch is applied in this order: parse; reduce to the newest event per key (in
-Spark, :func:`~spark_jobs.transforms.latest_per_key`: the batch's one reduction); send
-unparseable records to the dead-letter topic; apply through the sink (every write carries
-an LSN-derived version, so a replay can never go backwards); dead-letter what the sink
-refused for good; and only then record the follower's watermark.
+A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
+with ``--min-partitions``), and each task, in parallel: reduces its rows to the newest
+event per key (:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends
+unparseable records to the dead-letter topic; applies through the sink (every write carries
+an LSN-derived version, so a replay can never go backwards); dead-letters what the sink
+refused for good. Once every task is done the driver records the follower's watermark.
 
 No record stops a job: one that cannot become a change (a key that is not JSON, a c/u/r
 event without ``after``, a value its schema cannot decode) or that the sink refuses for good
@@ -24,10 +25,11 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import DataFrame
 
 from pgcdc.core.errors import RetryableSinkError
 from pgcdc.core.settings import Settings
@@ -35,6 +37,7 @@ from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.options import JobOptions
+from spark_jobs.reduce import latest_per_key
 from spark_jobs.transforms import (
     CHANGE,
     DEAD,
@@ -42,7 +45,8 @@ from spark_jobs.transforms import (
     KEYLESS,
     SCHEMA,
     TRUNCATE,
-    latest_per_key,
+    by_key,
+    classify,
     parse_events,
 )
 
@@ -110,7 +114,7 @@ def cached_sink(settings: Settings, job: str, make_sink: SinkFactory) -> Sink:
 
 
 def apply_partition(
-    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Row]
+    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Mapping[str, Any]]
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
 
@@ -159,6 +163,14 @@ def apply_partition(
     yield stats
 
 
+def apply_events(
+    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Mapping[str, Any]]
+) -> Iterator[BatchStats]:
+    """Reduce one partition of the classified frame to the newest event per key
+    (:func:`spark_jobs.reduce.latest_per_key`) and apply it (:func:`apply_partition`)."""
+    return apply_partition(settings, job, make_sink, latest_per_key(rows))
+
+
 def _apply_chunk(
     sink: Sink,
     job: str,
@@ -189,7 +201,7 @@ def _apply_chunk(
     chunk.clear()
 
 
-def _unreadable(row: Row, reason: str) -> dead_letter.UnreadableRecord:
+def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:
     """The dead-letter record for a Kafka record that is no applicable change (a change row
     carries its ``after`` image, not the whole record)."""
     return dead_letter.UnreadableRecord(
@@ -219,10 +231,13 @@ class ApplyBatch:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         prefix = self.settings.kafka.topic_prefix
-        reduced = latest_per_key(parse_events(batch_df, prefix, self.opts.heartbeat_topic))
-        apply = functools.partial(apply_partition, self.settings, self.opts.name, self.make_sink)
+        events = classify(parse_events(batch_df, prefix, self.opts.heartbeat_topic))
+        events = by_key(events, self.opts.min_partitions)
+        apply = functools.partial(apply_events, self.settings, self.opts.name, self.make_sink)
         total = BatchStats()
-        for stats in reduced.rdd.mapPartitions(apply).collect():
+        # One stage, a task per Kafka partition (or per key-hash partition): each task
+        # reduces and applies its own keys; the driver only gathers the counts.
+        for stats in events.rdd.mapPartitions(apply).collect():
             total.add(stats)
         # The watermark: every change committed before it is applied. A heartbeat carries the
         # reader's acknowledged LSN, and the reader sends it only after Kafka acknowledged

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-from pyspark.sql import Row
 
 from pgcdc.core.contract import VersionOrder, decode_unchanged_header
 from pgcdc.core.errors import SinkError
@@ -58,7 +57,7 @@ class ChangeBuilder:
                 self._on_new_schema(table, schema)
         return conv
 
-    def __call__(self, r: Row) -> Change:
+    def __call__(self, r: Mapping[str, Any]) -> Change:
         """The change of row ``r``; RecordError if it holds none a follower can apply."""
         table: str = r["table"]
         if r["commit_lsn"] is None:
@@ -80,7 +79,7 @@ class ChangeBuilder:
         except _DECODE_ERRORS as e:
             raise RecordError(f"cannot decode the event: {type(e).__name__}: {e}") from e
 
-    def _folded(self, r: Row, table: str, key: str, conv: RowConverter) -> Change:
+    def _folded(self, r: Mapping[str, Any], table: str, key: str, conv: RowConverter) -> Change:
         # The newest event left TOASTed columns out: fold the batch's older events of the key
         # in, oldest first, so a value written earlier in the same batch is not lost.
         history = sorted(

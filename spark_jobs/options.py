@@ -23,6 +23,9 @@ class JobOptions:
     available_now: bool
     trigger_interval: str
     max_offsets_per_trigger: int | None
+    # More tasks than Kafka partitions: the source splits offset ranges, and the batch is
+    # then hash-partitioned by (topic, key) into this many (None: a task per partition).
+    min_partitions: int | None = None
 
 
 def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, JobOptions]:
@@ -54,6 +57,12 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
     )
     p.add_argument("--trigger-interval", help="processing-time trigger, e.g. '500 milliseconds'")
     p.add_argument("--max-offsets-per-trigger", type=int, help="rate limit per micro-batch")
+    p.add_argument(
+        "--min-partitions",
+        type=int,
+        help="tasks per micro-batch when above the topics' partition count (the batch is "
+        "then spread by key hash, one shuffle); default: a task per Kafka partition",
+    )
     a = p.parse_args(argv)
     settings = load_settings(a.config)
     topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
@@ -69,5 +78,6 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         available_now=a.available_now,
         trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
         max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+        min_partitions=a.min_partitions or settings.spark.min_partitions,
     )
     return settings, opts

@@ -74,4 +74,6 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
         reader = reader.option("subscribePattern", pattern)
     if opts.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(opts.max_offsets_per_trigger))
+    if opts.min_partitions:
+        reader = reader.option("minPartitions", str(opts.min_partitions))
     return reader.load()

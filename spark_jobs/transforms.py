@@ -11,9 +11,9 @@ Output of :func:`parse_events`: one row per record with
 (``table`` is the table id the contract encodes in the topic name, ``unchanged`` the raw
 ``cdc.unchanged`` header: the columns an event left out, unchanged TOAST)
 
-and :func:`latest_per_key` keeps, per (topic, key), the newest of them by
-(commit LSN, position in the transaction, Kafka offset): follower-side compaction, and the
-one reduction of a micro-batch (the change builder and the sinks do not reduce it again).
+and :func:`classify` gives each its ``kind``. The reduction to the newest event per key
+happens inside each task (:mod:`spark_jobs.reduce`), so a batch is one Spark stage with a
+task per Kafka partition.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pgcdc.core.contract import (
     HEADER_UNCHANGED,
     HEARTBEAT_LSN_FIELD,
 )
-from sinks.base import PLACEHOLDER_TEXTS
 
 # The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
 # decode them per table, and Spark does not have to know every table's columns.
@@ -146,22 +145,16 @@ CHANGE, DEAD, HEARTBEAT, TRUNCATE, SCHEMA = "change", "dead", "heartbeat", "trun
 KEYLESS = "keyless"
 
 
-def latest_per_key(events: DataFrame) -> DataFrame:
-    """Keep the newest change per (topic, key) by (commit LSN, order, offset): the batch's
-    one reduction. What comes out holds one change per key, which the sinks apply as it is.
+def classify(events: DataFrame) -> DataFrame:
+    """The parsed events with their ``kind``, narrowed to what the apply loop reads.
 
-    Every other record passes through untouched, with its ``kind``: ``dead`` (cannot be
-    parsed; ``parse_error`` says why), ``heartbeat`` (the reader's progress), ``truncate``
-    (Debezium's ``t`` event: the reader also wrote a delete for every row it removed) and
-    ``keyless`` (a null key: an event of a table without a key);
-    and each distinct event schema of the batch comes once, as a ``schema`` row
-    (``schema_id``, ``schema_json``), since change rows only carry the schema's id. One
-    frame, in one partition, carries all of them, so a micro-batch costs a single Spark job
-    and whoever applies it sees every schema it needs.
+    Kinds: ``change``; ``dead`` (cannot be parsed; ``parse_error`` says why, ``raw_value``
+    holds the record, kept for these only); ``heartbeat`` (the reader's progress);
+    ``truncate`` (Debezium's ``t`` event: the reader also wrote a delete for every row it
+    removed); ``keyless`` (a null key: an event of a table without a key).
 
-    When the newest change leaves a TOASTed column unchanged (Debezium's placeholder), the
-    older events of the batch for that key ride along in ``history``: one of them may hold
-    the value, which a follower that never saw the row would otherwise miss.
+    No reduction and no shuffle here: :func:`spark_jobs.reduce.latest_per_key` reduces
+    inside each task (see :func:`by_key` for when the frame is spread first).
     """
     kind = (
         F.when(F.col("is_heartbeat"), F.lit(HEARTBEAT))
@@ -170,58 +163,36 @@ def latest_per_key(events: DataFrame) -> DataFrame:
         .when(F.col("key_json").isNull(), F.lit(KEYLESS))
         .otherwise(F.lit(CHANGE))
     )
-    schemas = (
-        events.where(F.col("value_schema_json").isNotNull())
-        .select("topic", "table", "schema_id", "value_schema_json")
-        .withColumn("kind", F.lit(SCHEMA))
+    return events.select(
+        kind.alias("kind"),
+        "topic",
+        "table",
+        "partition",
+        "offset",
+        "key_json",
+        "is_delete",
+        "op",
+        "after_json",
+        "unchanged",
+        "schema_id",
+        "value_schema_json",
+        "commit_lsn",
+        "tx_order",
+        "source_ts_ms",
+        "heartbeat_lsn",
+        "parse_error",
+        F.when(F.col("parse_error").isNotNull(), F.col("raw_value")).alias("raw_value"),
     )
-    with_kind = events.withColumn("kind", kind).unionByName(schemas, allowMissingColumns=True)
-    is_change = F.col("kind") == CHANGE
-    is_schema = F.col("kind") == SCHEMA
-    # Changes group by key; anything else is its own group (its Kafka position is unique).
-    group = (
-        F.when(is_change, F.col("key_json"))
-        .when(is_schema, F.concat(F.lit("schema:"), F.col("schema_id").cast("string")))
-        .otherwise(
-            F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"))
-        )
-    )
-    order = ["commit_lsn", "tx_order", "offset"]
-    newest = F.max(
-        F.struct(
-            *order,
-            "kind",
-            "key_json",
-            "is_delete",
-            "op",
-            "after_json",
-            "unchanged",
-            "schema_id",
-            "source_ts_ms",
-            "partition",
-            F.when(F.col("kind") == DEAD, F.col("raw_value")).alias("raw_value"),
-            F.when(F.col("kind") == DEAD, F.col("parse_error")).alias("parse_error"),
-            "heartbeat_lsn",
-            F.when(is_schema, F.col("value_schema_json")).alias("schema_json"),
-        )
-    ).alias("e")
-    history = F.collect_list(
-        F.when(is_change, F.struct(*order, "is_delete", "after_json", "unchanged"))
-    ).alias("history")
-    after = F.col("e.after_json")
-    # The header names unchanged columns of any type; the placeholder's forms are for
-    # records from elsewhere.
-    has_placeholder = F.coalesce(F.col("e.unchanged"), F.lit("")) != F.lit("")
-    for text in sorted(PLACEHOLDER_TEXTS):
-        has_placeholder = has_placeholder | after.contains(text)
-    return (
-        with_kind.groupBy("topic", "table", group.alias("group"))
-        .agg(newest, history)
-        .select(
-            "topic",
-            "table",
-            "e.*",
-            F.when(has_placeholder & (F.size("history") > 1), F.col("history")).alias("history"),
-        )
-        .coalesce(1)
-    )
+
+
+def by_key(events: DataFrame, partitions: int | None) -> DataFrame:
+    """The frame as the tasks apply it: every event of one (topic, key) in one partition.
+
+    Without ``partitions`` it is the Kafka source's own partitioning, one Spark partition
+    per Kafka partition, which already holds every event of its keys: no shuffle. With
+    ``partitions`` (``--min-partitions``: the source then splits a Kafka partition's offset
+    range across tasks) the frame is hash-partitioned by (topic, key) into that many.
+    """
+    if not partitions:
+        return events
+    return events.repartition(partitions, "topic", "key_json")

@@ -409,6 +409,10 @@ class SparkSettings(BaseModel):
     checkpoint_dir: str = Field(default=".stack/checkpoints", validate_default=True)
     trigger_interval: str = "500 milliseconds"
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    # Tasks per micro-batch when more than the topics' partitions: the Kafka source splits
+    # offset ranges and the jobs spread the batch by (topic, key) hash (one shuffle). Unset:
+    # one task per Kafka partition and no shuffle (one key lives in one partition).
+    min_partitions: int | None = Field(default=None, ge=1)
     starting_offsets: str = "earliest"
 
     @field_validator("checkpoint_dir")

@@ -108,6 +108,8 @@ MEANINGS = {
     "spark.master": "Spark master of the sync jobs",
     "spark.trigger_interval": "micro-batch interval of the sync jobs",
     "spark.max_offsets_per_trigger": "records per micro-batch at most (none: no limit)",
+    "spark.min_partitions": "tasks per micro-batch when above the partition count "
+    "(spread by key hash); none: a task per Kafka partition",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",
     "health_port": "port of the reader's `/healthz` (alive) and `/readyz` (streaming, "

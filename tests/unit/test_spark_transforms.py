@@ -49,7 +49,8 @@ def _frame(spark: Any, records: list[tuple[Any, ...]]) -> Any:
 
 
 def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
-    from spark_jobs.transforms import latest_per_key, parse_events
+    from spark_jobs.reduce import latest_per_key
+    from spark_jobs.transforms import classify, parse_events
 
     df = _frame(
         spark,
@@ -68,8 +69,8 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
             (b'{"serverName":"shop"}', b'{"ts_ms":2,"lsn":900}', [], "__cdc-heartbeat.shop"),
         ],
     )
-    events = parse_events(df, PREFIX, heartbeat_topic="__cdc-heartbeat.shop")
-    rows = [r.asDict() for r in latest_per_key(events).collect()]
+    events = classify(parse_events(df, PREFIX, heartbeat_topic="__cdc-heartbeat.shop"))
+    rows = latest_per_key(events.collect())
     changes = {orjson.loads(r["key_json"])["id"]: r for r in rows if r["kind"] == "change"}
     assert set(changes) == {1, 2, 3}
     assert orjson.loads(changes[1]["after_json"]) == {"id": 1, "v": "b"}
@@ -90,7 +91,8 @@ def test_parse_then_reduce_keeps_the_newest_event_per_key(spark: Any) -> None:
     assert orjson.loads(schema["schema_json"]) == {"type": "struct", "fields": []}
     assert changes[1]["schema_id"] == schema["schema_id"]
     assert len(rows) == 3 + 1 + 2 + 1
-    assert latest_per_key(events).rdd.getNumPartitions() == 1
+    # No shuffle: the frame the tasks reduce is the source's own partitioning.
+    assert "Exchange" not in events._jdf.queryExecution().executedPlan().toString()
 
 
 def test_topic_pattern_matches_table_topics_only() -> None:
@@ -108,7 +110,8 @@ def test_topic_pattern_matches_table_topics_only() -> None:
 def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: Any) -> None:
     from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER
     from spark_jobs.changes import ChangeBuilder
-    from spark_jobs.transforms import latest_per_key, parse_events
+    from spark_jobs.reduce import latest_per_key
+    from spark_jobs.transforms import classify, parse_events
 
     big = "x" * 9000
     df = _frame(
@@ -121,7 +124,7 @@ def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: 
     )
     rows = {
         orjson.loads(r["key_json"])["id"]: r
-        for r in latest_per_key(parse_events(df, PREFIX)).collect()
+        for r in latest_per_key(classify(parse_events(df, PREFIX)).collect())
         if r["kind"] == "change"
     }
     build = ChangeBuilder()
@@ -136,7 +139,8 @@ def test_unchanged_toast_is_filled_from_an_older_event_of_the_same_batch(spark: 
 
 def test_keyless_records_truncates_and_headers(spark: Any) -> None:
     from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER, HEADER_UNCHANGED
-    from spark_jobs.transforms import latest_per_key, parse_events
+    from spark_jobs.reduce import latest_per_key
+    from spark_jobs.transforms import classify, parse_events
 
     log = f"{PREFIX}.public.log"
     df = _frame(
@@ -161,7 +165,7 @@ def test_keyless_records_truncates_and_headers(spark: Any) -> None:
             (_key(3), _event("c", {"id": 3}, 1), [(HEADER_COMMIT_LSN, str(2**64).encode())]),
         ],
     )
-    rows = [r.asDict() for r in latest_per_key(parse_events(df, PREFIX)).collect()]
+    rows = latest_per_key(classify(parse_events(df, PREFIX)).collect())
     kinds = sorted(r["kind"] for r in rows if r["kind"] != "schema")
     assert kinds == ["change", "change", "dead", "keyless", "keyless", "keyless", "truncate"]
     assert {r["table"] for r in rows if r["kind"] == "keyless"} == {"public.log"}
@@ -173,3 +177,30 @@ def test_keyless_records_truncates_and_headers(spark: Any) -> None:
     (dead,) = [r for r in rows if r["kind"] == "dead"]
     assert dead["parse_error"] == f"the {HEADER_COMMIT_LSN} header is no LSN"
     assert dead["raw_value"] is not None
+
+
+def test_spread_by_key_puts_every_event_of_a_key_in_one_task(spark: Any) -> None:
+    """With --min-partitions the batch is hash-partitioned by (topic, key): each task still
+    holds every event of its keys, so the per-task reduction keeps the newest."""
+    from spark_jobs.reduce import latest_per_key
+    from spark_jobs.transforms import by_key, classify, parse_events
+
+    records = [
+        (_key(k), _event("u", {"id": k, "v": n}, 100 + n), _headers(1000 + 10 * n + k, 0))
+        for n in range(5)
+        for k in range(12)
+    ]
+    events = by_key(classify(parse_events(_frame(spark, records), PREFIX)), 4)
+    parts = events.rdd.glom().collect()
+    assert len(parts) == 4 and sum(1 for p in parts if p) > 1  # spread, not funnelled
+    keys_per_task = [{r["key_json"] for r in p} for p in parts]
+    for i, a in enumerate(keys_per_task):
+        for b in keys_per_task[i + 1 :]:
+            assert not a & b
+    newest = {
+        orjson.loads(r["key_json"])["id"]: orjson.loads(r["after_json"])["v"]
+        for p in parts
+        for r in latest_per_key(p)
+        if r["kind"] == "change"
+    }
+    assert newest == dict.fromkeys(range(12), 4)

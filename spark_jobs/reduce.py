@@ -1,0 +1,127 @@
+"""The batch's one reduction, inside one task: the newest event per (topic, key).
+
+Runs in the Python workers, over the rows of one Spark partition of the parsed and
+classified frame (:func:`spark_jobs.transforms.classify`). One Spark partition holds every
+event of its keys for the micro-batch: without ``--min-partitions`` it is one Kafka
+partition (the reader keys records by primary key, so one key lives in one partition), and
+with it the frame is hash-partitioned by (topic, key) first. So the reduction needs no
+shuffle and no single-partition funnel, and the tasks of a batch apply in parallel.
+
+What comes out has the shape the apply loop takes (one row per key, as
+:func:`spark_jobs.apply_loop.apply_partition` documents): the newest change per key by
+(commit LSN, position in the transaction, Kafka offset), with the older events of the key
+in ``history`` when the newest one leaves a TOASTed column unchanged (one of them may hold
+the value); every other record as it came, with its ``kind``; and one ``schema`` row per
+distinct event schema of the partition.
+
+Pure code (rows are mappings: Spark's ``Row`` or dicts); no Spark needed to test it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sinks.base import PLACEHOLDER_TEXTS
+from spark_jobs.transforms import CHANGE, SCHEMA
+
+# A commit LSN header beyond 2**63-1 reads as null: it sorts after every other version, so
+# it wins and the change builder stops on it (no later change could be ordered either).
+_BEYOND = 1 << 64
+
+_HISTORY_FIELDS = ("commit_lsn", "tx_order", "offset", "is_delete", "after_json", "unchanged")
+_CHANGE_FIELDS = (
+    "kind",
+    "topic",
+    "table",
+    "partition",
+    "offset",
+    "key_json",
+    "is_delete",
+    "op",
+    "after_json",
+    "unchanged",
+    "schema_id",
+    "commit_lsn",
+    "tx_order",
+    "source_ts_ms",
+)
+
+
+def _version(row: Mapping[str, Any]) -> tuple[int, int, int]:
+    lsn = row["commit_lsn"]
+    return (_BEYOND if lsn is None else lsn, row["tx_order"] or 0, row["offset"])
+
+
+def _has_placeholder(row: Mapping[str, Any]) -> bool:
+    if row["unchanged"]:
+        return True
+    after = row["after_json"]
+    return after is not None and any(text in after for text in PLACEHOLDER_TEXTS)
+
+
+def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The partition reduced: one change row per (topic, key), the other records as they
+    are, and each distinct schema once (``schema_id``, ``schema_json``)."""
+    newest: dict[tuple[str, str], Mapping[str, Any]] = {}
+    # Every event of a key that has more than one in the partition, in arrival order.
+    older: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    schemas: dict[tuple[str, int], tuple[str, str]] = {}
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        schema_json = row["value_schema_json"]
+        if schema_json is not None:
+            sid = (row["topic"], row["schema_id"])
+            if sid not in schemas:
+                schemas[sid] = (row["table"], schema_json)
+        if row["kind"] != CHANGE:
+            out.append(_other(row))
+            continue
+        key = (row["topic"], row["key_json"])
+        held = newest.get(key)
+        if held is None:
+            newest[key] = row
+            continue
+        seen = older.get(key)
+        if seen is None:
+            seen = older[key] = [held]
+        seen.append(row)
+        if _version(row) >= _version(held):
+            newest[key] = row
+    for key, row in newest.items():
+        change = {f: row[f] for f in _CHANGE_FIELDS}
+        events = older.get(key)
+        change["history"] = (
+            [{f: e[f] for f in _HISTORY_FIELDS} for e in events]
+            if events is not None and _has_placeholder(row)
+            else None
+        )
+        out.append(change)
+    for (topic, schema_id), (table, schema_json) in schemas.items():
+        out.append(
+            {
+                "kind": SCHEMA,
+                "topic": topic,
+                "table": table,
+                "schema_id": schema_id,
+                "schema_json": schema_json,
+            }
+        )
+    return out
+
+
+def _other(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record that is no change (dead, heartbeat, truncate, keyless), as it came."""
+    return {
+        "kind": row["kind"],
+        "topic": row["topic"],
+        "table": row["table"],
+        "partition": row["partition"],
+        "offset": row["offset"],
+        "key_json": row["key_json"],
+        "after_json": row["after_json"],
+        "raw_value": row["raw_value"],
+        "parse_error": row["parse_error"],
+        "heartbeat_lsn": row["heartbeat_lsn"],
+        "commit_lsn": row["commit_lsn"],
+    }

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
     UNAVAILABLE_VALUE_PLACEHOLDERS,
     VersionOrder,
 )
+
+T = TypeVar("T")
 
 
 class Outcome(StrEnum):
@@ -308,3 +310,22 @@ class BatchOutcomes:
             r if r is not None else ApplyResult.of(c, Outcome.FAILED, "no outcome (bug)")
             for c, r in zip(self._changes, self._results, strict=True)
         ]
+
+
+def chunks_by_bytes(
+    items: Sequence[T], size_of: Callable[[T], int], max_bytes: int
+) -> Iterator[list[T]]:
+    """``items`` in order, cut into runs of at most ``max_bytes`` (by ``size_of``): a
+    request is sized by what it carries, not by a count. An item larger than ``max_bytes``
+    on its own makes a run of one (the server decides whether it takes it)."""
+    run: list[T] = []
+    size = 0
+    for item in items:
+        n = size_of(item)
+        if run and size + n > max_bytes:
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += n
+    if run:
+        yield run

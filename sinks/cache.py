@@ -59,7 +59,14 @@ from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import redis_cluster_url, redis_options
 from pgcdc.core.settings import RedisSettings
 from sinks import cache_keys
-from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
+from sinks.base import (
+    ApplyResult,
+    BatchOutcomes,
+    Change,
+    Outcome,
+    chunks_by_bytes,
+    split_unchanged,
+)
 from sinks.cache_script import SCRIPT, Reply, parse_version, version_string, watermark_string
 
 __all__ = ["CacheSink"]
@@ -89,10 +96,13 @@ class CacheSink:
         client: redis.Redis | RedisCluster | None = None,
         client_options: Mapping[str, Any] | None = None,
         cluster: bool = False,
+        pipeline_max_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         """``client_options`` are more keyword arguments of ``redis.Redis.from_url`` (TLS
         files: :func:`pgcdc.core.follower_clients.redis_options`). ``cluster`` (or
-        ``cluster=true`` in the URL's query): talk to a Redis Cluster."""
+        ``cluster=true`` in the URL's query): talk to a Redis Cluster.
+        ``pipeline_max_bytes`` caps the script arguments one pipeline carries."""
+        self.pipeline_max_bytes = pipeline_max_bytes
         if value_mode not in ("hash", "json"):
             raise ConfigError(f"value_mode must be 'hash' or 'json', not {value_mode!r}")
         if not key_prefix:
@@ -136,7 +146,12 @@ class CacheSink:
             settings.value_mode,
             settings.ttl_s,
             settings.tombstone_ttl_s,
-            **{"client_options": redis_options(settings), "cluster": settings.cluster, **kwargs},
+            **{
+                "client_options": redis_options(settings),
+                "cluster": settings.cluster,
+                "pipeline_max_bytes": settings.pipeline_max_bytes,
+                **kwargs,
+            },
         )
 
     # -- keys ----------------------------------------------------------------------------
@@ -248,6 +263,16 @@ class CacheSink:
         return self._run(calls, outcomes)
 
     def _run(self, calls: list[_Call], outcomes: BatchOutcomes) -> list[tuple[int, Change]]:
+        """Send the script calls in pipelines of at most ``pipeline_max_bytes``; return JSON
+        merges that raced."""
+        raced: list[tuple[int, Change]] = []
+        for run in chunks_by_bytes(calls, _call_bytes, self.pipeline_max_bytes):
+            raced.extend(self._run_pipeline(run, outcomes))
+        return raced
+
+    def _run_pipeline(
+        self, calls: list[_Call], outcomes: BatchOutcomes
+    ) -> list[tuple[int, Change]]:
         """Send the script calls in one pipeline; return JSON merges that raced."""
         raced: list[tuple[int, Change]] = []
         pending = calls
@@ -360,6 +385,11 @@ class CacheSink:
             raise RetryableSinkError(f"Redis unreachable: {e}") from e
         except RedisError as e:
             raise SinkError(f"Redis refused a read: {e}") from e
+
+
+def _call_bytes(call: _Call) -> int:
+    """What a script call weighs in a pipeline: its keys' and arguments' characters."""
+    return sum(map(len, call[2])) + sum(map(len, call[3]))
 
 
 def _check_table(table: str) -> None:

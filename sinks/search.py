@@ -52,7 +52,14 @@ from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import opensearch_options
 from pgcdc.core.settings import SearchSettings
-from sinks.base import ApplyResult, BatchOutcomes, Change, Outcome, split_unchanged
+from sinks.base import (
+    ApplyResult,
+    BatchOutcomes,
+    Change,
+    Outcome,
+    chunks_by_bytes,
+    split_unchanged,
+)
 from sinks.search_index import (
     DEFAULT_GC_DELETES,
     WATERMARK_MAPPING,
@@ -117,8 +124,14 @@ class SearchSink:
         client: OpenSearch | None = None,
         sleep: Callable[[float], None] = time.sleep,
         client_options: Mapping[str, Any] | None = None,
+        bulk_max_bytes: int = 10 * 1024 * 1024,
+        shards: int = 1,
+        replicas: int = 0,
+        refresh_interval: str = "1s",
     ) -> None:
         check_index_prefix(index_prefix)
+        self.bulk_max_bytes = bulk_max_bytes
+        self.shards, self.replicas, self.refresh_interval = shards, replicas, refresh_interval
         self.index_prefix = index_prefix
         self.refresh = refresh
         self.gc_deletes = gc_deletes
@@ -141,7 +154,14 @@ class SearchSink:
         return cls(
             settings.url.get_secret_value(),
             settings.index_prefix,
-            **{"client_options": opensearch_options(settings), **kwargs},
+            **{
+                "client_options": opensearch_options(settings),
+                "bulk_max_bytes": settings.bulk_max_bytes,
+                "shards": settings.number_of_shards,
+                "replicas": settings.number_of_replicas,
+                "refresh_interval": settings.refresh_interval,
+                **kwargs,
+            },
         )
 
     # -- indices -------------------------------------------------------------------------
@@ -172,7 +192,13 @@ class SearchSink:
         return name
 
     def _create_index(self, name: str, mapping: Mapping[str, Any]) -> None:
-        body = {"settings": index_settings(self.gc_deletes), "mappings": mapping}
+        settings = index_settings(
+            self.gc_deletes,
+            shards=self.shards,
+            replicas=self.replicas,
+            refresh_interval=self.refresh_interval,
+        )
+        body = {"settings": settings, "mappings": mapping}
 
         def create() -> None:
             if not self.client.indices.exists(index=name):
@@ -339,7 +365,14 @@ class SearchSink:
         return found
 
     def _bulk(self, ops: list[_Op], outcomes: BatchOutcomes) -> None:
-        """Send the actions; items refused with 429/5xx are sent again with backoff."""
+        """Send the actions in requests of at most ``bulk_max_bytes``."""
+        for run in chunks_by_bytes(ops, lambda op: len(op.action), self.bulk_max_bytes):
+            self._bulk_request(run, outcomes)
+
+    def _bulk_request(self, ops: list[_Op], outcomes: BatchOutcomes) -> None:
+        """One bulk request; items refused with 429/5xx are sent again with backoff. A body
+        the server finds too large (413) is split in two and each half sent; a single
+        document too large on its own is refused for good (it goes to the dead letter)."""
         params = {"refresh": "true" if self.refresh else "false"}
         attempts = self._retrying.max_attempts
         pending = ops
@@ -349,6 +382,9 @@ class SearchSink:
             try:
                 response = self.client.bulk(body=body, params=params)
             except TransportError as e:
+                if e.status_code == 413:
+                    self._too_large(pending, len(body), outcomes)
+                    return
                 if not retryable_status(e.status_code):
                     raise SinkError(f"OpenSearch refused the bulk request: {e}") from e
                 if last:
@@ -377,6 +413,26 @@ class SearchSink:
                 return
             pending = again
             self._retrying.pause(attempt)
+
+    def _too_large(self, ops: list[_Op], size: int, outcomes: BatchOutcomes) -> None:
+        """A request answered 413: halves sent again, or a lone document refused."""
+        if len(ops) > 1:
+            log.warning(
+                "bulk request of %d bytes too large for OpenSearch (413): split in two "
+                "(lower search.bulk_max_bytes)",
+                size,
+            )
+            half = len(ops) // 2
+            self._bulk_request(ops[:half], outcomes)
+            self._bulk_request(ops[half:], outcomes)
+            return
+        (op,) = ops
+        reason = (
+            f"document of {size} bytes is larger than OpenSearch takes in one request "
+            "(HTTP 413: raise http.max_content_length on the server)"
+        )
+        outcomes.set(op.slot, Outcome.FAILED, reason)
+        log.warning("document refused: %s", reason, extra={"table": op.table})
 
     # -- watermarks ----------------------------------------------------------------------
 

@@ -146,12 +146,20 @@ def _index_name_problem(name: str) -> str | None:
     return None
 
 
-def index_settings(gc_deletes: str = DEFAULT_GC_DELETES) -> dict[str, Any]:
-    """Settings for our indices: one shard and no replicas on a single node."""
+def index_settings(
+    gc_deletes: str = DEFAULT_GC_DELETES,
+    *,
+    shards: int = 1,
+    replicas: int = 0,
+    refresh_interval: str = "1s",
+) -> dict[str, Any]:
+    """Settings for our indices (``search.number_of_shards``, ``number_of_replicas``,
+    ``refresh_interval``; the defaults suit a single node)."""
     return {
         "index": {
-            "number_of_shards": 1,
-            "number_of_replicas": 0,
+            "number_of_shards": shards,
+            "number_of_replicas": replicas,
+            "refresh_interval": refresh_interval,
             "gc_deletes": gc_deletes,
         }
     }

@@ -371,6 +371,9 @@ class RedisSettings(BaseModel):
     ssl_ca_location: str | None = None
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
+    # One pipeline carries at most this many bytes of script arguments (a batch is sent in
+    # as many pipelines as it needs): bounds the sink's and the server's buffers.
+    pipeline_max_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
 
     @model_validator(mode="after")
     def _tls_needs_rediss(self) -> RedisSettings:
@@ -392,6 +395,17 @@ class SearchSettings(BaseModel):
     verify_certs: bool = True
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
+    # One bulk request carries at most this many bytes (OpenSearch refuses bodies over
+    # http.max_content_length, 100 MB by default, with 413; its docs advise 5-15 MB); a 413
+    # is split and sent again, and a single document over the server's limit is dead-lettered.
+    bulk_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    # Settings of the indices the sink creates (an existing index keeps its own). One shard
+    # is enough for millions of rows per table on one node; replicas 0 because a single node
+    # cannot place a replica (the index would stay yellow), raise it on a cluster; refresh
+    # every second is OpenSearch's default and what keeps commit-to-searchable near 1 s.
+    number_of_shards: int = Field(default=1, ge=1)
+    number_of_replicas: int = Field(default=0, ge=0)
+    refresh_interval: str = "1s"
 
     @model_validator(mode="after")
     def _auth_complete(self) -> SearchSettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 import redis
 
@@ -333,3 +334,26 @@ def test_the_widest_postgresql_row(sink: CacheSink) -> None:
     doc = {f"c{i}": i for i in range(1600)}
     assert _outcomes(sink.apply([Change(T, "wide", 10, 0, doc)])) == ["applied"]
     assert sink.read_row(T, "wide") == doc
+
+
+def test_pipelines_are_sized_by_bytes(
+    endpoints: Endpoints, key_prefix: str, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = CacheSink(endpoints.redis_url, key_prefix, pipeline_max_bytes=8192)
+    sizes: list[int] = []
+    send = sink._run_pipeline
+
+    def counted(calls: Any, outcomes: Any) -> Any:
+        sizes.append(sum(len(a) for c in calls for a in (*c[2], *c[3])))
+        return send(calls, outcomes)
+
+    monkeypatch.setattr(sink, "_run_pipeline", counted)
+    try:
+        changes = [
+            Change("public.items", str(i), 10 + i, 0, {"body": "z" * 1000}) for i in range(60)
+        ]
+        assert set(_outcomes(sink.apply(changes))) == {"applied"}
+    finally:
+        sink.close()
+    assert len(sizes) >= 60 * 1000 // 8192 and max(sizes) <= 8192
+    assert orjson.loads(raw.hget(f"{key_prefix}:public.items:59", "body")) == "z" * 1000

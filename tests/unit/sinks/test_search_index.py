@@ -219,4 +219,8 @@ def test_index_settings_keep_tombstones_longer_than_the_default() -> None:
     s = index_settings()["index"]
     assert s["number_of_shards"] == 1 and s["number_of_replicas"] == 0
     assert s["gc_deletes"] == "24h"
+    assert s["refresh_interval"] == "1s"
+    custom = index_settings(shards=3, replicas=1, refresh_interval="250ms")["index"]
+    assert (custom["number_of_shards"], custom["number_of_replicas"]) == (3, 1)
+    assert custom["refresh_interval"] == "250ms"
     assert dynamic_mapping() == {"dynamic": True, "date_detection": False}

@@ -49,6 +49,7 @@ from spark_jobs.transforms import (
     classify,
     parse_events,
 )
+from spark_jobs.watermark import Watermark, progress_complete
 
 log = logging.getLogger(__name__)
 
@@ -223,10 +224,26 @@ class ApplyBatch:
         self.settings = settings
         self.opts = opts
         self.make_sink = make_sink
-        # With a rate limit a batch may stop short in some partitions, so a heartbeat in it
-        # does not prove that everything before its LSN was read: fall back to the events'
-        # own LSNs.
-        self.exact = opts.heartbeat_topic is not None and not opts.max_offsets_per_trigger
+        # Heartbeats give an exact watermark (spark_jobs.watermark); without them, the
+        # highest applied commit LSN stands in (approximate across partitions).
+        self.exact = opts.heartbeat_topic is not None
+        self.watermarks = Watermark()
+        # The query's last progress report (set by the job once the query started): under
+        # a rate limit it tells whether the previous batch reached the end of the topics.
+        self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
+
+    def _watermark(self, batch_id: int, total: BatchStats) -> int:
+        """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
+        :mod:`spark_jobs.watermark`'s."""
+        if not self.exact:
+            return total.max_commit_lsn
+        self.watermarks.seen(batch_id, total.heartbeat_lsn)
+        if not self.opts.max_offsets_per_trigger:
+            return self.watermarks.complete(batch_id)  # every batch is complete
+        previous = self.last_progress()
+        if previous and previous.get("batchId") == batch_id - 1 and progress_complete(previous):
+            return self.watermarks.complete(batch_id - 1)
+        return 0
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
@@ -239,11 +256,7 @@ class ApplyBatch:
         # reduces and applies its own keys; the driver only gathers the counts.
         for stats in events.rdd.mapPartitions(apply).collect():
             total.add(stats)
-        # The watermark: every change committed before it is applied. A heartbeat carries the
-        # reader's acknowledged LSN, and the reader sends it only after Kafka acknowledged
-        # everything before it, so this batch (planned after the heartbeat was visible) holds
-        # all of those changes, and they are applied by now.
-        watermark = total.heartbeat_lsn if self.exact else total.max_commit_lsn
+        watermark = self._watermark(batch_id, total)
         if watermark:
             sink = cached_sink(self.settings, self.opts.name, self.make_sink)
             sink.record_watermark(self.opts.name, watermark)

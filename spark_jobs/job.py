@@ -60,9 +60,10 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
     spark = spark_session(settings, f"cdc-{opts.name}")
     spark.sparkContext.setLogLevel("WARN")
 
+    batch = ApplyBatch(settings, opts, make_sink)
     writer = (
         kafka_stream(spark, settings, opts)
-        .writeStream.foreachBatch(ApplyBatch(settings, opts, make_sink))
+        .writeStream.foreachBatch(batch)
         .option("checkpointLocation", opts.checkpoint)
     )
     writer = (
@@ -71,6 +72,7 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         else writer.trigger(processingTime=opts.trigger_interval)
     )
     query = writer.start()
+    batch.last_progress = lambda: query.lastProgress
     health = None
     if health_port is not None:
 

@@ -353,9 +353,12 @@ class Snapshotter:
         held: tuple[int, Row, bytes | None, bool] | None = None
         ts_us = int(time.time() * 1_000_000)
 
-        def send(topic: str, key: bytes | None, value: bytes | None) -> None:
+        def send(
+            topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+        ) -> None:
             nonlocal counter
-            self._publisher.send(txn, topic, key, value, version_headers(headers_lsn, counter))
+            headers = version_headers(headers_lsn, counter)
+            self._publisher.send(txn, topic, key, value, headers, partition)
             counter += 1
 
         def emit(
@@ -381,8 +384,14 @@ class Snapshotter:
             store = stale[index]
             if store is not None and len(store):
                 claimed = [(k, self._encoder.key_identity(table, k)) for k in keys if k]
-                for old in store.claim(claimed):
-                    send(topics[index], old, None)
+                olds = store.claim(claimed)
+                by_identity = {i: k for k, i in claimed} if olds else {}
+                for old in olds:
+                    # In the new record's partition: a follower applies one partition in
+                    # order, so the tombstone cannot overtake the row it precedes.
+                    new = by_identity[self._encoder.key_identity(table, old)]
+                    partition = self._publisher.partition_for(topics[index], new)
+                    send(topics[index], old, None, partition)
             return keys
 
         try:

@@ -255,7 +255,12 @@ class KafkaSettings(BaseModel):
 
     bootstrap_servers: str = ports.KAFKA_BOOTSTRAP
     topic_prefix: str = "cdc"
-    partitions: int = Field(default=1, ge=1)
+    # Partitions of each table topic the reader creates: how many tasks apply a micro-batch
+    # in parallel (one key lives in one partition, so per-key order holds). 3 fits a
+    # three-broker cluster (a leader on each), keeps both local[2] cores and a two-worker
+    # cluster busy, and costs little per batch (a task each). Raise it for more parallelism
+    # before the topics exist: adding partitions later moves keys between partitions.
+    partitions: int = Field(default=3, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     # min.insync.replicas of the topics the reader creates (none: the brokers' default).
     # With replication_factor 3, 2 lets one broker be down while acks=all writes go on.

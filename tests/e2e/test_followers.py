@@ -338,9 +338,12 @@ def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> N
 
     def compacted() -> bool:
         t = f"{converged.name}.public.orders"
-        lo, hi = consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)
-        # Count what is left by reading it: compaction removes records below the end.
-        consumer.assign([TopicPartition(t, 0, lo)])
+        parts = consumer.list_topics(t, timeout=10).topics[t].partitions
+        lo_hi = [consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10) for p in parts]
+        lo, hi = sum(x[0] for x in lo_hi), sum(x[1] for x in lo_hi)
+        # Count what is left by reading it (every partition): compaction removes records
+        # below the end.
+        consumer.assign([TopicPartition(t, p, x[0]) for p, x in zip(parts, lo_hi, strict=True)])
         seen = 0
         while True:
             msgs = consumer.consume(5000, timeout=2)

@@ -70,6 +70,9 @@ class ReaderEnv:
             CDC_POSTGRES__PUBLICATION_NAME=self.slot,
             CDC_KAFKA__BOOTSTRAP_SERVERS=self.bootstrap,
             CDC_KAFKA__TOPIC_PREFIX=self.prefix,
+            # These tests read a table's events back in commit order: one partition (a test
+            # that wants more passes CDC_KAFKA__PARTITIONS).
+            CDC_KAFKA__PARTITIONS="1",
             # Under the test's prefix, so the topic_prefix fixture deletes it too.
             CDC_KAFKA__HEARTBEAT_TOPIC=f"{self.prefix}.heartbeat",
             PYTHONUNBUFFERED="1",

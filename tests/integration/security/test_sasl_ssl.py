@@ -58,6 +58,7 @@ class SecureRun:
             CDC_POSTGRES__SLOT_NAME=self.name,
             CDC_POSTGRES__PUBLICATION_NAME=self.name,
             CDC_KAFKA__TOPIC_PREFIX=self.name,
+            CDC_KAFKA__PARTITIONS="1",  # read back from partition 0
             CDC_KAFKA__HEARTBEAT_TOPIC=f"{self.name}.heartbeat",
             CDC_KAFKA__DEAD_LETTER_TOPIC=f"{self.name}.dlq",
             CDC_REDIS__KEY_PREFIX=self.name,

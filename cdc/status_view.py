@@ -66,11 +66,14 @@ def _followers_table(followers: Mapping[str, Mapping[str, Any]]) -> Table:
     table.add_column("job")
     table.add_column("watermark")
     table.add_column("behind")
+    table.add_column("job metrics (spark.job_endpoints)")
     for job, f in followers.items():
         if "error" in f:
-            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]))
+            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]), "-")
         else:
-            table.add_row(job, _text(f.get("watermark")), _size(f.get("behind_bytes")))
+            table.add_row(
+                job, _text(f.get("watermark")), _size(f.get("behind_bytes")), _job(f.get("job"))
+            )
     return table
 
 
@@ -92,6 +95,19 @@ def _snapshots_table(snapshots: list[Mapping[str, Any]]) -> Table:
             _text(s.get("via")),
         )
     return table
+
+
+def _job(m: Mapping[str, Any] | None) -> str:
+    if not m:
+        return "-"
+    if "error" in m:
+        return escape(f"unreachable: {m['error']}")
+    return (
+        f"applied {m['applied']}, skipped {m['skipped']}, failed {m['failed']}, "
+        f"dead-lettered {m['dead_lettered']}; {m['batches']} batches, "
+        f"mean {_text(m['mean_batch_ms'])} ms; lag {_text(m['lag_records'])} records, "
+        f"{_size(m['lag_lsn_bytes'])} of WAL"
+    )
 
 
 def render(status: Mapping[str, Any], console: Console) -> None:

@@ -6,6 +6,7 @@ applications wait for it to pass their own commit LSN to read their writes.
 
 from __future__ import annotations
 
+import urllib.request
 from typing import Any
 
 from pgcdc.core.contract import CACHE_JOB, JOBS
@@ -32,8 +33,55 @@ def _watermark(settings: Settings, job: str) -> int | None:
         search.close()
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """``name{labels}`` → value of a Prometheus text exposition, the ``job`` label dropped
+    (one job's endpoint is read at a time)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if "{" in name:
+            base, _, labels = name.partition("{")
+            kept = [
+                lab for lab in labels.rstrip("}").split(",") if lab and not lab.startswith("job=")
+            ]
+            name = base + ("{" + ",".join(kept) + "}" if kept else "")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def job_metrics(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """What a running job's ``/metrics`` says, for ``cdc status``: records by outcome,
+    batches and their mean duration, lag in records and in WAL bytes; or an error line."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
+            m = parse_metrics(r.read().decode())
+    except OSError as e:
+        return {"error": f"{url}: {e}"}
+    batches = m.get("cdc_job_batch_seconds_count", 0.0)
+    out: dict[str, Any] = {
+        outcome: int(m.get(f'cdc_job_records_total{{outcome="{outcome}"}}', 0))
+        for outcome in ("applied", "skipped", "failed", "dead_lettered")
+    }
+    out["batches"] = int(batches)
+    out["mean_batch_ms"] = (
+        round(1000 * m.get("cdc_job_batch_seconds_sum", 0.0) / batches) if batches else None
+    )
+    for name, key in (
+        ("cdc_job_lag_records", "lag_records"),
+        ("cdc_job_lag_lsn_bytes", "lag_lsn_bytes"),
+    ):
+        out[key] = int(m[name]) if name in m else None
+    return out
+
+
 def follower_status(settings: Settings, current_lsn: Lsn | None = None) -> dict[str, Any]:
-    """``{job: {"watermark": "X/Y" | None, "behind_bytes": int | None}}`` or an error line."""
+    """``{job: {"watermark": "X/Y" | None, "behind_bytes": int | None}}`` or an error line;
+    with ``jobs`` (a job's ``--health-port`` URL in ``spark.job_endpoints``), its metrics."""
     out: dict[str, Any] = {}
     for job in JOBS:
         try:
@@ -45,6 +93,9 @@ def follower_status(settings: Settings, current_lsn: Lsn | None = None) -> dict[
         if w is not None and current_lsn is not None:
             behind = max(0, current_lsn.value - w)
         out[job] = {"watermark": str(Lsn(w)) if w is not None else None, "behind_bytes": behind}
+        url = settings.spark.job_endpoints.get(job)
+        if url:
+            out[job]["job"] = job_metrics(url)
     return out
 
 

@@ -26,7 +26,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -36,8 +35,10 @@ from pgcdc.core.settings import Settings
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
 from spark_jobs.changes import ChangeBuilder, RecordError
+from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.reduce import latest_per_key
+from spark_jobs.stats import BatchStats
 from spark_jobs.transforms import (
     CHANGE,
     DEAD,
@@ -57,44 +58,6 @@ log = logging.getLogger(__name__)
 SinkFactory = Callable[[Settings], Sink]
 
 _CHUNK = 2000  # changes per sink.apply call
-
-
-@dataclass
-class BatchStats:
-    """What a partition (or, summed, a batch) did."""
-
-    applied: int = 0
-    skipped: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    keyless: int = 0  # records of keyless tables, skipped
-    truncates: int = 0  # Debezium t events, skipped
-    max_commit_lsn: int = 0
-    heartbeat_lsn: int = 0
-    keyless_tables: set[str] = field(default_factory=set)
-
-    def add(self, other: BatchStats) -> None:
-        self.applied += other.applied
-        self.skipped += other.skipped
-        self.failed += other.failed
-        self.dead_lettered += other.dead_lettered
-        self.keyless += other.keyless
-        self.truncates += other.truncates
-        self.max_commit_lsn = max(self.max_commit_lsn, other.max_commit_lsn)
-        self.heartbeat_lsn = max(self.heartbeat_lsn, other.heartbeat_lsn)
-        self.keyless_tables |= other.keyless_tables
-
-    @property
-    def busy(self) -> bool:
-        """Whether anything was applied, skipped, refused or dead-lettered."""
-        return bool(
-            self.applied
-            or self.skipped
-            or self.failed
-            or self.dead_lettered
-            or self.keyless
-            or self.truncates
-        )
 
 
 _SINKS: dict[tuple[str, str], Sink] = {}
@@ -136,6 +99,7 @@ def apply_partition(
         for row in rows:
             kind = row["kind"]
             if kind == CHANGE:
+                stats.newest_commit_ms = max(stats.newest_commit_ms, row["source_ts_ms"] or 0)
                 try:
                     chunk.append(build(row))
                 except RecordError as e:
@@ -231,6 +195,7 @@ class ApplyBatch:
         # The query's last progress report (set by the job once the query started): under
         # a rate limit it tells whether the previous batch reached the end of the topics.
         self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
+        self.metrics = JobMetrics(opts.name)
 
     def _watermark(self, batch_id: int, total: BatchStats) -> int:
         """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
@@ -260,6 +225,8 @@ class ApplyBatch:
         if watermark:
             sink = cached_sink(self.settings, self.opts.name, self.make_sink)
             sink.record_watermark(self.opts.name, watermark)
+        self.metrics.batch(total, time.monotonic() - t0, watermark)
+        self.metrics.progress(self.last_progress())
         extra = {"job": self.opts.name, "batch_id": batch_id}
         if total.keyless:
             log.warning(

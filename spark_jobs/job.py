@@ -1,9 +1,10 @@
 """What every sync job does: read the CDC topics as a stream and apply each micro-batch
 through its sink until stopped (or, with ``--available-now``, until caught up).
 
-``--health-port PORT`` serves ``/healthz`` (the driver is alive) and ``/readyz`` (the query is
+``--health-port PORT`` serves ``/healthz`` (the driver is alive), ``/readyz`` (the query is
 active and processing a micro-batch now, or its last progress report is at most
-``health_ready_s`` seconds old; Spark reports progress at least every 10 s while idle).
+``health_ready_s`` seconds old; Spark reports progress at least every 10 s while idle) and
+``/metrics`` (Prometheus: :mod:`spark_jobs.metrics`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         def ready() -> tuple[bool, str]:
             return query_ready(query, settings.health_ready_s)
 
-        health = HealthServer(ready, health_port, settings.health_host).start()
+        health = HealthServer(
+            ready, health_port, settings.health_host, metrics=batch.metrics.render
+        ).start()
     log.info(
         "started %s: topics=%s checkpoint=%s",
         opts.name,

@@ -21,7 +21,14 @@ ReadyCheck = Callable[[], tuple[bool, str]]
 class HealthServer:
     """Serves ``/healthz`` and ``/readyz`` on a daemon thread until :meth:`close`."""
 
-    def __init__(self, ready: ReadyCheck, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        ready: ReadyCheck,
+        port: int,
+        host: str = "127.0.0.1",
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
+        """``metrics``: also serve ``GET /metrics`` (Prometheus text) from this call."""
         check = ready
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,6 +41,13 @@ class HealthServer:
                     except Exception as e:  # a failing check means not ready, said so
                         ok, why = False, f"readiness check failed: {type(e).__name__}: {e}"
                     self._answer(200 if ok else 503, why)
+                elif self.path == "/metrics" and metrics is not None:
+                    body = metrics()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
                 else:
                     self._answer(404, "not found: /healthz or /readyz")
 

@@ -115,6 +115,8 @@ MEANINGS = {
     "spark.max_offsets_per_trigger": "records per micro-batch at most (none: no limit)",
     "spark.min_partitions": "tasks per micro-batch when above the partition count "
     "(spread by key hash); none: a task per Kafka partition",
+    "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows "
+    "its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",
     "health_port": "port of the reader's `/healthz` (alive) and `/readyz` (streaming, "

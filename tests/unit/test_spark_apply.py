@@ -37,6 +37,7 @@ FIELDS = [
     "heartbeat_lsn",
     "parse_error",
     "raw_value",
+    "source_ts_ms",
 ]
 SCHEMA = {"type": "struct", "fields": [{"field": "after", "type": "struct", "fields": []}]}
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 
 from pgcdc.core.errors import RetryableSinkError
 from pgcdc.core.settings import Settings
@@ -58,6 +58,18 @@ log = logging.getLogger(__name__)
 SinkFactory = Callable[[Settings], Sink]
 
 _CHUNK = 2000  # changes per sink.apply call
+_MAX_PAUSE_S = 15.0  # longest wait between two runs of a batch during an outage
+
+
+def unreachable_reason(e: BaseException) -> str | None:
+    """The line saying the follower is unreachable, if ``e`` (a failed Spark job, whose
+    text carries the Python workers' tracebacks) came from a :class:`RetryableSinkError`."""
+    marker = RetryableSinkError.__name__ + ": "
+    for line in str(e).splitlines():
+        at = line.find(marker)
+        if at >= 0:
+            return line[at + len(marker) :].strip()[:300]
+    return None
 
 
 _SINKS: dict[tuple[str, str], Sink] = {}
@@ -196,6 +208,53 @@ class ApplyBatch:
         # a rate limit it tells whether the previous batch reached the end of the topics.
         self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
         self.metrics = JobMetrics(opts.name)
+        self.outage_retries = 0  # batches run again because the follower was unreachable
+
+    def _apply(
+        self,
+        events: DataFrame,
+        apply: Callable[[Iterable[Row]], Iterator[BatchStats]],
+        batch_id: int,
+    ) -> list[BatchStats]:
+        """Run the batch's tasks; while the follower is unreachable, run them again with
+        backoff, for at most ``spark.follower_retry_s`` (then the job stops, saying why).
+        Running a batch again is harmless: every write carries its version."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            try:
+                return events.rdd.mapPartitions(apply).collect()
+            except Exception as e:
+                reason = unreachable_reason(e)
+                if reason is None:
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.settings.spark.follower_retry_s
+                if now >= deadline:
+                    log.error(
+                        "batch %d: the follower stayed unreachable for %.0fs "
+                        "(spark.follower_retry_s): stopping; a restart resumes here. %s",
+                        batch_id,
+                        self.settings.spark.follower_retry_s,
+                        reason,
+                        extra={"job": self.opts.name, "batch_id": batch_id},
+                    )
+                    raise
+                delay = min(_MAX_PAUSE_S, 0.5 * 2**attempt, max(0.0, deadline - now))
+                attempt += 1
+                self.outage_retries += 1
+                log.warning(
+                    "batch %d: follower unreachable (%s); applying the batch again in %.1fs "
+                    "(attempt %d; the job stops after %.0fs of this)",
+                    batch_id,
+                    reason,
+                    delay,
+                    attempt + 1,
+                    self.settings.spark.follower_retry_s,
+                    extra={"job": self.opts.name, "batch_id": batch_id},
+                )
+                time.sleep(delay)
 
     def _watermark(self, batch_id: int, total: BatchStats) -> int:
         """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
@@ -219,7 +278,7 @@ class ApplyBatch:
         total = BatchStats()
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.
-        for stats in events.rdd.mapPartitions(apply).collect():
+        for stats in self._apply(events, apply, batch_id):
             total.add(stats)
         watermark = self._watermark(batch_id, total)
         if watermark:

@@ -432,6 +432,9 @@ class SparkSettings(BaseModel):
     # offset ranges and the jobs spread the batch by (topic, key) hash (one shuffle). Unset:
     # one task per Kafka partition and no shuffle (one key lives in one partition).
     min_partitions: int | None = Field(default=None, ge=1)
+    # How long a job keeps running a batch again while its follower is unreachable (the
+    # sink's own retries exhausted) before it stops with one line; a restart resumes there.
+    follower_retry_s: float = Field(default=600.0, ge=0)
     # Where `cdc status` finds each running job's /metrics: job name -> the URL of its
     # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
     job_endpoints: dict[str, str] = Field(default_factory=dict)

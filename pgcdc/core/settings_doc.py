@@ -115,6 +115,8 @@ MEANINGS = {
     "spark.max_offsets_per_trigger": "records per micro-batch at most (none: no limit)",
     "spark.min_partitions": "tasks per micro-batch when above the partition count "
     "(spread by key hash); none: a task per Kafka partition",
+    "spark.follower_retry_s": "seconds a job keeps retrying a batch while its follower is "
+    "unreachable, then stops",
     "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows "
     "its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",

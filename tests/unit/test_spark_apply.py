@@ -276,3 +276,16 @@ def test_a_commit_lsn_beyond_2_to_the_63_stops_the_job(
     with pytest.raises(SinkError, match=r"2\*\*63-1"):
         _apply(sink, [_row("change", key_json='{"id":1}', is_delete=True, commit_lsn=None)])
     assert published == []
+
+
+def test_an_unreachable_follower_is_told_from_other_failures() -> None:
+    spark_text = (
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ...\n"
+        '  File "/w/spark_jobs/apply_loop.py", line 181, in _apply_chunk\n'
+        "pgcdc.core.errors.RetryableSinkError: Redis unreachable: Error 111 connecting\n"
+    )
+    assert apply_loop.unreachable_reason(RuntimeError(spark_text)) == (
+        "Redis unreachable: Error 111 connecting"
+    )
+    assert apply_loop.unreachable_reason(RuntimeError("SinkError: bad password")) is None

@@ -108,6 +108,7 @@ def apply_partition(
     refused: list[dead_letter.DeadLetter] = []
     try:
         chunk: list[Change] = []
+        where: list[tuple[str, int, int]] = []  # each change's Kafka record
         for row in rows:
             kind = row["kind"]
             if kind == CHANGE:
@@ -117,8 +118,9 @@ def apply_partition(
                 except RecordError as e:
                     refused.append(_unreadable(row, str(e)))
                     continue
+                where.append((row["topic"], row["partition"], row["offset"]))
                 if len(chunk) >= _CHUNK:
-                    _apply_chunk(sink, job, chunk, stats, refused)
+                    _apply_chunk(sink, job, chunk, where, stats, refused)
             elif kind == HEARTBEAT:
                 stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
             elif kind == KEYLESS:
@@ -129,7 +131,7 @@ def apply_partition(
             elif kind == DEAD:
                 refused.append(_unreadable(row, row["parse_error"]))
         if chunk:
-            _apply_chunk(sink, job, chunk, stats, refused)
+            _apply_chunk(sink, job, chunk, where, stats, refused)
         if refused:
             stats.dead_lettered += dead_letter.publish(settings, job, refused)
     except BaseException:
@@ -152,11 +154,14 @@ def _apply_chunk(
     sink: Sink,
     job: str,
     chunk: list[Change],
+    where: list[tuple[str, int, int]],
     stats: BatchStats,
     refused: list[dead_letter.DeadLetter],
 ) -> None:
-    """Apply ``chunk`` (then empty it), counting outcomes; refusals join ``refused``."""
-    for change, res in zip(chunk, sink.apply(chunk), strict=True):
+    """Apply ``chunk`` (then empty it and ``where``, its records' Kafka positions),
+    counting outcomes; refusals join ``refused``."""
+    results = sink.apply(chunk)
+    for change, (topic, partition, offset), res in zip(chunk, where, results, strict=True):
         if res.outcome is Outcome.APPLIED:
             stats.applied += 1
         elif res.outcome is Outcome.SKIPPED:
@@ -167,6 +172,9 @@ def _apply_chunk(
             stats.failed += 1
             refused.append(
                 dead_letter.RefusedChange(
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
                     table=change.table,
                     key=change.key,
                     reason=res.reason,
@@ -176,6 +184,7 @@ def _apply_chunk(
             )
         stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
     chunk.clear()
+    where.clear()
 
 
 def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:

@@ -22,8 +22,11 @@ from pgcdc.core.settings import Settings
 
 
 class RefusedChange(TypedDict):
-    """A change the sink refused for good."""
+    """A change the sink refused for good, and the Kafka record it came from."""
 
+    topic: str
+    partition: int
+    offset: int
     table: str
     key: str
     reason: str | None
@@ -44,6 +47,11 @@ class UnreadableRecord(TypedDict):
 
 
 DeadLetter = RefusedChange | UnreadableRecord
+
+# A letter carries the record's contents up to this size; a larger one carries its Kafka
+# position and size only (the record is still in its topic), so no record is too large to
+# be dead-lettered under the broker's default 1 MB limit.
+MAX_LETTER_BYTES = 512 * 1024
 
 # (bootstrap servers, topic) known to exist, per process.
 _READY: set[tuple[str, str]] = set()
@@ -70,6 +78,31 @@ def ensure_topic(settings: Settings) -> None:
     _READY.add((k.bootstrap_servers, k.dead_letter_topic))
 
 
+def letter(rec: DeadLetter, job: str) -> bytes:
+    """The letter's JSON: the record with the job and the time; without its contents (and
+    with ``truncated`` and ``bytes``) when that would exceed :data:`MAX_LETTER_BYTES`."""
+    stamp = {"job": job, "ts_ms": int(time.time() * 1000)}
+    try:
+        body = orjson.dumps({**rec, **stamp}, option=orjson.OPT_NON_STR_KEYS)
+        size: int | None = len(body)
+    except (TypeError, orjson.JSONEncodeError):  # contents no JSON can carry
+        body, size = b"", None
+    if size is not None and size <= MAX_LETTER_BYTES:
+        return body
+    slim: dict[str, Any] = {k: v for k, v in rec.items() if k not in ("doc", "value", "key")}
+    key = rec.get("key")
+    slim["key"] = key if key is None or len(key) <= 4096 else key[:4096]
+    return orjson.dumps({**slim, **stamp, "truncated": True, "bytes": size})
+
+
+def _key(rec: DeadLetter) -> bytes | None:
+    key = rec.get("key")
+    if key is None:
+        return None
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    return raw[:4096]
+
+
 def publish(settings: Settings, job: str, records: Iterable[DeadLetter]) -> int:
     """Publish refused records with the reason; returns how many Kafka acknowledged.
 
@@ -87,12 +120,7 @@ def publish(settings: Settings, job: str, records: Iterable[DeadLetter]) -> int:
             errors.append(str(err))
 
     for rec in records:
-        producer.produce(
-            topic,
-            key=rec["key"],
-            value=orjson.dumps({**rec, "job": job, "ts_ms": int(time.time() * 1000)}),
-            on_delivery=delivered,
-        )
+        producer.produce(topic, key=_key(rec), value=letter(rec, job), on_delivery=delivered)
         sent += 1
     left = producer.flush(60)
     if left or errors:

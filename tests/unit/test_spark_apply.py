@@ -122,7 +122,7 @@ def test_changes_heartbeats_and_refusals(
     rows = [
         _change(1, {"v": "applied"}, 100),
         _change(2, {"v": "skipped"}, 300),
-        _change(3, {"v": "failed: mapping"}, 200),
+        _change(3, {"v": "failed: mapping"}, 200, offset=5),
         _row("heartbeat", heartbeat_lsn=250),
         _row("heartbeat", heartbeat_lsn=None),
         _row("dead", offset=7, key_json='{"id":4}', raw_value="junk", parse_error="bad"),
@@ -147,6 +147,9 @@ def test_changes_heartbeats_and_refusals(
     # Unreadable records as they come; refused changes once their chunk is applied.
     dead, refused = published
     assert refused == {
+        "topic": "shop.public.items",
+        "partition": 0,
+        "offset": 5,
         "table": "public.items",
         "key": "3",
         "reason": "failed: mapping",
@@ -289,3 +292,21 @@ def test_an_unreachable_follower_is_told_from_other_failures() -> None:
         "Redis unreachable: Error 111 connecting"
     )
     assert apply_loop.unreachable_reason(RuntimeError("SinkError: bad password")) is None
+
+
+def test_a_letter_too_large_carries_the_position_not_the_contents() -> None:
+    big = dead_letter.UnreadableRecord(
+        topic="t",
+        partition=2,
+        offset=9,
+        table="public.items",
+        key='{"id":1}',
+        value="x" * (dead_letter.MAX_LETTER_BYTES + 1),
+        reason="value is not a Debezium event",
+    )
+    got = orjson.loads(dead_letter.letter(big, "cache_sync"))
+    assert got["truncated"] is True and got["bytes"] > dead_letter.MAX_LETTER_BYTES
+    assert (got["topic"], got["partition"], got["offset"]) == ("t", 2, 9)
+    assert got["reason"] == "value is not a Debezium event" and "value" not in got
+    small = orjson.loads(dead_letter.letter({**big, "value": "x"}, "cache_sync"))
+    assert small["value"] == "x" and "truncated" not in small

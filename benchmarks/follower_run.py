@@ -4,8 +4,11 @@ steady rate, then rate steps until a follower no longer keeps up (see
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import followers as fol
@@ -14,28 +17,72 @@ from benchmarks.context import STREAM, Bench
 from benchmarks.ours import OursReader
 from benchmarks.probes import wait_slot_active
 from benchmarks.results import Figure, NotMeasured, Series
+from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB
 from pgcdc.core.settings import load_settings
 
 log = logging.getLogger(__name__)
 
 
-FOLLOWER_METRICS = ["commit→Redis p50", "commit→Redis p99", "commit→searchable p50",
-                    "commit→searchable p99", "max sustained changes/s (Redis follower)",
-                    "max sustained changes/s (search follower)"]  # fmt: skip
+MODES = {  # mode -> (jobs, the prober's followers, label)
+    "both": (tuple(JOBS), ("redis", "search"), "both jobs"),
+    "redis": ((CACHE_JOB,), ("redis",), "Redis job alone"),
+    "search": ((SEARCH_JOB,), ("search",), "search job alone"),
+}
+LABEL = {"redis": "Redis", "search": "searchable"}
+
+
+def spark_masters() -> list[str]:
+    """``BENCH_SPARK_MASTERS`` (comma-separated; default ``local[2]``). ``standalone``
+    stands for the two-worker cluster that ``BENCH_SPARK_CLUSTER=module:function`` starts:
+    the function returns ``(master_url, stop)``; without it those rows are not measured."""
+    raw = os.environ.get("BENCH_SPARK_MASTERS", "local[2]")
+    return [m.strip() for m in raw.split(",") if m.strip()]
+
+
+def _start_cluster() -> tuple[str, Callable[[], None]]:
+    hook = os.environ.get("BENCH_SPARK_CLUSTER")
+    if not hook:
+        raise NotMeasured("no standalone cluster: set BENCH_SPARK_CLUSTER=module:function")
+    module, _, func = hook.partition(":")
+    start = getattr(importlib.import_module(module), func)
+    url, stop = start()
+    return str(url), stop
+
+
+def metric_names(params: Any, masters: list[str]) -> list[str]:
+    """Every figure the follower run reports (the names ``guarded`` falls back on)."""
+    out = []
+    for master in masters:
+        for mode in params.follower_modes:
+            _jobs, wanted, label = MODES[mode]
+            for rate in params.follower_rates:
+                for f in wanted:
+                    out += [f"commit→{LABEL[f]} p50 @{rate:,.0f}/s ({label}, {master})",
+                            f"commit→{LABEL[f]} p99 @{rate:,.0f}/s ({label}, {master})"]  # fmt: skip
+            for f in wanted:
+                out.append(f"max sustained changes/s ({LABEL[f]} follower, {label}, {master})")
+    return out
 
 
 def start_followers(b: Bench) -> None:
-    """Create the follower run's topics and start both Spark jobs (they take 20–90 s to
-    start; idle until the follower reader runs). The quick run calls this first, so the
-    start overlaps the other measurements (said in the notes)."""
+    """Create the follower run's topics and start the first mode's Spark jobs (they take
+    20–90 s to start; idle until the follower reader runs). The quick run calls this first,
+    so the start overlaps the other measurements (said in the notes)."""
     if b.fol_jobs is not None or fol.followers_unavailable() or "ours" in b.unavailable:
         return
     try:
         fol.create_probe_table(b.env)
         reader = OursReader(b.env, [STREAM, fol.PROBE], role="fol")
         reader.prepare()
-        jobs = fol.SparkJobs(b.env, reader.prefix, reader.workdir)
-        jobs.start()
+        masters = spark_masters()
+        mode = b.params.follower_modes[0]
+        jobs = fol.SparkJobs(
+            b.env, reader.prefix, reader.workdir, jobs=MODES[mode][0],
+            follower_prefix=f"{reader.prefix}_0",
+            master=None if masters[0] == "local[2]" else masters[0],
+        )  # fmt: skip
+        if masters[0] != "standalone":
+            jobs.start()
     except Exception as e:  # followers() reports it
         log.exception("starting the Spark jobs failed")
         b.unavailable["followers"] = f"starting the Spark jobs failed: {e}"
@@ -44,9 +91,12 @@ def start_followers(b: Bench) -> None:
 
 
 def followers(b: Bench) -> None:
-    """Commit→Redis and commit→searchable through the Spark jobs, at a steady rate; then
-    the rate is stepped up until a follower's latency grows (it no longer keeps up)."""
-    with b.record.guarded("followers", FOLLOWER_METRICS):
+    """For each Spark master and each mode (both jobs, each alone): commit→Redis and
+    commit→searchable at each steady rate, then rate steps until a follower's latency
+    grows (it no longer keeps up). One reader and one prober serve every mode; each mode
+    has its own follower prefix and starts its jobs at the topics' end."""
+    masters = spark_masters()
+    with b.record.guarded("followers", metric_names(b.params, masters)):
         why = fol.followers_unavailable() or b.unavailable.get("ours")
         if why:
             raise NotMeasured(why)
@@ -56,52 +106,90 @@ def followers(b: Bench) -> None:
         start_followers(b)
         if b.fol_jobs is None or b.fol_reader is None:
             raise NotMeasured(b.unavailable.get("followers", "the Spark jobs did not start"))
-        reader, jobs = b.fol_reader, b.fol_jobs
-        t_jobs = jobs.started
-        prober = fol.Prober(b.env, reader.prefix, redis_url, search_url, b.params.follower_probe_hz)
+        reader, first = b.fol_reader, b.fol_jobs
+        prober = fol.Prober(
+            b.env, first.follower_prefix, redis_url, search_url, b.params.follower_probe_hz
+        )
         m = reader.launch(until_current=False)
         prober.start()
-        rss: dict[str, float] = {}
-
-        def dead() -> str | None:
-            if not m.running():
-                return f"reader exited: {reader.log_tail(3)}"
-            why: str | None = jobs.dead()
-            return why
-
         try:
             wait_slot_active(b, reader.slot, m)
-            with b.env.connect() as conn:  # ready: one probe through both followers
-                first = prober.write_one(conn)
-            if not prober.wait_seen([first], 300, alive=dead):
-                raise TimeoutError("the first probe did not reach both followers in 300s")
-            b.record.notes.append(
-                f"followers: both Spark jobs applied their first change {time.time() - t_jobs:.0f}s "
-                f"after spark-submit (trigger {fol.TRIGGER})"
-            )
-            # Warm-up: the first loaded micro-batches pay for Python workers and connections.
-            prober.writing(True)
-            t_warm = time.time()
-            _follower_load(b, b.params.follower_rate, 3 if b.env.quick else 8)
-            prober.writing(False)
-            prober.wait_seen(prober.between(t_warm, time.time()), 30, alive=dead)
-            _follower_latency(b, fol, prober, dead)
-            if b.params.follower_step_rates:
-                _follower_steps(b, fol, prober, dead)
-            else:
-                for label in ("Redis", "search"):
-                    b.record.not_measured("followers", f"max sustained changes/s ({label} follower)",
-                                          "not measured in quick mode (BENCH_QUICK=1)")  # fmt: skip
+            n = 0
+            for master in masters:
+                for mode in b.params.follower_modes:
+                    names = [x for x in metric_names(b.params, [master]) if MODES[mode][2] in x]
+                    with b.record.guarded("followers", names):
+                        jobs = first if n == 0 else None
+                        _mode(b, reader, m, prober, master, mode, n, jobs, redis_url, search_url)
+                    n += 1
         finally:
             prober.stop()
-            rss = jobs.stop()
             b.fol_jobs = None
             reader.finish(m)
-            for p in jobs.drop_follower_state(redis_url, search_url):
-                b.record.notes.append(f"cleanup: {p}")
-        for job, mb in rss.items():
-            b.record.add(Figure("followers", f"{job} peak RSS", mb, "MiB",
-                                "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+
+
+def _mode(
+    b: Bench, reader: Any, m: Any, prober: Any, master: str, mode: str, n: int,
+    jobs: Any, redis_url: str, search_url: str,
+) -> None:  # fmt: skip
+    """One master and mode: start its jobs (unless started), measure, stop them."""
+    job_names, wanted, label = MODES[mode]
+    stop_cluster: Callable[[], None] | None = None
+    url = None if master == "local[2]" else master
+    if master == "standalone":
+        url, stop_cluster = _start_cluster()
+    if jobs is None or master == "standalone":
+        jobs = fol.SparkJobs(
+            b.env, reader.prefix, reader.workdir, jobs=job_names,
+            follower_prefix=f"{reader.prefix}_{n}", master=url,
+            starting_offsets="latest" if n else None,
+        )  # fmt: skip
+        jobs.start()
+    b.fol_jobs = jobs
+    prober.retarget(jobs.follower_prefix, wanted)
+    where = f"{label}, {master}"
+    rss: dict[str, float] = {}
+
+    def dead() -> str | None:
+        if not m.running():
+            return f"reader exited: {reader.log_tail(3)}"
+        why: str | None = jobs.dead()
+        return why
+
+    try:
+        with b.env.connect() as conn:  # ready: one probe through the followers
+            first = prober.write_one(conn)
+        if not prober.wait_seen([first], 300, alive=dead):
+            raise TimeoutError(f"the first probe did not reach the followers in 300s ({where})")
+        b.record.notes.append(
+            f"followers ({where}): the jobs applied their first change "
+            f"{time.time() - jobs.started:.0f}s after spark-submit (trigger {fol.TRIGGER})"
+        )
+        # Warm-up: the first loaded micro-batches pay for Python workers and connections.
+        prober.writing(True)
+        t_warm = time.time()
+        _follower_load(b, b.params.follower_rates[0], 3 if b.env.quick else 8)
+        prober.writing(False)
+        prober.wait_seen(prober.between(t_warm, time.time()), 30, alive=dead)
+        for rate in b.params.follower_rates:
+            _follower_latency(b, prober, dead, rate, wanted, where)
+        if b.params.follower_step_rates:
+            _follower_steps(b, prober, dead, wanted, where)
+        else:
+            for f in wanted:
+                b.record.not_measured("followers", f"max sustained changes/s ({LABEL[f]} "
+                                      f"follower, {where})",
+                                      "not measured in quick mode (BENCH_QUICK=1)")  # fmt: skip
+    finally:
+        rss = jobs.stop()
+        b.fol_jobs = None
+        for p in jobs.drop_follower_state(redis_url, search_url):
+            b.record.notes.append(f"cleanup: {p}")
+        if stop_cluster is not None:
+            stop_cluster()
+    for job, mb in rss.items():
+        b.record.add(Figure("followers", f"{job} peak RSS ({where})", mb, "MiB",
+                            "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
 
 
 def _follower_load(b: Bench, rate: float, seconds: float) -> workload.LoadResult:
@@ -115,36 +203,40 @@ def _follower_load(b: Bench, rate: float, seconds: float) -> workload.LoadResult
     return res
 
 
-def _follower_latency(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
+def _follower_latency(
+    b: Bench, prober: Any, dead: Any, rate: float, wanted: tuple[str, ...], where: str
+) -> None:
     p = b.params
     prober.writing(True)
     t0 = time.time()
-    res = _follower_load(b, p.follower_rate, p.follower_s)
+    res = _follower_load(b, rate, p.follower_s)
     prober.writing(False)
     probes = prober.between(t0, time.time())
     grace = 20 if b.env.quick else 60
     prober.wait_seen(probes, grace, alive=dead)
-    detail = (f"offered {p.follower_rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
+    detail = (f"offered {rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
               f"10-row txns, {p.follower_s:.0f}s; {len(probes)} probes")  # fmt: skip
-    for follower, label in (("redis", "Redis"), ("search", "searchable")):
+    for follower in wanted:
+        label = LABEL[follower]
+        name = f"commit→{label} %s @{rate:,.0f}/s ({where})"
         lat = fol.latency_of(probes, follower)
         d = detail + (f", {lat.missing} not seen {grace}s after the load" if lat.missing else "")
         if lat.p50_ms is None:
-            b.record.not_measured("followers", f"commit→{label} p50", "no probe arrived", d)
-            b.record.not_measured("followers", f"commit→{label} p99", "no probe arrived", d)
+            b.record.not_measured("followers", name % "p50", "no probe arrived", d)
+            b.record.not_measured("followers", name % "p99", "no probe arrived", d)
             continue
-        b.record.add(Figure("followers", f"commit→{label} p50", lat.p50_ms, "ms", d))
-        b.record.add(Figure("followers", f"commit→{label} p99", lat.p99_ms, "ms", d))
+        b.record.add(Figure("followers", name % "p50", lat.p50_ms, "ms", d))
+        b.record.add(Figure("followers", name % "p99", lat.p99_ms, "ms", d))
         b.record.series.append(Series(
-            f"followers commit→{label} latency", "ms",
+            f"followers commit→{label} latency @{rate:,.0f}/s ({where})", "ms",
             [(q.committed - t0, (q.seen[follower] - q.committed) * 1000)
              for q in probes if follower in q.seen]))  # fmt: skip
 
 
-def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
+def _follower_steps(b: Bench, prober: Any, dead: Any, wanted: tuple[str, ...], where: str) -> None:
     p = b.params
-    best: dict[str, float | None] = {"redis": None, "search": None}
-    limit = {"redis": "", "search": ""}
+    best: dict[str, float | None] = dict.fromkeys(wanted)
+    limit = dict.fromkeys(wanted, "")
     steps: list[dict[str, Any]] = []
     for rate in p.follower_step_rates:
         prober.writing(True)
@@ -155,14 +247,14 @@ def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
         prober.wait_seen(probes, 20, alive=dead)
         step: dict[str, Any] = {"offered": rate, "achieved": res.achieved_rate,
                                 "generator_kept_up": res.kept_up}  # fmt: skip
-        for follower in ("redis", "search"):
+        for follower in wanted:
             if limit[follower]:
                 continue
             lat = fol.latency_of(probes, follower)
             step[follower] = {"p50_ms": lat.p50_ms, "p99_ms": lat.p99_ms, "slope": lat.slope,
                               "missing": lat.missing, "flat": lat.flat()}  # fmt: skip
-            log.info("followers step %s/s: %s p50 %s ms slope %.3f missing %d", rate, follower,
-                     lat.p50_ms, lat.slope, lat.missing)  # fmt: skip
+            log.info("followers step %s/s (%s): %s p50 %s ms slope %.3f missing %d", rate, where,
+                     follower, lat.p50_ms, lat.slope, lat.missing)  # fmt: skip
             if not lat.flat():
                 limit[follower] = (f"latency grew at {rate:,.0f}/s offered (slope "
                                    f"{lat.slope:.2f} s/s, {lat.missing} probes late)")  # fmt: skip
@@ -177,8 +269,8 @@ def _follower_steps(b: Bench, fol: Any, prober: Any, dead: Any) -> None:
             break
         # Let a follower that fell behind drain before the next step.
         prober.wait_seen(probes, 30, alive=dead)
-    for follower, label in (("redis", "Redis"), ("search", "search")):
-        metric = f"max sustained changes/s ({label} follower)"
+    for follower in wanted:
+        metric = f"max sustained changes/s ({LABEL[follower]} follower, {where})"
         value = best[follower]
         why = limit[follower] or "kept up at every step: the ceiling is higher"
         if value is None:

@@ -62,15 +62,30 @@ def create_probe_table(env: BenchEnv) -> None:
 
 
 class SparkJobs:
-    """Both sync jobs on one topic prefix, each with its own follower prefix and checkpoint."""
+    """Sync jobs (both by default) on one topic prefix, with their own follower prefix
+    (default: the topic prefix) and checkpoints; ``master``: spark-submit's ``--master``
+    (default: the settings', local[2]); ``starting_offsets``: where new checkpoints start."""
 
-    def __init__(self, env: BenchEnv, prefix: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        env: BenchEnv,
+        prefix: str,
+        workdir: Path,
+        jobs: tuple[str, ...] = tuple(JOBS),
+        follower_prefix: str | None = None,
+        master: str | None = None,
+        starting_offsets: str | None = None,
+    ) -> None:
         # BENCH_SPARK_ROOT: run the jobs of another checkout (e.g. a known-good commit).
         self.root = Path(os.environ.get("BENCH_SPARK_ROOT") or ROOT)
         self.env = env
         self.prefix = prefix
+        self.follower_prefix = follower_prefix or prefix
+        self.jobs = jobs
+        self.master = master
+        self.starting_offsets = starting_offsets
         self.workdir = workdir
-        self.checkpoints = workdir / "checkpoints"
+        self.checkpoints = workdir / f"checkpoints-{self.follower_prefix}"
         self.procs: dict[str, Measured] = {}
         self.started = 0.0  # time.time() of spark-submit
 
@@ -80,25 +95,29 @@ class SparkJobs:
             "CDC_KAFKA__BOOTSTRAP_SERVERS": self.env.bootstrap,
             "CDC_KAFKA__TOPIC_PREFIX": self.prefix,
             "CDC_KAFKA__DEAD_LETTER_TOPIC": dead_letter_topic(self.prefix),
-            "CDC_REDIS__KEY_PREFIX": self.prefix,
-            "CDC_SEARCH__INDEX_PREFIX": self.prefix,
+            "CDC_REDIS__KEY_PREFIX": self.follower_prefix,
+            "CDC_SEARCH__INDEX_PREFIX": self.follower_prefix,
             "CDC_SPARK__CHECKPOINT_DIR": str(self.checkpoints),
         })  # fmt: skip
+        if self.starting_offsets:
+            e["CDC_SPARK__STARTING_OFFSETS"] = self.starting_offsets
         return e
 
     def start(self) -> None:
-        """spark-submit both jobs (small driver heaps: two JVMs share two cores)."""
+        """spark-submit the jobs (small driver heaps: two JVMs share two cores)."""
         self.env.create_topics([dead_letter_topic(self.prefix)])
         env = self.environ()
         self.started = time.time()
-        for job in JOBS:
+        master = ["--master", self.master] if self.master else []
+        for job in self.jobs:
             cmd = [
-                str(self.root / "scripts" / "spark-submit"), "--driver-memory", "512m",
+                str(self.root / "scripts" / "spark-submit"), *master, "--driver-memory", "512m",
                 f"spark_jobs/{job}.py", "--trigger-interval", TRIGGER,
             ]  # fmt: skip
-            self.procs[job] = Measured(
-                cmd, env=env, cwd=self.root, log_path=self.workdir / f"{job}.log"
-            )
+            self.procs[job] = Measured(cmd, env=env, cwd=self.root, log_path=self.log_path(job))
+
+    def log_path(self, job: str) -> Path:
+        return self.workdir / f"{job}-{self.follower_prefix}.log"
 
     def alive(self) -> bool:
         return all(m.running() for m in self.procs.values())
@@ -125,7 +144,7 @@ class SparkJobs:
         return lines[-1][:300] if lines else "no output"
 
     def log_tail(self, job: str, lines: int = 10) -> str:
-        p = self.workdir / f"{job}.log"
+        p = self.log_path(job)
         if not p.exists():
             return ""
         return "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
@@ -147,7 +166,7 @@ class SparkJobs:
 
             r = redis.Redis.from_url(redis_url)
             batch: list[bytes] = []
-            for k in r.scan_iter(match=f"{self.prefix}:*", count=1000):
+            for k in r.scan_iter(match=f"{self.follower_prefix}:*", count=1000):
                 batch.append(k)
                 if len(batch) >= 1000:
                     r.delete(*batch)
@@ -155,13 +174,13 @@ class SparkJobs:
             if batch:
                 r.delete(*batch)
         except Exception as e:  # reported, cleanup goes on
-            problems.append(f"redis keys {self.prefix}:*: {e}")
+            problems.append(f"redis keys {self.follower_prefix}:*: {e}")
         try:
             from opensearchpy import OpenSearch
 
-            OpenSearch(hosts=[search_url]).indices.delete(index=f"{self.prefix}-*")
+            OpenSearch(hosts=[search_url]).indices.delete(index=f"{self.follower_prefix}-*")
         except Exception as e:
-            problems.append(f"indices {self.prefix}-*: {e}")
+            problems.append(f"indices {self.follower_prefix}-*: {e}")
         return problems
 
 
@@ -193,6 +212,16 @@ class Prober:
         self._next = 1
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self.wanted: tuple[str, ...] = ("redis", "search")  # the followers being measured
+        self._from_pid = 1
+
+    def retarget(self, prefix: str, wanted: tuple[str, ...]) -> None:
+        """Look for probes under another follower prefix, in ``wanted`` followers only."""
+        with self._lock:
+            self.redis_key = f"{prefix}:{PROBE}:"
+            self.index = f"{prefix}-{PROBE}".lower()
+            self.wanted = wanted
+            self._from_pid = self._next  # earlier probes belong to earlier followers
 
     # --- writing ---
 
@@ -230,7 +259,9 @@ class Prober:
 
     def _outstanding(self, follower: str) -> list[Probe]:
         with self._lock:
-            return [p for p in self.probes if follower not in p.seen]
+            if follower not in self.wanted:
+                return []
+            return [p for p in self.probes if p.pid >= self._from_pid and follower not in p.seen]
 
     def _redis_poller(self) -> None:
         import redis
@@ -310,14 +341,14 @@ class Prober:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             self.check()
-            if all(len(p.seen) == 2 for p in probes):
+            if all(all(f in p.seen for f in self.wanted) for p in probes):
                 return True
             if alive is not None:
                 why = alive()
                 if why:
                     raise RuntimeError(why)
             time.sleep(0.1)
-        return all(len(p.seen) == 2 for p in probes)
+        return all(all(f in p.seen for f in self.wanted) for p in probes)
 
     def between(self, t0: float, t1: float) -> list[Probe]:
         with self._lock:

@@ -17,7 +17,9 @@ class Params:
     step_s: float  # duration of one rate step
     step_rates: dict[int, tuple[float, ...]]  # txn size -> rates (changes/s) to step through
     peer_step_txn_rows: tuple[int, ...]  # txn sizes whose rate steps Debezium also runs
-    follower_rate: float  # changes/s offered while follower latency is measured
+    follower_rates: tuple[float, ...]  # changes/s offered while follower latency is measured
+    # Which jobs run together: "both", "redis" (the cache job alone), "search" (alone).
+    follower_modes: tuple[str, ...]
     follower_s: float
     follower_probe_hz: float  # marker rows per second during the follower runs
     follower_step_rates: tuple[float, ...]  # changes/s (10-row txns) for the followers' steps
@@ -39,10 +41,11 @@ FULL = Params(
         100: (5000, 10000, 20000, 40000, 60000, 80000, 120000),
     },
     peer_step_txn_rows=(1,),
-    follower_rate=500,
+    follower_rates=(1000, 5000),
+    follower_modes=("both", "redis", "search"),
     follower_s=25,
     follower_probe_hz=10,
-    follower_step_rates=(250, 500, 1000, 2000, 5000),
+    follower_step_rates=(1000, 2000, 5000, 10000, 20000),
     follower_step_s=20,
 )
 
@@ -57,7 +60,8 @@ QUICK = Params(
     step_s=4,
     step_rates={1: (1000, 2000), 100: (5000,)},
     peer_step_txn_rows=(),
-    follower_rate=200,
+    follower_rates=(200,),
+    follower_modes=("both",),
     follower_s=5,
     follower_probe_hz=20,
     follower_step_rates=(),

@@ -293,8 +293,11 @@ class ApplyBatch:
         if watermark:
             sink = cached_sink(self.settings, self.opts.name, self.make_sink)
             sink.record_watermark(self.opts.name, watermark)
-        self.metrics.batch(total, time.monotonic() - t0, watermark)
-        self.metrics.progress(self.last_progress())
+        try:
+            self.metrics.batch(total, time.monotonic() - t0, watermark)
+            self.metrics.progress(self.last_progress())
+        except Exception:  # metrics never stop a job
+            log.exception("batch %d: metrics not updated", batch_id)
         extra = {"job": self.opts.name, "batch_id": batch_id}
         if total.keyless:
             log.warning(

@@ -39,6 +39,8 @@ def lag_records(progress: Mapping[str, Any] | None) -> int | None:
             return None
         end = json.loads(end) if isinstance(end, str) else end
         latest = json.loads(latest) if isinstance(latest, str) else latest
+        if not isinstance(end, dict) or not isinstance(latest, dict):
+            return None  # e.g. "null" when the source did not report its latest offsets
         for topic, parts in latest.items():
             for part, offset in parts.items():
                 total += max(0, int(offset) - int(end.get(topic, {}).get(part, 0)))

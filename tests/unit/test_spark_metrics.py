@@ -40,6 +40,9 @@ def test_counts_lag_and_watermark_are_exposed() -> None:
     assert got["cdc_job_watermark_lsn"] == 4000
     assert got["cdc_job_lag_lsn_bytes"] == 5000
     assert lag_records(None) is None
+    # A source that did not report its latest offsets (JSON null) gives no figure.
+    null = {"sources": [{"endOffset": json.dumps({"t": {"0": 1}}), "latestOffset": "null"}]}
+    assert lag_records(null) is None
 
 
 def test_the_health_port_serves_metrics() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -280,11 +281,15 @@ def spark() -> Iterator[Any]:
     jars = subprocess.run(
         [str(STACK), "jars"], capture_output=True, text=True, check=True
     ).stdout.strip()
+    # Python workers run this interpreter (its packages), not whatever python3 is first.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("cdc-tests")
         .config("spark.jars", jars)
-        .config("spark.driver.memory", "1g")
+        # A 60 MB record takes several copies in the JVM (bytes, text, parsed JSON) and
+        # on its way to Python: 1g ran out in tests/e2e/test_jobs_robustness.py.
+        .config("spark.driver.memory", "2g")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")

@@ -45,6 +45,7 @@ _CHANGE_FIELDS = (
     "commit_lsn",
     "tx_order",
     "source_ts_ms",
+    "raw_value",  # null for a change (classify keeps it for dead records only)
 )
 
 

@@ -310,3 +310,27 @@ def test_a_letter_too_large_carries_the_position_not_the_contents() -> None:
     assert got["reason"] == "value is not a Debezium event" and "value" not in got
     small = orjson.loads(dead_letter.letter({**big, "value": "x"}, "cache_sync"))
     assert small["value"] == "x" and "truncated" not in small
+
+
+def test_reduced_changes_that_cannot_be_built_are_dead_lettered(
+    sink: RecordingSink, published: list[dead_letter.DeadLetter]
+) -> None:
+    """Rows as classify gives them, reduced in the task: a change whose key is not JSON is
+    dead-lettered with its position, and the other change of the partition applied."""
+    classified = {
+        "kind": "change", "topic": "shop.public.items", "table": "public.items",
+        "partition": 2, "is_delete": False, "op": "c", "unchanged": None, "schema_id": 1,
+        "value_schema_json": orjson.dumps(SCHEMA).decode(), "tx_order": 0,
+        "source_ts_ms": 1, "heartbeat_lsn": None, "parse_error": None, "raw_value": None,
+    }  # fmt: skip
+    rows = [
+        {**classified, "offset": 3, "key_json": "{not json", "after_json": '{"v":"applied"}',
+         "commit_lsn": 100},
+        {**classified, "offset": 4, "key_json": '{"id":5}', "after_json": '{"v":"applied"}',
+         "commit_lsn": 110},
+    ]  # fmt: skip
+    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    assert (stats.applied, stats.dead_lettered) == (1, 1)
+    (letter,) = published
+    assert (letter["partition"], letter["offset"]) == (2, 3)
+    assert "not JSON" in str(letter["reason"])

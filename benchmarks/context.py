@@ -7,7 +7,8 @@ Every measurement (:mod:`benchmarks.snapshots`, :mod:`.catchup`, :mod:`.streamin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from benchmarks.debezium import DebeziumServer
@@ -54,6 +55,9 @@ class Bench:
     @classmethod
     def create(cls, env: BenchEnv) -> Bench:
         params = QUICK if env.quick else FULL
+        modes = os.environ.get("BENCH_FOLLOWER_MODES")  # e.g. "both" for a shorter run
+        if modes:
+            params = replace(params, follower_modes=tuple(m.strip() for m in modes.split(",")))
         return cls(env, params, BenchRecord(env.run_id, env.quick))
 
     def take_ids(self, n: int) -> int:

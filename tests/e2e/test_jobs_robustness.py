@@ -23,6 +23,7 @@ tests/unit/sinks/test_search_bulk_bytes.py).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,36 +104,51 @@ class Topics:
         )
         self.placed: dict[str, tuple[str, int, int]] = {}  # label -> (topic, partition, offset)
         self.lsn = 1000
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        # Like the reader: a heartbeat every half second with the acknowledged LSN.
+        self._beats = threading.Thread(target=self._beat_forever, daemon=True)
+        self._beats.start()
 
     def send(
         self, label: str, key: bytes | None, value: bytes | None, topic: str | None = None
     ) -> int:
         """Produce one record with its version headers; returns its commit LSN."""
-        self.lsn += 16
-        lsn = self.lsn
 
         def delivered(err: Any, msg: Any) -> None:
             assert err is None, err
             self.placed[label] = (msg.topic(), msg.partition(), msg.offset())
 
-        self.producer.produce(
-            topic or self.items,
-            key=key,
-            value=value,
-            headers=list(VersionOrder(lsn, 0).headers()),
-            on_delivery=delivered,
-        )
+        with self._lock:  # a heartbeat reading the LSN sees this record produced
+            self.lsn += 16
+            lsn = self.lsn
+            self.producer.produce(
+                topic or self.items,
+                key=key,
+                value=value,
+                headers=list(VersionOrder(lsn, 0).headers()),
+                on_delivery=delivered,
+            )
         return lsn
 
     def beat(self) -> int:
-        """A reader heartbeat: everything sent so far is acknowledged (flushed first)."""
+        """A reader heartbeat: the highest LSN sent, once Kafka acknowledged everything."""
+        with self._lock:
+            lsn = self.lsn
         self.flush()
-        self.lsn += 16
         self.producer.produce(
-            self.heartbeat, key=b'{"serverName":"t"}', value=orjson.dumps({"lsn": self.lsn})
+            self.heartbeat, key=b'{"serverName":"t"}', value=orjson.dumps({"lsn": lsn})
         )
         self.flush()
-        return self.lsn
+        return lsn
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(0.5):
+            self.beat()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._beats.join(10)
 
     def flush(self) -> None:
         assert self.producer.flush(120) == 0
@@ -140,7 +156,9 @@ class Topics:
 
 @pytest.fixture
 def topics(endpoints: Endpoints, topic_prefix: str) -> Iterator[Topics]:
-    yield Topics(endpoints.kafka_bootstrap, topic_prefix)
+    t = Topics(endpoints.kafka_bootstrap, topic_prefix)
+    yield t
+    t.close()
 
 
 def _letters(bootstrap: str, topic: str) -> list[dict[str, Any]]:

@@ -19,11 +19,14 @@ Pure code (rows are mappings: Spark's ``Row`` or dicts); no Spark needed to test
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
 from sinks.base import PLACEHOLDER_TEXTS
-from spark_jobs.transforms import CHANGE, SCHEMA
+from spark_jobs.transforms import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA
 
 # A commit LSN header beyond 2**63-1 reads as null: it sorts after every other version, so
 # it wins and the change builder stops on it (no later change could be ordered either).
@@ -70,6 +73,8 @@ def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     schemas: dict[tuple[str, int], tuple[str, str]] = {}
     out: list[dict[str, Any]] = []
     for row in rows:
+        if row["kind"] == DEAD and row["parse_error"] == NOT_DEBEZIUM:
+            row = reparse(row) or row
         schema_json = row["value_schema_json"]
         if schema_json is not None:
             sid = (row["topic"], row["schema_id"])
@@ -126,3 +131,41 @@ def _other(row: Mapping[str, Any]) -> dict[str, Any]:
         "heartbeat_lsn": row["heartbeat_lsn"],
         "commit_lsn": row["commit_lsn"],
     }
+
+
+def reparse(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A record Spark's JSON reader could not read, read again here: the change row it
+    holds, or None if it holds none (it stays dead, with Spark's reason). Spark refuses
+    some values Python reads, e.g. a string beyond its JSON reader's length limit (tens of
+    MB), which PostgreSQL stores without complaint."""
+    raw = row["raw_value"]
+    if raw is None:
+        return None
+    try:
+        event = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    schema = event.get("schema") if "payload" in event else None
+    payload = event.get("payload") if "payload" in event else event
+    if not isinstance(payload, dict) or not isinstance(payload.get("op"), str):
+        return None
+    op = payload["op"]
+    after = payload.get("after")
+    schema_json = orjson.dumps(schema).decode() if schema is not None else None
+    out = dict(row)
+    out.update(
+        kind=CHANGE if op != "t" and row["key_json"] is not None else row["kind"],
+        op=op,
+        after_json=orjson.dumps(after).decode() if after is not None else None,
+        is_delete=op == "d",
+        value_schema_json=schema_json,
+        # Not Spark's hash, so a distinct id; the same text always gets the same one.
+        schema_id=("py:" + hashlib.sha1(schema_json.encode()).hexdigest() if schema_json else None),
+        parse_error=None,
+        raw_value=None,
+    )
+    if out["kind"] != CHANGE:
+        return None
+    return out

@@ -55,6 +55,11 @@ _PAYLOAD = StructType(
 )
 
 
+# Spark's JSON reader refuses some values Python reads (e.g. a string over Jackson's length
+# limit, tens of MB): such records get a second parse in the task (spark_jobs.reduce).
+NOT_DEBEZIUM = "value is not a Debezium event"
+
+
 def _header(name: str) -> Column:
     matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
     return F.try_element_at(matches, F.lit(1))["value"].cast("string")
@@ -134,7 +139,7 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         .when(_bad_header("h_commit_lsn_raw"), F.lit(f"the {HEADER_COMMIT_LSN} header is no LSN"))
         .when(_bad_header("h_order_raw"), F.lit(f"the {HEADER_ORDER} header is no number"))
         .when(F.col("is_tombstone"), F.lit(None))
-        .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit("value is not a Debezium event"))
+        .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit(NOT_DEBEZIUM))
         .alias("parse_error"),
     )
 

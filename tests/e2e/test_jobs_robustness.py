@@ -354,8 +354,16 @@ def test_poison_records_and_follower_outages(
             letter = at(letters[SEARCH_JOB], label)
             assert held.get("found") or (letter is not None and letter["reason"]), label
         assert at(letters[SEARCH_JOB], "qty-too-large") is not None  # long cannot hold 2**70
+
         # The 60 MB document is applied whole.
-        assert r.hstrlen(f"{key_prefix}:public.blobs:1", "body") == len(blob) + 2
+        def blob_done() -> tuple[int, dict[str, Any] | None] | None:
+            held = r.hstrlen(f"{key_prefix}:public.blobs:1", "body")
+            letter = at(settled()[CACHE_JOB], "blob")
+            return (held, letter) if held or letter else None
+
+        held, letter = wait_until(blob_done, timeout=240, interval=2, what="the 60 MB document")
+        assert letter is None, letter  # applied, not dead-lettered
+        assert held == len(blob) + 2
         no_letters_for_good = [
             lt
             for j in jobs

@@ -334,3 +334,32 @@ def test_reduced_changes_that_cannot_be_built_are_dead_lettered(
     (letter,) = published
     assert (letter["partition"], letter["offset"]) == (2, 3)
     assert "not JSON" in str(letter["reason"])
+
+
+def test_a_value_sparks_json_reader_refused_is_read_again_in_the_task(
+    sink: RecordingSink, published: list[dead_letter.DeadLetter]
+) -> None:
+    """Spark's JSON reader gives up on some values (a string of tens of MB): the task reads
+    the record again and applies it; a value that is no event stays dead-lettered."""
+    from spark_jobs.transforms import NOT_DEBEZIUM
+
+    big = "x" * 100_000
+    event = {"schema": SCHEMA, "payload": {"op": "c", "after": {"v": "applied", "body": big}}}
+    dead = {
+        "kind": "dead", "topic": "shop.public.items", "table": "public.items",
+        "partition": 1, "key_json": '{"id":9}', "is_delete": None, "op": None,
+        "after_json": None, "unchanged": None, "schema_id": None, "value_schema_json": None,
+        "commit_lsn": 500, "tx_order": 0, "source_ts_ms": None, "heartbeat_lsn": None,
+        "parse_error": NOT_DEBEZIUM,
+    }  # fmt: skip
+    rows = [
+        {**dead, "offset": 1, "raw_value": orjson.dumps(event).decode()},
+        {**dead, "offset": 2, "key_json": '{"id":10}', "raw_value": "not json"},
+    ]
+    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    assert (stats.applied, stats.dead_lettered) == (1, 1)
+    ((change,),) = sink.batches
+    assert change.key == "9" and change.doc == {"v": "applied", "body": big}
+    assert sink.schemas == [("public.items", SCHEMA)]
+    (letter,) = published
+    assert letter["offset"] == 2 and letter["reason"] == NOT_DEBEZIUM

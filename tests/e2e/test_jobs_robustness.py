@@ -284,8 +284,6 @@ def test_poison_records_and_follower_outages(
                 }
                 for label, (k, v) in poison.items():
                     topics.send(label, k, v)
-        blob = "x" * (60 * 1024 * 1024)
-        topics.send("blob", _key(1), _value("c", {"id": 1, "body": blob}, 1), topics.blobs)
         h1 = topics.beat()
 
         def wave(n: int) -> bool:
@@ -303,6 +301,9 @@ def test_poison_records_and_follower_outages(
         wm_key = redis_watermark_key(key_prefix, CACHE_JOB)
         wait_until(lambda: int(r.get(wm_key) or 0) >= h1, timeout=120, what="the watermark past h1")
         assert all(_redis_row(r, key_prefix, i) for i in range(1, GOOD + 1))
+        # The 60 MB document, once the watermark is checked (its batch takes a while).
+        blob = "x" * (60 * 1024 * 1024)
+        topics.send("blob", _key(1), _value("c", {"id": 1, "body": blob}, 1), topics.blobs)
 
         # -- every poison record is applied or dead-lettered, with a reason -------------
         def settled() -> dict[str, list[dict[str, Any]]]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Row
 
-from pgcdc.core.errors import RetryableSinkError
+from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import Settings
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
@@ -117,6 +117,12 @@ def apply_partition(
                     chunk.append(build(row))
                 except RecordError as e:
                     refused.append(_unreadable(row, str(e)))
+                    continue
+                except SinkError:
+                    raise  # no later change could be ordered either: the job stops
+                except Exception as e:  # a record never stops the job: dead-lettered
+                    reason = f"cannot build the change: {type(e).__name__}: {e}"
+                    refused.append(_unreadable(row, reason[:1000]))
                     continue
                 where.append((row["topic"], row["partition"], row["offset"]))
                 if len(chunk) >= _CHUNK:

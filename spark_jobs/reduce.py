@@ -19,11 +19,13 @@ Pure code (rows are mappings: Spark's ``Row`` or dicts); no Spark needed to test
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
+from pyspark.sql import Row
 
 from sinks.base import PLACEHOLDER_TEXTS
 from spark_jobs.transforms import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA
@@ -74,7 +76,9 @@ def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for row in rows:
         if row["kind"] == DEAD and row["parse_error"] == NOT_DEBEZIUM:
-            row = reparse(row) or row
+            # A record never stops the task: if reading it fails too, it stays dead.
+            with contextlib.suppress(Exception):
+                row = reparse(row) or row
         schema_json = row["value_schema_json"]
         if schema_json is not None:
             sid = (row["topic"], row["schema_id"])
@@ -154,7 +158,7 @@ def reparse(row: Mapping[str, Any]) -> dict[str, Any] | None:
     op = payload["op"]
     after = payload.get("after")
     schema_json = orjson.dumps(schema).decode() if schema is not None else None
-    out = dict(row)
+    out = row.asDict() if isinstance(row, Row) else dict(row)
     out.update(
         kind=CHANGE if op != "t" and row["key_json"] is not None else row["kind"],
         op=op,

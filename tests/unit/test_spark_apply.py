@@ -353,7 +353,8 @@ def test_a_value_sparks_json_reader_refused_is_read_again_in_the_task(
         "parse_error": NOT_DEBEZIUM,
     }  # fmt: skip
     rows = [
-        {**dead, "offset": 1, "raw_value": orjson.dumps(event).decode()},
+        # As Spark hands it to the task: a Row, not a dict.
+        Row(**{**dead, "offset": 1, "raw_value": orjson.dumps(event).decode()}),
         {**dead, "offset": 2, "key_json": '{"id":10}', "raw_value": "not json"},
     ]
     (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)

@@ -26,7 +26,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import DataFrame, Row
 
@@ -53,6 +53,7 @@ from spark_jobs.transforms import (
 from spark_jobs.watermark import Watermark, progress_complete
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Builds a job's sink from the settings (the sink's ``from_settings``).
 SinkFactory = Callable[[Settings], Sink]
@@ -231,16 +232,20 @@ class ApplyBatch:
         apply: Callable[[Iterable[Row]], Iterator[BatchStats]],
         batch_id: int,
     ) -> list[BatchStats]:
-        """Run the batch's tasks; while the follower is unreachable, run them again with
-        backoff, for at most ``spark.follower_retry_s`` (then the job stops, saying why).
-        Running a batch again is harmless: every write carries its version."""
+        """Run the batch's tasks (again while the follower is unreachable)."""
+        return self._while_unreachable(batch_id, lambda: events.rdd.mapPartitions(apply).collect())
+
+    def _while_unreachable(self, batch_id: int, step: Callable[[], T]) -> T:
+        """``step()``; while the follower is unreachable, again with backoff, for at most
+        ``spark.follower_retry_s`` (then the job stops, saying why). Running a batch or a
+        watermark write again is harmless: every write carries its version."""
         deadline: float | None = None
         attempt = 0
         while True:
             try:
-                return events.rdd.mapPartitions(apply).collect()
+                return step()
             except Exception as e:
-                reason = unreachable_reason(e)
+                reason = str(e) if isinstance(e, RetryableSinkError) else unreachable_reason(e)
                 if reason is None:
                     raise
                 now = time.monotonic()
@@ -297,8 +302,17 @@ class ApplyBatch:
             total.add(stats)
         watermark = self._watermark(batch_id, total)
         if watermark:
-            sink = cached_sink(self.settings, self.opts.name, self.make_sink)
-            sink.record_watermark(self.opts.name, watermark)
+
+            def record() -> None:
+                sink = cached_sink(self.settings, self.opts.name, self.make_sink)
+                try:
+                    sink.record_watermark(self.opts.name, watermark)
+                except BaseException:
+                    _SINKS.pop(_sink_key(self.settings, self.opts.name), None)
+                    sink.close()
+                    raise
+
+            self._while_unreachable(batch_id, record)
         try:
             self.metrics.batch(total, time.monotonic() - t0, watermark)
             self.metrics.progress(self.last_progress())

@@ -33,16 +33,21 @@ LABEL = {"redis": "Redis", "search": "searchable"}
 
 def spark_masters() -> list[str]:
     """``BENCH_SPARK_MASTERS`` (comma-separated; default ``local[2]``). ``standalone``
-    stands for the two-worker cluster that ``BENCH_SPARK_CLUSTER=module:function`` starts:
-    the function returns ``(master_url, stop)``; without it those rows are not measured."""
+    stands for a two-worker standalone cluster: the local stack's
+    (:class:`pgcdc.stack.spark_cluster.SparkCluster`), or what
+    ``BENCH_SPARK_CLUSTER=module:function`` starts (it returns ``(master_url, stop)``)."""
     raw = os.environ.get("BENCH_SPARK_MASTERS", "local[2]")
     return [m.strip() for m in raw.split(",") if m.strip()]
 
 
 def _start_cluster() -> tuple[str, Callable[[], None]]:
     hook = os.environ.get("BENCH_SPARK_CLUSTER")
-    if not hook:
-        raise NotMeasured("no standalone cluster: set BENCH_SPARK_CLUSTER=module:function")
+    if not hook:  # the local stack's two-worker cluster (scripts/stack, pgcdc.stack)
+        from pgcdc.stack.spark_cluster import SparkCluster
+
+        cluster = SparkCluster()
+        cluster.start()
+        return cluster.master_url, cluster.stop
     module, _, func = hook.partition(":")
     start = getattr(importlib.import_module(module), func)
     url, stop = start()

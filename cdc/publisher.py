@@ -33,7 +33,6 @@ from cdc.kafka_clients import (
     create_topics,
     read_topic,
 )
-from cdc.partitioner import DEFAULT_PARTITIONER, partition_of
 from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
 from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
@@ -131,7 +130,6 @@ class Publisher:
         self._producer = Producer(producer_config(settings))
         self._admin = admin_client(settings)
         self._known_topics: set[str] = set()
-        self._partition_counts: dict[str, int] = {}
         self._acks = AckQueue()
         self._failure: PublishError | None = None
         self._dead_letter = settings.unproducible_records is UnproducibleRecords.DEAD_LETTER
@@ -180,16 +178,6 @@ class Publisher:
         create_topics(self._admin, new)
         self._known_topics.update(missing)
 
-    def partition_for(self, topic: str, key: bytes) -> int | None:
-        """The partition the producer's partitioner gives ``key`` in ``topic``
-        (:func:`cdc.partitioner.partition_of`), or None if it is not a function of the key."""
-        count = self._partition_counts.get(topic)
-        if count is None:
-            md = self._admin.list_topics(topic=topic, timeout=10)
-            count = self._partition_counts[topic] = len(md.topics[topic].partitions)
-        partitioner = producer_config(self.settings).get("partitioner", DEFAULT_PARTITIONER)
-        return partition_of(key, count, str(partitioner))
-
     def live_keys(self, topic: str, timeout_s: float = 300.0) -> set[bytes]:
         """Keys whose latest record in ``topic`` is not a tombstone (reads the whole topic)."""
         live: set[bytes] = set()
@@ -233,7 +221,7 @@ class Publisher:
             self.raise_if_failed()
         txn.pending += 1
         try:
-            if partition is not None:  # rare: a re-snapshot's old-bytes tombstone
+            if partition is not None:  # rare: the caller chose the partition
                 self._produce(topic, key, value, headers, txn.on_delivery, partition)
             else:
                 # Hot path: one produce() call; a full queue falls back to the polling loop.

@@ -346,6 +346,11 @@ class Snapshotter:
         # its commit record exactly at the consistent point, and it is streamed (not in the
         # snapshot): so the snapshot's version is the LSN just before that point.
         headers_lsn = str(position.value - 1).encode()
+        # A re-snapshot's tombstone for a key's old bytes stays in the old bytes' partition
+        # (compaction must see it there), so with several partitions a follower may apply it
+        # after the new row of the same key value: one LSN lower than every snapshot row, it
+        # loses to that row in both followers (OpenSearch compares the LSN alone).
+        tombstone_lsn = str(position.value - 2).encode()
         progress = SnapshotProgress(plans, self._progress)
         counter = 0  # records written (the order in the snapshot's version)
         emitted = 0  # rows written
@@ -354,11 +359,11 @@ class Snapshotter:
         ts_us = int(time.time() * 1_000_000)
 
         def send(
-            topic: str, key: bytes | None, value: bytes | None, partition: int | None = None
+            topic: str, key: bytes | None, value: bytes | None, lsn: bytes = headers_lsn
         ) -> None:
             nonlocal counter
-            headers = version_headers(headers_lsn, counter)
-            self._publisher.send(txn, topic, key, value, headers, partition)
+            headers = version_headers(lsn, counter)
+            self._publisher.send(txn, topic, key, value, headers)
             counter += 1
 
         def emit(
@@ -384,14 +389,8 @@ class Snapshotter:
             store = stale[index]
             if store is not None and len(store):
                 claimed = [(k, self._encoder.key_identity(table, k)) for k in keys if k]
-                olds = store.claim(claimed)
-                by_identity = {i: k for k, i in claimed} if olds else {}
-                for old in olds:
-                    # In the new record's partition: a follower applies one partition in
-                    # order, so the tombstone cannot overtake the row it precedes.
-                    new = by_identity[self._encoder.key_identity(table, old)]
-                    partition = self._publisher.partition_for(topics[index], new)
-                    send(topics[index], old, None, partition)
+                for old in store.claim(claimed):
+                    send(topics[index], old, None, tombstone_lsn)
             return keys
 
         try:

@@ -10,7 +10,9 @@ reader at once with one line saying what to do, instead of on the first change.
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
+import time
+
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin._config import ConfigResource
 
 from cdc.kafka_clients import admin_client, as_settings
@@ -37,7 +39,9 @@ class TableTopics:
             return
         if topic in self._checked:
             return
-        self._publisher.ensure_topics([topic], config=dict(KEYLESS_TOPIC_CONFIG))
+        # One partition: records without a key would be spread at random over several,
+        # and a reader of the topic would lose the table's order.
+        self._publisher.ensure_topics([topic], partitions=1, config=dict(KEYLESS_TOPIC_CONFIG))
         if "compact" in cleanup_policy(self._kafka, topic):
             raise ConfigError(
                 f"table {table} has no key, but its topic {topic} is compacted "
@@ -59,9 +63,17 @@ def cleanup_policy(kafka: KafkaSettings | str, topic: str, timeout_s: float = 30
     """The topic's ``cleanup.policy`` (e.g. ``compact``, ``delete``, ``compact,delete``)."""
     admin = admin_client(as_settings(kafka))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    try:
-        configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
-    except KafkaException as e:
-        raise PublishError(f"cannot read the configuration of {topic}: {e.args[0].str()}") from e
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
+            break
+        except KafkaException as e:
+            err = e.args[0]
+            # A topic created a moment ago may not have reached the broker that answers.
+            if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise PublishError(f"cannot read the configuration of {topic}: {err.str()}") from e
     entry = configs.get("cleanup.policy")
     return str(entry.value) if entry is not None else "delete"

@@ -66,18 +66,25 @@ def cleanup_policy(p: Pipeline, topic: str) -> str:
     return topic_cleanup_policy(p.endpoints.kafka_bootstrap, topic)
 
 
-def tombstone_and_row_orders(p: Pipeline, table: Table, keys: int) -> list[tuple[int, int]]:
-    """(tombstone order, row order) per key in the table's newest snapshot version."""
+Version = tuple[int, int]
+
+
+def tombstone_and_row_versions(
+    p: Pipeline, table: Table, keys: int
+) -> list[tuple[Version, Version]]:
+    """((commit LSN, order) of the old bytes' tombstone, that of the new row) per key in the
+    table's newest snapshot: its rows at the newest LSN, its tombstones one LSN below."""
     records = read_topic(p.endpoints.kafka_bootstrap, table.topic(p.name))
     last = max(r.commit_lsn for r in records)
-    orders: dict[str, dict[str, int]] = {}
+    versions: dict[str, dict[str, Version]] = {}
     for r in records:
-        if r.commit_lsn == last and r.key is not None:
-            key = orjson.loads(r.key)
-            kind = "row" if r.value is not None else "tombstone"
-            orders.setdefault(str(key.get("payload", key)["id"]), {})[kind] = r.order
-    assert len(orders) == keys, table.name
-    return [(o["tombstone"], o["row"]) for o in orders.values()]
+        if r.key is None or r.commit_lsn < last - 1 or (r.value is None) != (r.commit_lsn < last):
+            continue
+        key = orjson.loads(r.key)
+        kind = "row" if r.value is not None else "tombstone"
+        versions.setdefault(str(key.get("payload", key)["id"]), {})[kind] = (r.commit_lsn, r.order)
+    assert len(versions) == keys, table.name
+    return [(v["tombstone"], v["row"]) for v in versions.values()]
 
 
 def live_ids(records: Iterable[Record]) -> list[str]:

@@ -49,6 +49,23 @@ SPARK_WORKER_PORTS: tuple[int, ...] = (17078, 17079)
 SPARK_WORKER_UI_PORTS: tuple[int, ...] = (17081, 17082)
 CLUSTER_SERVICES: tuple[str, ...] = ("kafka-cluster", "redis-cluster")
 
+# Every port above, for ``net.ipv4.ip_local_reserved_ports`` (see pgcdc.stack.common).
+ALL_PORTS: tuple[int, ...] = (
+    *PORTS.values(),
+    KAFKA_CONTROLLER_PORT,
+    OPENSEARCH_TRANSPORT_PORT,
+    *SECURE_PORTS.values(),
+    KAFKA_SECURE_CONTROLLER_PORT,
+    *KAFKA_CLUSTER_PORTS,
+    *KAFKA_CLUSTER_CONTROLLER_PORTS,
+    *REDIS_CLUSTER_PORTS,
+    *REDIS_CLUSTER_BUS_PORTS,
+    SPARK_MASTER_PORT,
+    SPARK_MASTER_UI_PORT,
+    *SPARK_WORKER_PORTS,
+    *SPARK_WORKER_UI_PORTS,
+)
+
 
 # Where each service of the stack answers, as the clients' default settings.
 POSTGRES_DSN = f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc"

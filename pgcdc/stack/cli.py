@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pgcdc.core.ports import (
+    ALL_PORTS,
     CLUSTER_SERVICES,
     HOST,
     KAFKA_CLUSTER_PORTS,
@@ -126,6 +127,7 @@ def cmd_up(names: list[str], secure: bool = False) -> int:
     with _lock():  # also keeps two first-time callers from running apt-get at once
         prereqs.ensure([prereqs.BASE, *(s.packages for s in services)])
         common.paths().logs.mkdir(parents=True, exist_ok=True)
+        common.reserve_ports(ALL_PORTS)
         started = [s for s in services if s.start()]
         for s in services:
             s.wait_ready()

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,19 +190,99 @@ def wait_until(
     alive: Callable[[], bool] | None = None,
     log: Path | None = None,
 ) -> None:
-    """Poll ``probe`` until it is true, or raise StackError naming the service and its log."""
+    """Poll ``probe`` until it is true, or raise StackError naming the service and its log
+    (with the log's last lines, so that a failure on a machine one cannot log into, such as
+    CI, still says why)."""
     end = time.monotonic() + deadline_s
     delay = 0.1
     while True:
         if probe():
             return
-        where = f"; see {log}" if log else ""
+        where = f"; see {log}{log_tail(log)}" if log else ""
         if alive is not None and not alive():
             raise StackError(f"{what} exited during startup{where}")
         if time.monotonic() > end:
             raise StackError(f"{what} did not become ready within {deadline_s:.0f}s{where}")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def log_tail(log: Path, lines: int = 12, *, since: int = 0) -> str:
+    """The last ``lines`` lines of ``log`` (from byte ``since`` on), indented after a newline,
+    or '' if there is nothing to show."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(since)
+            text = f.read()[-16_384:].decode(errors="replace")
+    except OSError:
+        return ""
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "".join(f"\n    | {line}" for line in tail)
+
+
+# What a server's log says when its port is taken (Redis, PostgreSQL, Java's BindException).
+BIND_FAILURES = ("Address already in use", "EADDRINUSE", "BindException")
+
+
+def bind_failed(log: Path, since: int) -> bool:
+    """Whether ``log`` reports a port already taken after byte ``since``."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(marker in text for marker in BIND_FAILURES)
+
+
+def log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+RESERVED_PORTS = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def reserve_ports(ports: Iterable[int]) -> None:
+    """Keep the kernel from handing ``ports`` to outgoing connections as their local port.
+
+    The stack's ports 55432, 56379 and 56380 lie inside Linux's ephemeral range
+    (``net.ipv4.ip_local_port_range``, 32768-60999 by default), so a client connection made a
+    moment before a server starts can hold one of them and the server fails with "Address
+    already in use". Adding them to ``net.ipv4.ip_local_reserved_ports`` (a list the kernel
+    only skips when choosing ephemeral ports; explicit binds still work) closes that window.
+    Needs root; without it (or in a container with a read-only /proc/sys) nothing changes and
+    the start retries below still cover the race.
+    """
+    if os.geteuid() != 0:
+        return
+    try:
+        current = RESERVED_PORTS.read_text().strip()
+    except OSError:
+        return
+    have: set[int] = set()
+    for part in filter(None, current.split(",")):
+        lo, _, hi = part.partition("-")
+        have.update(range(int(lo), int(hi or lo) + 1))
+    try:
+        low, high = map(int, EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    missing = sorted({p for p in ports if low <= p <= high} - have)
+    if not missing:
+        return
+    wanted = ",".join(filter(None, [current, *map(str, missing)]))
+    try:
+        RESERVED_PORTS.write_text(wanted + "\n")
+    except OSError:
+        return
+    say(
+        f"reserved ports {', '.join(map(str, missing))} from outgoing connections "
+        "(net.ipv4.ip_local_reserved_ports)"
+    )
 
 
 def terminate(

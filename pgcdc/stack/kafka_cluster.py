@@ -166,7 +166,7 @@ class KafkaClusterService(Service):
             return False
         node.pidfile.parent.mkdir(parents=True, exist_ok=True)
         common.say(f"starting {node.name} on {node.address} (log {node.log})")
-        node.pidfile.write_text(f"{node.launch()}\n")
+        node._launch()
         return True
 
     def stop_node(self, node: KafkaClusterNode) -> bool:

@@ -213,8 +213,8 @@ class Postgres(Service):
     def probe(self) -> bool:
         return self._psql("SELECT 1", local=False, db="cdc") == "1"
 
-    def wait_ready(self) -> None:
-        # The cdc role may not exist yet, so first wait on the bootstrap socket.
+    def wait_started(self) -> None:
+        # The cdc role may not exist yet, so wait on the bootstrap socket.
         common.wait_until(
             self.name,
             lambda: self._psql("SELECT 1", local=True) == "1",
@@ -222,7 +222,9 @@ class Postgres(Service):
             alive=lambda: self.pid() is not None,
             log=self.log,
         )
-        self.after_ready()
+
+    def wait_ready(self) -> None:
+        super().wait_ready()  # ends with after_ready(), which creates the cdc role
         common.wait_until(self.name, self.probe, 10, log=self.log)
 
     def after_ready(self) -> None:

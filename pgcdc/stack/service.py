@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -85,12 +86,21 @@ class Service(ABC):
         self.prepare()
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         common.say(f"starting {self.name} on {self.address} (log {self.log})")
-        pid = self.launch()
-        self.pidfile.write_text(f"{pid}\n")
+        self._launch()
         return True
 
-    def wait_ready(self) -> None:
-        """Block until the server answers a real request, or raise naming its log."""
+    # A server that lost its port to another process's connection is started again this
+    # many times (the port is free again once that connection ends).
+    bind_retries: int = 3
+
+    def _launch(self) -> None:
+        """Launch the server and record its pid (and where its log stood, for wait_ready)."""
+        self._log_mark = common.log_size(self.log)
+        pid = self.launch()
+        self.pidfile.write_text(f"{pid}\n")
+
+    def wait_started(self) -> None:
+        """Block until the server answers its first real request (the part a retry repeats)."""
         common.wait_until(
             self.name,
             self.probe,
@@ -98,6 +108,31 @@ class Service(ABC):
             alive=lambda: self.pid() is not None,
             log=self.log,
         )
+
+    def wait_ready(self) -> None:
+        """Block until the server answers a real request, or raise naming its log.
+
+        A server that exited because its port was taken (see ``common.reserve_ports``) is
+        started again, after a pause, up to ``bind_retries`` times."""
+        for attempt in range(1, self.bind_retries + 2):
+            try:
+                self.wait_started()
+                break
+            except common.StackError:
+                mark = getattr(self, "_log_mark", None)
+                if (
+                    mark is None
+                    or attempt > self.bind_retries
+                    or self.pid() is not None
+                    or not common.bind_failed(self.log, mark)
+                ):
+                    raise
+                common.say(
+                    f"{self.name}: {self.address} was taken (by another connection's local "
+                    f"port?); starting again in {attempt}s ({attempt}/{self.bind_retries})"
+                )
+                time.sleep(attempt)
+                self._launch()
         self.after_ready()
 
     def stop(self) -> bool:

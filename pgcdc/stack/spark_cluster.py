@@ -97,6 +97,9 @@ class SparkCluster:
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
             "SPARK_LOG_DIR": str(self.paths.logs),
             "SPARK_NO_DAEMONIZE": "1",
+            # No REST submission server (port 6066, on by default): jobs go through
+            # spark-submit's own protocol on the master port; one port less to collide.
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
             # The executors' Python: overridden per job by spark.pyspark.python.
             "PYSPARK_PYTHON": str(venv_python()),
         }
@@ -123,8 +126,26 @@ class SparkCluster:
                     f"{HOST}:{SPARK_MASTER_PORT} already answers but not from a master this "
                     "stack started; stop that one first"
                 )
+            self._start_master()
+        for i in range(1, self.workers + 1):
+            self.start_worker(i)
+        common.wait_until(
+            "spark workers",
+            lambda: self.alive_workers() >= self.workers,
+            90,
+            log=self.paths.log("spark-worker-1"),
+        )
+
+    # A master that exits during startup is started again this many times (its log's last
+    # lines are printed each time, so the reason shows even where the log cannot be read).
+    master_attempts = 3
+
+    def _start_master(self) -> None:
+        log = self.paths.log("spark-master")
+        for attempt in range(1, self.master_attempts + 1):
+            mark = common.log_size(log)
             common.say(f"starting the Spark master on {self.master_url}")
-            self._spawn(
+            pid = self._spawn(
                 "master",
                 [
                     "org.apache.spark.deploy.master.Master",
@@ -136,21 +157,24 @@ class SparkCluster:
                     str(SPARK_MASTER_UI_PORT),
                 ],
             )
-            common.wait_until(
-                "spark master",
-                lambda: _listening(SPARK_MASTER_PORT),
-                90,
-                alive=lambda: self.pid("master") is not None,
-                log=self.paths.log("spark-master"),
-            )
-        for i in range(1, self.workers + 1):
-            self.start_worker(i)
-        common.wait_until(
-            "spark workers",
-            lambda: self.alive_workers() >= self.workers,
-            90,
-            log=self.paths.log("spark-worker-1"),
-        )
+            try:
+                # Alive by pid, not by command line: the launcher script execs java, and the
+                # command line read in between says nothing about whether it still runs.
+                common.wait_until(
+                    "spark master",
+                    lambda: _listening(SPARK_MASTER_PORT),
+                    90,
+                    alive=lambda: common.pid_alive(pid),  # noqa: B023 - this attempt's pid
+                    log=log,
+                )
+                return
+            except common.StackError:
+                if attempt == self.master_attempts or common.pid_alive(pid):
+                    raise
+                common.say(
+                    f"the Spark master exited during startup ({attempt}/{self.master_attempts}); "
+                    f"its log said:{common.log_tail(log, since=mark)}\nstarting it again"
+                )
 
     def start_worker(self, i: int) -> None:
         """Start worker ``i`` (1-based) unless it runs."""

@@ -122,3 +122,51 @@ def test_killed_redis_is_reported_down_and_restarted_alone(running: None) -> Non
     assert code == 0, words
     # Only redis was restarted: every other service kept its process.
     assert {s: common.read_pid(common.paths().pidfile(s)) for s in others} == others
+
+
+def test_a_server_whose_port_is_taken_at_start_is_started_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stack's ports lie in Linux's ephemeral range, so a client connection can hold one
+    for a moment as its local port. A real redis-server on a port held by a bound socket
+    exits with "Address already in use"; the start is retried once the holder lets go."""
+    import socket
+    import threading
+
+    common = _stacklib("common")
+    redis_mod = _stacklib("redis")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    class TakenRedis(redis_mod.Redis):  # type: ignore[misc, name-defined]
+        name = "redis-taken"
+
+        @property
+        def port(self) -> int:
+            return port
+
+    paths = common.Paths(stack=tmp_path, cache=common.paths().cache)
+    server = TakenRedis(paths)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))  # bound, not listening: what a client's local port is
+    hit = threading.Event()
+
+    def let_go_after_the_first_failure() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not common.bind_failed(server.log, 0):
+            time.sleep(0.05)
+        hit.set()
+        holder.close()
+
+    releaser = threading.Thread(target=let_go_after_the_first_failure, daemon=True)
+    try:
+        assert server.start()
+        releaser.start()
+        server.wait_ready()
+        assert server.probe()
+    finally:
+        server.stop()
+        holder.close()
+    assert hit.is_set() and common.bind_failed(server.log, 0), "the port was never taken"
+    assert "was taken" in capsys.readouterr().err

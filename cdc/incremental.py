@@ -38,10 +38,13 @@ Memory is one chunk of rows; the slot advances with the stream throughout.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -139,32 +142,105 @@ def load_snapshots(store: StateStore, database: str, slot: str) -> SnapshotsStat
     return SnapshotsState.from_json(store.load_record(store.snapshots_key(database, slot)))
 
 
-@dataclass
-class _Chunk:
-    """A chunk read and waiting for its watermarks."""
+@dataclass(frozen=True)
+class ReadSnapshot:
+    """The transactions a chunk's SELECT did not see: those its snapshot lists as running,
+    and every one from its xmax on (32-bit xids, as pgoutput sends them)."""
 
-    snap: TableSnapshot
-    table: TableSchema
-    topic: str
-    number: int
-    low: bytes
-    high: bytes
-    rows: dict[bytes, Row]  # by key, in key order
-    last_key: list[str] | None
-    complete: bool  # fewer rows than a chunk: the table ends with this one
-    # Transactions the chunk's SELECT did not see although they may commit before L (see
-    # _read): their streamed changes win whenever they arrive before H.
     invisible: frozenset[int] = frozenset()
-    xmax: int = 0  # and every transaction from this xid on (32-bit, as pgoutput sends it)
-    in_window: bool = False
-    dropped: int = 0  # rows whose key a streamed change took out
-    emitted: int = 0  # rows published at H
+    xmax: int = 0
 
     def unseen(self, xid: int | None) -> bool:
         """The SELECT did not see this transaction (running, or begun after its snapshot)."""
         if xid is None:
             return False
         return xid in self.invisible or (xid - self.xmax) & 0xFFFFFFFF < 0x80000000
+
+
+def merge_chunk(
+    keys: Sequence[bytes],
+    seen: ReadSnapshot,
+    *,
+    window_keys: set[bytes],
+    early: dict[int | None, set[bytes]],
+    recent: frozenset[int],
+    truncated: bool = False,
+) -> list[int] | None:
+    """The places in ``keys`` (a chunk's rows, in key order) of the rows that go out at the
+    high watermark, or None when the chunk must be read again.
+
+    ``window_keys``: keys streamed after the low watermark; ``early``: keys streamed between
+    the chunk's request and the low watermark, by transaction (those of a transaction the
+    SELECT did not see leave the chunk too); ``recent``: transactions the stream finished
+    before the request: one the SELECT did not see is not in the rows, and its changes will
+    not be streamed again, so the chunk is read again. A TRUNCATE in the window empties it.
+    """
+    if any(seen.unseen(xid) for xid in recent):
+        return None
+    if truncated:
+        return []
+    drop = set(window_keys)
+    for xid, ks in early.items():
+        if seen.unseen(xid):
+            drop |= ks
+    if not drop:
+        return list(range(len(keys)))
+    return [i for i, k in enumerate(keys) if k not in drop]
+
+
+class _Dropped(Exception):
+    """A chunk's request cannot be carried out (gone table, no key, a filter the server
+    refuses): the snapshot is dropped with a warning, the stream goes on."""
+
+
+@dataclass
+class _ChunkRead:
+    """A chunk as the worker read and encoded it."""
+
+    table: TableSchema
+    keys: list[bytes]  # in key order (rows without a key are left out)
+    values: list[bytes]  # encoded with high_lsn
+    rows: list[Row]  # kept to encode again should pgoutput place H elsewhere
+    last_key: list[str] | None  # the last row's key columns (None: no row read)
+    complete: bool  # fewer rows than a chunk: the table ends with this one
+    seen: ReadSnapshot
+    high_lsn: Lsn
+    counted: int | None  # rows counted, when the table had no estimate
+
+
+@dataclass
+class _Cursor:
+    """Where this run's reading of one snapshot stands (ahead of its acknowledged state)."""
+
+    snap: TableSnapshot
+    topic: str
+    next_key: list[str] | None
+    chunks: int  # chunks published (acknowledged or not)
+    count: bool  # the first chunk also counts the table's rows (no estimate)
+    exhausted: bool = False
+
+
+@dataclass
+class _Chunk:
+    """A chunk asked for: the worker reads it while the stream notes its table's keys."""
+
+    snap: TableSnapshot
+    topic: str
+    number: int
+    low: bytes
+    high: bytes
+    recent: frozenset[int]  # transactions the stream had finished when it was asked for
+    future: Future[_ChunkRead] | None = None
+    in_window: bool = False
+    window_keys: set[bytes] = field(default_factory=set)
+    early: dict[int | None, set[bytes]] = field(default_factory=dict)
+    truncated: bool = False
+    # Set at the high watermark:
+    table: TableSchema | None = None
+    last_key: list[str] | None = None
+    complete: bool = False
+    dropped: int = 0  # rows whose key a streamed change took out
+    emitted: int = 0  # rows published at H
 
 
 @dataclass
@@ -177,11 +253,13 @@ class _Progress:
 
 
 class IncrementalSnapshots:
-    """Runs the queued incremental snapshots from inside the streaming loop.
+    """Runs the queued incremental snapshots beside the streaming loop.
 
     The streamer calls :meth:`on_message` for logical messages, :meth:`observe` for every
-    record of :attr:`window_topic` while a chunk's window is open, :meth:`on_truncate`,
-    :meth:`table_joined` for a table first seen in the stream, and :meth:`tick` often.
+    record of :attr:`window_topic` while a chunk is asked for, :meth:`on_truncate`,
+    :meth:`table_joined` for a table first seen in the stream, and :meth:`tick` often (between
+    transactions). Chunks are read on a worker thread; everything else, including the merge
+    and publishing of a chunk at its high watermark, runs on the streaming thread.
     """
 
     def __init__(
@@ -205,6 +283,10 @@ class IncrementalSnapshots:
         self.state = state
         self._publisher = publisher
         self._encoder = encoder
+        # The worker encodes with its own encoder (its plan cache is not shared).
+        self._worker_encoder = EventEncoder(
+            encoder.settings, encoder.topic_prefix, encoder.database, encoder.format
+        )
         self._load_schema = load_schema
         self._store = store
         self._table_topics = table_topics
@@ -217,6 +299,8 @@ class IncrementalSnapshots:
         sig = pg.signal_data_collection
         self.signal_table: Table | None = tuple(sig.split(".", 1)) if sig else None  # type: ignore[assignment]
         self._conn = connect(dsn, application_name="cdc-snapshot")
+        self._worker_conn = connect(dsn, application_name="cdc-snapshot-chunks")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-chunk")
         self._signal_topic = (
             SignalTopic(settings.kafka, settings.kafka.signal_topic, database, pg.slot_name)
             if settings.kafka.signal_topic
@@ -225,13 +309,15 @@ class IncrementalSnapshots:
         self._run = uuid.uuid4().hex[:12]
         self._seq = 0
         self._open: _Chunk | None = None
-        self._acking: tuple[_Chunk, TxnTracker] | None = None
-        self._started: set[int] = set()  # snapshots this run has logged a start for
+        # Chunks published, waiting for Kafka, oldest first (their progress is saved in order).
+        self._acking: collections.deque[tuple[_Chunk, TxnTracker]] = collections.deque()
+        self._cursors: dict[int, _Cursor] = {}  # by id() of the TableSnapshot
         self._bars: dict[int, tuple[SnapshotProgress, _Progress]] = {}
         self._next_poll = 0.0
         self.window_topic: str | None = None
         self._recent: dict[int, None] = {}  # xids streamed lately, oldest first
         self._busy_since: float | None = None
+        self._h_moved = False  # warned once that pgoutput placed H elsewhere
         self.retries = 0  # chunks read again: a transaction streamed already was invisible
         self.dropped = 0  # chunk rows dropped for a change inside their window (this run)
         self.chunks = 0  # chunks published and acknowledged (this run)
@@ -241,7 +327,7 @@ class IncrementalSnapshots:
     @property
     def busy(self) -> bool:
         """A snapshot is queued, or a chunk is in flight."""
-        return bool(self.state.queue) or self._open is not None or self._acking is not None
+        return bool(self.state.queue) or self._open is not None or bool(self._acking)
 
     def save(self) -> None:
         """Write the state and wait for Kafka: a signal or a chunk counts once it is saved."""
@@ -252,6 +338,13 @@ class IncrementalSnapshots:
             bar.close()
         if self._signal_topic is not None:
             self._signal_topic.close()
+        chunk = self._open
+        if chunk is not None and chunk.future is not None and chunk.future.running():
+            # A long chunk query need not run to its end (closing below ends it anyway).
+            with contextlib.suppress(psycopg.Error):
+                self._worker_conn.cancel_safe()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._worker_conn.close()
         self._conn.close()
 
     # --- requests -----------------------------------------------------------------------
@@ -291,9 +384,10 @@ class IncrementalSnapshots:
         for s in self.state.queue:
             if s not in keep:
                 log.info("incremental snapshot of %s stopped (signal %s)", s.name, signal.id)
+                self._cursors.pop(id(s), None)
         self.state.queue = keep
         if self._open is not None and self._open.snap not in keep:
-            self._open = None
+            self._open = None  # the worker's result, if any, is left unused
             self.window_topic = None
 
     def table_joined(self, table: Table, when: str, *, save: bool = True) -> None:
@@ -329,7 +423,7 @@ class IncrementalSnapshots:
             if content == chunk.low:
                 chunk.in_window = True
             elif content == chunk.high:
-                self._publish(chunk, msg.lsn)
+                self._merge(chunk, msg.lsn)
         elif msg.prefix == SIGNAL_PREFIX:
             signal = parse_envelope(f"wal@{msg.lsn}", bytes(msg.content))
             if signal is not None:
@@ -342,13 +436,18 @@ class IncrementalSnapshots:
             self.on_signal(signal, "table")
 
     def observe(self, key: bytes | None, xid: int | None) -> None:
-        """A streamed record of the open chunk's table: inside the window (or from a
-        transaction the chunk's SELECT did not see) its key leaves the chunk."""
+        """A streamed record of the asked-for chunk's table: its key is noted, as inside the
+        window or by transaction before it (see :func:`merge_chunk`)."""
         chunk = self._open
         if chunk is None or key is None:
             return
-        if (chunk.in_window or chunk.unseen(xid)) and chunk.rows.pop(key, None) is not None:
-            chunk.dropped += 1
+        if chunk.in_window:
+            chunk.window_keys.add(key)
+        else:
+            keys = chunk.early.get(xid)
+            if keys is None:
+                keys = chunk.early[xid] = set()
+            keys.add(key)
 
     def committed(self, xid: int | None) -> None:
         """The stream has passed this transaction's commit (called while :attr:`busy`)."""
@@ -361,30 +460,39 @@ class IncrementalSnapshots:
     def on_truncate(self, table: Table) -> None:
         chunk = self._open
         if chunk is not None and (chunk.snap.schema, chunk.snap.table) == table:
-            chunk.dropped += len(chunk.rows)
-            chunk.rows.clear()
+            chunk.truncated = True
 
     # --- driving ------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Finish an acknowledged chunk, look for signals and new tables, start a chunk."""
-        if self._acking is not None:
+        """Finish acknowledged chunks, look for signals and new tables, ask for a chunk."""
+        if self._acking:
             self._publisher.poll(0)
-            chunk, txn = self._acking
-            if txn.closed and txn.pending == 0:
-                self._acking = None
+            while self._acking:
+                chunk, txn = self._acking[0]
+                if not (txn.closed and txn.pending == 0):
+                    break
+                self._acking.popleft()
                 self._finish(chunk)
         if now >= self._next_poll:
             self._next_poll = now + POLL_INTERVAL_S
             self._poll()
+        asked = self._open
+        if asked is not None and asked.future is not None and asked.future.done():
+            error = asked.future.exception()
+            if error is not None:
+                self._open = None
+                self.window_topic = None
+                self._failed(asked.snap, error)
         if not self.busy:
             self._busy_since = None
             self._recent.clear()
         elif self._busy_since is None:
             self._busy_since = now
-        idle = self._open is None and self._acking is None
-        if idle and self.state.queue and now - (self._busy_since or now) >= WARM_UP_S:
-            self._start_chunk()
+        # One chunk read while at most one waits for Kafka: memory stays two chunks.
+        ready = self._open is None and len(self._acking) <= 1
+        if ready and self.state.queue and now - (self._busy_since or now) >= WARM_UP_S:
+            self._ask_chunk()
 
     def _poll(self) -> None:
         if self._signal_topic is not None:
@@ -396,91 +504,80 @@ class IncrementalSnapshots:
             if self.state.captured is not None and table not in self.state.captured:
                 self.table_joined(table, "while streaming")
 
-    def _start_chunk(self) -> None:
-        snap = self.state.queue[0]
+    def _failed(self, snap: TableSnapshot, error: BaseException) -> None:
+        """The worker could not read a chunk: drop the request, or stop the reader."""
+        if not isinstance(error, _Dropped):
+            raise error
+        log.warning(
+            "incremental snapshot of %s dropped: %s", snap.name, error, extra={"table": snap.name}
+        )
+        self._cursors.pop(id(snap), None)
+        if snap in self.state.queue:
+            self.state.queue.remove(snap)
+            self.save()
+
+    def _cursor(self, snap: TableSnapshot) -> _Cursor | None:
+        cursor = self._cursors.get(id(snap))
+        return cursor if cursor is not None and cursor.snap is snap else None
+
+    def _ask_chunk(self) -> None:
+        """Ask the worker for the next chunk of the first snapshot with rows left to read."""
+        for snap in self.state.queue:
+            cursor = self._cursor(snap)
+            if cursor is None or not cursor.exhausted:
+                break
+        else:
+            return  # every queued table is read to its end; its last chunk waits for Kafka
+        if cursor is None:
+            try:
+                cursor = self._begin_table(snap)
+            except _Dropped as e:
+                self._failed(snap, e)
+                return
+        self._seq += 1
+        chunk = _Chunk(
+            snap,
+            cursor.topic,
+            cursor.chunks + 1,
+            f"{self._run}:{self._seq}:low".encode(),
+            f"{self._run}:{self._seq}:high".encode(),
+            frozenset(self._recent),
+        )
+        self._open = chunk
+        self.window_topic = chunk.topic
+        chunk.future = self._pool.submit(
+            self._read_chunk,
+            snap.schema,
+            snap.table,
+            snap.where,
+            cursor.next_key,
+            chunk.low,
+            chunk.high,
+            cursor.count,
+        )
+        cursor.count = False
+
+    def _begin_table(self, snap: TableSnapshot) -> _Cursor:
+        """This run's first chunk of ``snap``: check the table, make its topic, log."""
         try:
             table = self._load_schema(self._conn, snap.schema, snap.table)
         except SchemaError as e:
-            log.warning("incremental snapshot of %s dropped: %s", snap.name, e)
-            self.state.queue.pop(0)
-            self.save()
-            return
+            raise _Dropped(str(e)) from e
         if not table.key_columns:
-            log.warning(
-                "incremental snapshot of %s dropped: it has no key to read it in chunks by "
-                "(set CDC_POSTGRES__MESSAGE_KEY_COLUMNS for it)",
-                snap.name,
-                extra={"table": snap.name},
+            raise _Dropped(
+                "it has no key to read it in chunks by (set CDC_POSTGRES__MESSAGE_KEY_COLUMNS "
+                "for it)"
             )
-            self.state.queue.pop(0)
-            self.save()
-            return
-        if id(snap) not in self._started:
-            self._begin_table(snap)
-            self._table_topics.ensure(self._encoder.topic(table), keyless=False, table=snap.name)
-        self._seq += 1
-        low = f"{self._run}:{self._seq}:low".encode()
-        high = f"{self._run}:{self._seq}:high".encode()
-        self._emit(low)
-        try:
-            rows, last_key, invisible, xmax = self._read(table, snap)
-        except psycopg.Error as e:
-            if self._conn.closed:
-                raise
-            # A filter the server refuses (a signal's --where) must not stop the stream.
-            log.warning(
-                "incremental snapshot of %s dropped: its chunk query failed: %s",
-                snap.name,
-                str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
-                extra={"table": snap.name},
-            )
-            self.state.queue.remove(snap)
-            self.save()
-            return
-        probe = _Chunk(snap, table, "", 0, b"", b"", {}, None, False, invisible, xmax)
-        if any(probe.unseen(xid) for xid in self._recent):
-            # A transaction the stream already passed was not visible to the SELECT yet (its
-            # commit record was written, its visibility not): its change is not in these
-            # rows and will not come again. Read the chunk again, with new watermarks.
-            self.retries += 1
-            log.info("chunk of %s read again: a streamed transaction was invisible", snap.name)
-            return
-        chunk = _Chunk(
-            snap,
-            table,
-            self._encoder.topic(table),
-            snap.chunks + 1,
-            low,
-            high,
-            {},
-            last_key if rows else snap.last_key,
-            complete=len(rows) < self._chunk_rows,
-            invisible=invisible,
-            xmax=xmax,
-        )
-        for row in rows:
-            key = self._encoder.encode_key(table, row)
-            if key is not None:
-                chunk.rows[key] = row
-        self._open = chunk
-        self.window_topic = chunk.topic
-        self._emit(high)
-
-    def _begin_table(self, snap: TableSnapshot) -> None:
-        self._started.add(id(snap))
+        topic = self._encoder.topic(table)
+        self._table_topics.ensure(topic, keyless=False, table=snap.name)
         if not snap.estimated_rows:
             row = self._conn.execute(
                 "SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = %s::regclass",
                 (sql.Identifier(snap.schema, snap.table).as_string(self._conn),),
             ).fetchone()
             snap.estimated_rows = int(row[0]) if row else 0
-            if not snap.estimated_rows:  # never analyzed: count once
-                count = self._conn.execute(
-                    sql.SQL("SELECT count(*) FROM {}").format(
-                        sql.Identifier(snap.schema, snap.table)
-                    )
-                ).fetchone()
-                snap.estimated_rows = int(count[0]) if count else 0
+        cursor = _Cursor(snap, topic, snap.last_key, snap.chunks, count=not snap.estimated_rows)
+        self._cursors[id(snap)] = cursor
         if snap.chunks:
             log.info(
                 "incremental snapshot of %s resumed after chunk %d (%d rows done, key > %s)",
@@ -492,21 +589,99 @@ class IncrementalSnapshots:
             )
         else:
             log.info(
-                "incremental snapshot of %s started (~%d rows, %d per chunk)",
+                "incremental snapshot of %s started (%s, %d per chunk)",
                 snap.name,
-                snap.estimated_rows,
+                f"~{snap.estimated_rows} rows" if snap.estimated_rows else "rows counted",
                 self._chunk_rows,
                 extra={"table": snap.name},
             )
+        return cursor
 
-    def _emit(self, content: bytes) -> None:
-        self._conn.execute(
-            "SELECT pg_logical_emit_message(false, %s, %s::bytea)", (WATERMARK_PREFIX, content)
+    # --- the worker thread --------------------------------------------------------------
+
+    def _read_chunk(
+        self,
+        schema: str,
+        name: str,
+        where: str | None,
+        after: list[str] | None,
+        low: bytes,
+        high: bytes,
+        count: bool,
+    ) -> _ChunkRead:
+        """On the worker thread: the low watermark, the chunk's rows, the high watermark,
+        then the rows encoded as of H. Raises :class:`_Dropped` for a request that cannot be
+        carried out."""
+        conn = self._worker_conn
+        try:
+            table = self._load_schema(conn, schema, name)
+        except SchemaError as e:
+            raise _Dropped(str(e)) from e
+        if not table.key_columns:
+            raise _Dropped("it has no key to read it in chunks by")
+        try:
+            counted = _count(conn, table) if count else None
+            _emit(conn, low)
+            rows, last_key, seen = self._select(conn, table, where, after)
+        except psycopg.Error as e:
+            if conn.closed:
+                raise
+            # A filter the server refuses (a signal's --where) must not stop the stream.
+            text = str(e).strip()
+            raise _Dropped(
+                f"its chunk query failed: {text.splitlines()[0] if text else type(e).__name__}"
+            ) from e
+        high_lsn = _emit(conn, high)
+        keys: list[bytes] = []
+        kept: list[Row] = []
+        encoder = self._worker_encoder
+        for row in rows:
+            key = encoder.encode_key(table, row)
+            if key is not None:
+                keys.append(key)
+                kept.append(row)
+        values = self._encode(encoder, table, name, keys, kept, high_lsn)
+        return _ChunkRead(
+            table,
+            keys,
+            values,
+            kept,
+            last_key,
+            len(rows) < self._chunk_rows,
+            seen,
+            high_lsn,
+            counted,
         )
 
-    def _read(
-        self, table: TableSchema, snap: TableSnapshot
-    ) -> tuple[list[Row], list[str], frozenset[int], int]:
+    @staticmethod
+    def _encode(
+        encoder: EventEncoder,
+        table: TableSchema,
+        name: str,
+        keys: Sequence[bytes],
+        rows: Sequence[Row],
+        high: Lsn,
+    ) -> list[bytes]:
+        """The rows' ``r`` values, with H as ``source.lsn``."""
+        source = SourceInfo(int(time.time() * 1_000_000), "incremental", None, high.value, None)
+        values: list[bytes] = []
+        for key, row in zip(keys, rows, strict=True):
+            try:
+                values.append(encoder.encode_value(table, "r", None, row, source))
+            except SchemaError as e:
+                raise SchemaError(
+                    f"cannot encode a snapshot row of {table.schema}.{name} (key "
+                    f"{key.decode(errors='replace')}): {e}"
+                ) from e
+        return values
+
+    def _select(
+        self,
+        conn: psycopg.Connection[Any],
+        table: TableSchema,
+        where: str | None,
+        after: list[str] | None,
+    ) -> tuple[list[Row], list[str] | None, ReadSnapshot]:
         """The next chunk's rows (as text, like pgoutput's), the last one's key, and the
         transactions its snapshot did not see: those it lists as running, and every one from
         its xmax on (xmax is the latest completed xid + 1, so a transaction still running
@@ -520,26 +695,26 @@ class IncrementalSnapshots:
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key_columns)
         conds: list[sql.Composable] = []
-        if snap.last_key is not None:
+        if after is not None:
             conds.append(
                 sql.SQL("({}) > ({})").format(
-                    keys, sql.SQL(", ").join(sql.Literal(v) for v in snap.last_key)
+                    keys, sql.SQL(", ").join(sql.Literal(v) for v in after)
                 )
             )
-        if snap.where:
-            conds.append(sql.SQL("({})").format(sql.SQL(snap.where)))  # the user's filter
-        where = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
+        if where:
+            conds.append(sql.SQL("({})").format(sql.SQL(where)))  # the user's filter
+        cond = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
         query = sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
             cols,
             sql.Identifier(table.schema, table.table),
-            where,
+            cond,
             keys,
             sql.Literal(self._chunk_rows),
         )
         names = [c.name for c in table.columns]
         positions = [names.index(k) for k in table.key_columns]
         rows: list[Row] = []
-        with self._conn.transaction(), self._conn.cursor() as cur:
+        with conn.transaction(), conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             # The first query fixes the snapshot the COPY below reads with.
             cur.execute(
@@ -554,32 +729,76 @@ class IncrementalSnapshots:
                 copy.set_types(["text"] * len(table.columns))
                 for r in copy.rows():
                     rows.append(r)
-        last = [str(rows[-1][i]) for i in positions] if rows else []
-        return rows, last, running, xmax
+        last = [str(rows[-1][i]) for i in positions] if rows else None
+        return rows, last, ReadSnapshot(running, xmax)
 
-    def _publish(self, chunk: _Chunk, high: Lsn) -> None:
+    # --- the high watermark, on the streaming thread --------------------------------------
+
+    def _merge(self, chunk: _Chunk, high: Lsn) -> None:
         """The high watermark: publish what is left of the chunk, versioned at H."""
         self._open = None
         self.window_topic = None
+        assert chunk.future is not None
+        try:
+            # The worker wrote H after its read: at most the encoding is left to wait for.
+            read = chunk.future.result()
+        except _Dropped as e:
+            self._failed(chunk.snap, e)
+            return
+        cursor = self._cursor(chunk.snap)
+        if cursor is None or chunk.snap not in self.state.queue:
+            return  # stopped meanwhile
+        if read.counted is not None:
+            chunk.snap.estimated_rows = read.counted
+        kept = merge_chunk(
+            read.keys,
+            read.seen,
+            window_keys=chunk.window_keys,
+            early=chunk.early,
+            recent=chunk.recent,
+            truncated=chunk.truncated,
+        )
+        if kept is None:
+            # A transaction the stream already passed was not visible to the SELECT yet (its
+            # commit record was written, its visibility not): its change is not in these
+            # rows and will not come again. Read the chunk again, with new watermarks.
+            self.retries += 1
+            log.info(
+                "chunk of %s read again: a streamed transaction was invisible", chunk.snap.name
+            )
+            return
+        values = read.values
+        if read.high_lsn != high:
+            if not self._h_moved:
+                self._h_moved = True
+                log.warning(
+                    "the high watermark streamed at %s, written at %s: chunk rows are "
+                    "encoded again on the streaming thread",
+                    high,
+                    read.high_lsn,
+                )
+            values = self._encode(
+                self._encoder, read.table, chunk.snap.table, read.keys, read.rows, high
+            )
         txn = self._publisher.begin(high)
         # pgoutput gives the end of the watermark's record; a commit record may start right
         # there. One byte less still follows every commit before the watermark.
         lsn_header = str(high.value - 1).encode()
-        source = SourceInfo(int(time.time() * 1_000_000), "incremental", None, high.value, None)
-        for order, (key, row) in enumerate(chunk.rows.items()):
-            try:
-                value = self._encoder.encode_value(chunk.table, "r", None, row, source)
-            except SchemaError as e:
-                raise SchemaError(
-                    f"cannot encode a snapshot row of {chunk.snap.name} (key "
-                    f"{key.decode(errors='replace')}): {e}"
-                ) from e
-            self._publisher.send(txn, chunk.topic, key, value, version_headers(lsn_header, order))
+        send = self._publisher.send
+        for order, i in enumerate(kept):
+            send(txn, chunk.topic, read.keys[i], values[i], version_headers(lsn_header, order))
+        for _ in range(len(kept)):
             self._observer.on_event("r")
         self._publisher.close_txn(txn, high)
-        chunk.emitted = len(chunk.rows)
-        chunk.rows = {}  # in the producer's hands now
-        self._acking = (chunk, txn)
+        chunk.table = read.table
+        chunk.last_key = read.last_key if read.last_key is not None else cursor.next_key
+        chunk.complete = read.complete
+        chunk.emitted = len(kept)
+        chunk.dropped = len(read.keys) - len(kept)
+        cursor.chunks = chunk.number
+        cursor.next_key = chunk.last_key
+        cursor.exhausted = read.complete
+        self._acking.append((chunk, txn))
 
     def _finish(self, chunk: _Chunk) -> None:
         """The chunk is in Kafka: record the progress (the next run starts after it)."""
@@ -593,6 +812,7 @@ class IncrementalSnapshots:
         snap.last_key = chunk.last_key
         if chunk.complete:
             self.state.queue.remove(snap)
+            self._cursors.pop(id(snap), None)
         self.save()
         self.chunks += 1
         log.info(
@@ -605,7 +825,8 @@ class IncrementalSnapshots:
             ",".join(chunk.last_key or []),
             extra={"table": snap.name},
         )
-        self._observer_progress(snap, chunk.table)
+        assert chunk.table is not None
+        self._observer_progress(snap, chunk.table, complete=chunk.complete)
         if chunk.complete:
             log.info(
                 "incremental snapshot of %s complete: %d rows in %d chunks",
@@ -618,7 +839,9 @@ class IncrementalSnapshots:
             if bar is not None:
                 bar[0].close()
 
-    def _observer_progress(self, snap: TableSnapshot, table: TableSchema) -> None:
+    def _observer_progress(
+        self, snap: TableSnapshot, table: TableSchema, *, complete: bool = False
+    ) -> None:
         on_progress = getattr(self._observer, "on_snapshot_progress", None)
         if on_progress is not None:
             on_progress(snap.name, snap.rows, snap.estimated_rows, snap.chunks)
@@ -627,8 +850,28 @@ class IncrementalSnapshots:
             view = _Progress(table, snap.estimated_rows, snap.rows)
             bar = self._bars[id(snap)] = (SnapshotProgress([view], self._tty), view)
         bar[1].rows = snap.rows
-        bar[1].estimated_rows = max(snap.estimated_rows, snap.rows)
-        bar[0].update(bar[1])
+        # Done is 100 %: rows a streamed change replaced, or an estimate too high, leave the
+        # count below the estimate.
+        bar[1].estimated_rows = snap.rows if complete else max(snap.estimated_rows, snap.rows)
+        bar[0].update(bar[1], refresh=True)  # one frame per chunk
+
+
+def _emit(conn: psycopg.Connection[Any], content: bytes) -> Lsn:
+    """Write a watermark into the WAL; where its record ends (as pgoutput reports it)."""
+    row = conn.execute(
+        "SELECT pg_logical_emit_message(false, %s, %s::bytea)::text",
+        (WATERMARK_PREFIX, content),
+    ).fetchone()
+    assert row is not None
+    return Lsn.parse(row[0])
+
+
+def _count(conn: psycopg.Connection[Any], table: TableSchema) -> int:
+    """The table's rows, counted (a table never analyzed has no estimate)."""
+    row = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table.schema, table.table))
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def join_tables(state: SnapshotsState, tables: Sequence[Table]) -> list[Table]:

@@ -35,10 +35,12 @@ class SnapshotProgress:
         self._bar: Any = None
         self._tasks: dict[int, Any] = {}
         if tty:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
                 Progress,
+                TaskProgressColumn,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
@@ -47,10 +49,14 @@ class SnapshotProgress:
             self._bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
+                TaskProgressColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]} rows/s"),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
                 TimeRemainingColumn(),
+                # On stderr: the terminal the caller looked at (and where the logs go).
+                console=Console(stderr=True),
                 transient=False,
             )
             for p in tables:
@@ -62,8 +68,9 @@ class SnapshotProgress:
                 )
             self._bar.start()
 
-    def update(self, plan: TableCopy) -> None:
-        """``plan`` has copied ``plan.rows`` rows so far."""
+    def update(self, plan: TableCopy, *, refresh: bool = False) -> None:
+        """``plan`` has copied ``plan.rows`` rows so far; ``refresh`` draws the bar now
+        (otherwise it is drawn ten times a second)."""
         now = time.monotonic()
         done = plan.rows - self._base.get(id(plan), 0)
         rate = done / max(1e-6, now - self._started)
@@ -74,6 +81,7 @@ class SnapshotProgress:
                 completed=plan.rows,
                 total=max(plan.rows, plan.estimated_rows) or None,
                 rate=f"{rate:,.0f}",
+                refresh=refresh,
             )
         elif now - self._last_log >= 5.0:
             self._last_log = now

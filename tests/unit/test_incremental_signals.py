@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from cdc.incremental import SnapshotsState, TableSnapshot, _Chunk, join_tables
+from cdc.incremental import ReadSnapshot, SnapshotsState, TableSnapshot, join_tables, merge_chunk
 from cdc.signals import (
     SnapshotRequest,
     StopRequest,
@@ -78,9 +78,8 @@ def test_state_record_round_trips() -> None:
     assert join_tables(SnapshotsState(), [("public", "a")]) == [("public", "a")]
 
 
-def _chunk(invisible: frozenset[int], xmax: int) -> _Chunk:
-    table = None  # the check does not look at it
-    return _Chunk(None, table, "t", 1, b"", b"", {}, None, False, invisible, xmax)  # type: ignore[arg-type]
+def _chunk(invisible: frozenset[int], xmax: int) -> ReadSnapshot:
+    return ReadSnapshot(invisible, xmax)
 
 
 def test_unseen_transactions_are_the_running_ones_and_those_from_xmax_on() -> None:
@@ -93,3 +92,32 @@ def test_unseen_across_xid_wraparound() -> None:
     c = _chunk(frozenset(), 0xFFFFFFF0)
     assert c.unseen(0xFFFFFFF5) and c.unseen(3)  # after xmax, past the wrap
     assert not c.unseen(0xFFFFFF00)
+
+
+KEYS = [b"k1", b"k2", b"k3", b"k4"]
+SEEN = ReadSnapshot(frozenset({90}), 100)  # the SELECT saw neither 90 nor 100 and later
+
+
+def test_merge_drops_keys_streamed_inside_the_window_whatever_their_transaction() -> None:
+    kept = merge_chunk(KEYS, SEEN, window_keys={b"k2", b"zz"}, early={}, recent=frozenset())
+    assert kept == [0, 2, 3]
+
+
+def test_merge_drops_keys_streamed_before_the_low_mark_only_for_unseen_transactions() -> None:
+    # 90 was running and 100 began after the SELECT's snapshot: their changes are not in the
+    # rows, so the streamed ones win; 80 was visible: its change is in the rows already.
+    early: dict[int | None, set[bytes]] = {90: {b"k1"}, 100: {b"k4"}, 80: {b"k3"}, None: {b"k2"}}
+    kept = merge_chunk(KEYS, SEEN, window_keys=set(), early=early, recent=frozenset())
+    assert kept == [1, 2]
+
+
+def test_merge_asks_for_a_new_read_when_a_finished_transaction_was_unseen() -> None:
+    # The stream finished 90 before the chunk was asked for: its keys were never noted.
+    assert merge_chunk(KEYS, SEEN, window_keys=set(), early={}, recent=frozenset({90})) is None
+    kept = merge_chunk(KEYS, SEEN, window_keys=set(), early={}, recent=frozenset({50, 99}))
+    assert kept == [0, 1, 2, 3]
+
+
+def test_merge_of_a_truncated_window_keeps_nothing() -> None:
+    kept = merge_chunk(KEYS, SEEN, window_keys=set(), early={}, recent=frozenset(), truncated=True)
+    assert kept == []

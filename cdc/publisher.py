@@ -232,23 +232,62 @@ class Publisher:
                 except BufferError:
                     self._produce(topic, key, value, headers, txn.on_delivery)
         except KafkaException as e:
-            err = e.args[0]
-            if not is_permanent(err.code()):
-                txn.pending -= 1
-                raise PublishError(f"cannot produce to {topic}: {err.str()}") from e
-            # Refused before it left (larger than the producer takes): the same as a refusal
-            # by the broker; its pending count passes to the letter, if one is written.
-            refused = RefusedRecord.of(topic, key, value, headers, err.str())
-            if not self._dead_letter:
-                txn.pending -= 1
-                self._failure = PublishError(self._fail_message(refused))
-                raise self._failure from e
-            self._write_letter(refused, txn)
+            self._not_produced(e, txn, topic, key, value, headers)
         self.produced += 1
         # Serve delivery callbacks now and then without blocking.
         if self.produced & 0x3FF == 0:
             self._producer.poll(0)
             self.raise_if_failed()
+
+    def send_many(
+        self,
+        txn: TxnTracker,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes | None, Headers]],
+    ) -> None:
+        """Queue records (key, value, headers) of one topic in order: :meth:`send` for each,
+        with the per-call work done once (a snapshot sends its rows this way)."""
+        if self._failure is not None or self._refused:
+            self.raise_if_failed()
+        produce = self._producer.produce
+        on_delivery = txn.on_delivery
+        for key, value, headers in records:
+            txn.pending += 1
+            try:
+                try:
+                    produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                except BufferError:
+                    self._produce(topic, key, value, headers, on_delivery)
+            except KafkaException as e:
+                self._not_produced(e, txn, topic, key, value, headers)
+            self.produced += 1
+            if self.produced & 0x3FF == 0:
+                self._producer.poll(0)
+                self.raise_if_failed()
+
+    def _not_produced(
+        self,
+        e: KafkaException,
+        txn: TxnTracker,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+    ) -> None:
+        """produce() refused a record (already counted pending in ``txn``): a permanent
+        refusal is dead-lettered when the settings say so; anything else raises."""
+        err = e.args[0]
+        if not is_permanent(err.code()):
+            txn.pending -= 1
+            raise PublishError(f"cannot produce to {topic}: {err.str()}") from e
+        # Refused before it left (larger than the producer takes): the same as a refusal
+        # by the broker; its pending count passes to the letter, if one is written.
+        refused = RefusedRecord.of(topic, key, value, headers, err.str())
+        if not self._dead_letter:
+            txn.pending -= 1
+            self._failure = PublishError(self._fail_message(refused))
+            raise self._failure from e
+        self._write_letter(refused, txn)
 
     def _produce(
         self,

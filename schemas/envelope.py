@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -20,9 +20,10 @@ from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import SchemaSettings
 from pgcdc.core.values import RawValue
 from schemas.debezium import CONNECTOR, OPS, SNAPSHOT_VALUES
-from schemas.formats import EventFormat, Row, format_for, json_default
+from schemas.formats import EventFormat, JsonFormat, Row, format_for, json_default
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
-from schemas.plan import EncodePlan
+from schemas.plan import FAST_PATH_ERRORS, EncodePlan
+from schemas.rowfuncs import KeyColumnNull
 
 _SNAPSHOT_SET = frozenset(SNAPSHOT_VALUES)
 # Plans kept at most: far more tables than a database usually captures.
@@ -34,6 +35,94 @@ def sequence(last_commit_lsn: int | None, lsn: int | None) -> str:
     a = "null" if last_commit_lsn is None else f'"{last_commit_lsn}"'
     b = "null" if lsn is None else f'"{lsn}"'
     return f"[{a},{b}]"
+
+
+# Stand-ins the JSON templates are written around: orjson escapes a NUL inside a string, so
+# these bytes can only come from the Fragments themselves.
+_AFTER_MARK = b"\x00after\x00"
+_KEY_MARK = b"\x00key\x00"
+_TIME_MARKS = (b"\x00ms\x00", b"\x00us\x00", b"\x00ns\x00")
+Record = tuple[bytes | None, bytes]
+
+
+class RowEvents:
+    """Key and value of one table's events that differ only in their ``after`` row and the
+    time they are written: a snapshot's ``r`` records, a batch at a time.
+
+    The same bytes as :meth:`EventEncoder.encode_change` gives for each row. With the JSON
+    format the value is a ``%`` template the format itself wrote once around the row's place
+    and the three times, so a row costs its generated row function, one ``orjson.dumps`` of
+    the row and one formatting; other formats call ``encode_change`` per row.
+    """
+
+    __slots__ = ("_encoder", "_key", "_op", "_plan", "_source", "_table", "_transaction", "_value")
+
+    def __init__(
+        self,
+        encoder: EventEncoder,
+        table: TableSchema,
+        op: str,
+        source: SourceInfo,
+        transaction: TransactionInfo | None,
+    ) -> None:
+        self._encoder = encoder
+        self._table = table
+        self._op = op
+        self._source = source
+        self._transaction = transaction
+        self._plan = plan = encoder.plan(table)
+        self._value: bytes | None = None
+        self._key: bytes | None = None
+        fmt = encoder.format
+        if not isinstance(fmt, JsonFormat):
+            return
+        # The row's place: a Fragment where the dict goes (written verbatim by orjson).
+        after = cast(Row, orjson.Fragment(_AFTER_MARK))
+        payload = encoder._payload(plan, op, None, after, source, transaction, 0)
+        for name, mark in zip(("ts_ms", "ts_us", "ts_ns"), _TIME_MARKS, strict=True):
+            payload[name] = orjson.Fragment(mark)
+        value = fmt.encode_value(plan, payload).replace(b"%", b"%%")
+        value = value.replace(_AFTER_MARK, b"%b", 1)
+        for mark in _TIME_MARKS:
+            value = value.replace(mark, b"%d", 1)
+        self._value = value
+        if plan.key_indexes:
+            self._key = (
+                fmt.encode_key_payload(plan, orjson.Fragment(_KEY_MARK))
+                .replace(b"%", b"%%")
+                .replace(_KEY_MARK, b"%b", 1)
+            )
+
+    def encode(self, rows: Sequence[Sequence[RawValue]]) -> list[Record]:
+        """Key and value of each row (a row's key is None when the table has no key)."""
+        template = self._value
+        if template is None:
+            change = self._encoder.encode_change
+            table, op, source, tx = self._table, self._op, self._source, self._transaction
+            return [change(table, op, None, row, source, tx) for row in rows]
+        plan = self._plan
+        fast_row = plan.fast_json_row
+        key_of = plan.fast_key_from_row
+        key_template = self._key
+        dumps = orjson.dumps
+        default = json_default
+        clock = time.time_ns
+        out: list[Record] = []
+        append = out.append
+        for values in rows:
+            try:
+                row = fast_row(values)
+            except FAST_PATH_ERRORS:
+                row = plan.json_row(values)  # the same dict, or the error naming the column
+            key = None
+            if key_template is not None:
+                try:
+                    key = key_template % dumps(key_of(row), default=default)
+                except KeyColumnNull:  # as in JsonFormat.key_and_rows
+                    key = key_template % dumps(plan.key(values), default=default)  # raises
+            ns = clock()
+            append((key, template % (dumps(row, default=default), ns // 1_000_000, ns // 1000, ns)))
+        return out
 
 
 class EventEncoder:
@@ -224,6 +313,17 @@ class EventEncoder:
         key, before_d, after_d = fmt.key_and_rows(plan, before, after)
         payload = self._payload(plan, op, before_d, after_d, source, transaction, time.time_ns())
         return key, fmt.encode_value(plan, payload)
+
+    def row_events(
+        self,
+        table: TableSchema,
+        op: str,
+        source: SourceInfo,
+        transaction: TransactionInfo | None = None,
+    ) -> RowEvents:
+        """Encodes rows of ``table`` as ``op`` events with this source (:class:`RowEvents`):
+        build it once, use it for many rows."""
+        return RowEvents(self, table, op, source, transaction)
 
     def key_value(self, table: TableSchema, key: bytes) -> dict[str, Any] | None:
         """What a record key of ``table`` says (field → value), None if it is not one."""

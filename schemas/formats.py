@@ -101,6 +101,14 @@ class JsonFormat:
             {"schema": plan.key_schema_fragment, "payload": payload}, default=json_default
         )
 
+    def encode_key_payload(self, plan: EncodePlan, payload: Any) -> bytes:
+        """The record key around a key payload already built (JSON-ready values)."""
+        if plan.key_schema_fragment is None or not self.schemas_enable:
+            return orjson.dumps(payload, default=json_default)
+        return orjson.dumps(
+            {"schema": plan.key_schema_fragment, "payload": payload}, default=json_default
+        )
+
     def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
         """``{"schema": <envelope schema>, "payload": {...}}``, or the payload alone."""
         if not self.schemas_enable:

@@ -5,6 +5,7 @@ from a real server, plus unchanged-TOAST, binary-format and malformed values."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Sequence
 from functools import partial
@@ -21,7 +22,7 @@ from pgcdc.core.values import UNCHANGED_TOAST, RawValue
 from schemas import envelope
 from schemas.envelope import EventEncoder
 from schemas.formats import json_default
-from schemas.model import SourceInfo, TableSchema, TransactionInfo
+from schemas.model import Column, PgType, SourceInfo, TableSchema, TransactionInfo
 from tests.unit.schemas.test_roundtrip import ROW, TABLE
 
 pytestmark = pytest.mark.unit
@@ -199,3 +200,61 @@ def test_random_rows_byte_for_byte(
         check_all_ops(enc, TABLE, before, after, TXN)
     finally:
         envelope.time = saved
+
+
+MARKERS = ("first", "true", "first_in_data_collection", "last_in_data_collection", "last")
+
+
+def check_row_events(
+    enc: EventEncoder, table: TableSchema, rows: Sequence[Sequence[RawValue]]
+) -> list[int]:
+    """RowEvents (the snapshot's batch path) gives what encode_change gives, row by row;
+    returns how many rows encoded per marker (the others raised the same error both ways)."""
+    counts = []
+    for marker in MARKERS:
+        source = SourceInfo(1716000000123456, marker, 771, 24023128, None)
+        events = enc.row_events(table, "r", source)
+        good = []
+        for row in rows:
+            same_outcome(
+                partial(enc.encode_change, table, "r", None, row, source),
+                lambda row=row, events=events: events.encode([row])[0],
+            )
+            with contextlib.suppress(SchemaError):
+                good.append((row, enc.encode_change(table, "r", None, row, source)))
+        # Many rows in one call (the snapshot's way), each as encode_change gives it.
+        assert events.encode([row for row, _ in good]) == [want for _, want in good]
+        counts.append(len(good))
+    return counts
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(map(str, v.values())))
+def test_row_events_byte_for_byte(
+    all_types: tuple[TableSchema, list[list[str | None]]], variant: dict[str, Any]
+) -> None:
+    table, rows = all_types
+    enc = EventEncoder(SchemaSettings(**variant), "PostgreSQL_server", "postgres")
+    # Only the NaN/Infinity rows fail (in precise mode).
+    assert min(check_row_events(enc, table, rows)) >= len(rows) - 3
+    # Bad values and a null key: the same SchemaError as encode_change.
+    names = [c.name for c in table.columns]
+    bad: list[list[RawValue]] = []
+    for column, value in (("c_int4", "12x"), ("c_bool", "maybe"), ("id", None), ("id", "x")):
+        row: list[RawValue] = list(rows[0])
+        row[names.index(column)] = value
+        bad.append(row)
+    bad.append(list(rows[0])[:-1])  # a row too short
+    # Every bad row raised, on both paths.
+    assert check_row_events(enc, table, bad) == [0] * len(MARKERS)
+
+
+def test_row_events_without_key_and_with_percent_names() -> None:
+    """Templates survive ``%`` in names (they are ``%``-formatted) and keyless tables."""
+    text = PgType(25, "text", "b")
+    cols = (Column("a%s", text, -1, False, True), Column("b%%d", text, -1, True, False))
+    for keys in (("a%s",), ()):
+        table = TableSchema("s%b", "t%d", cols, keys, "d")
+        for variant in VARIANTS:
+            enc = EventEncoder(SchemaSettings(**variant), "p%", "db%")
+            counts = check_row_events(enc, table, [["x%sy", None], ["%", "%d%%"]])
+            assert counts == [2] * len(MARKERS)

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import ceilings, workload
 from benchmarks.env import BenchEnv
-from benchmarks.lag import LagSample, trend
+from benchmarks.lag import LagSample, robust_slope, time_trend, trend
 
 pytestmark = pytest.mark.integration
 
@@ -76,6 +76,28 @@ def test_trend_flat_and_growing() -> None:
     grow = [LagSample(t, t * 1000, t * 400) for t in range(40)]
     assert trend(flat).flat
     assert not trend(grow).flat
+
+
+def test_time_trend_holds_through_noise_and_catches_a_reader_falling_behind() -> None:
+    """Kafka's lag in seconds at 4 samples/s over a 12 s step: a sawtooth (confirmation
+    cadence), one 20 s stall sample and a level shift stay flat; 10 % short of the offered
+    rate (0.1 s/s) and a stalled reader (1 s/s) do not."""
+    ts = [i / 4 for i in range(48)]
+    saw = [(t, 0.05 + 0.2 * (t % 1)) for t in ts]
+    spike = [(t, 20.0 if i == 40 else lag) for i, (t, lag) in enumerate(saw)]
+    shift = [(t, lag + (0.3 if t > 6 else 0)) for t, lag in saw]
+    for flat in (saw, spike, shift):
+        assert time_trend(flat).flat
+    # The slot's byte judge (still recorded) calls 20 MB of another database's WAL near the
+    # end of a 1,000/s step (300 kB/s of WAL) growth: why it no longer judges.
+    other_db = [LagSample(t, int(t * 300e3), 100_000 + 20_000_000 * (t > 9.5)) for t in ts]
+    assert not trend(other_db).flat
+    behind = [(t, 0.05 + 0.1 * t + 0.2 * (t % 1)) for t in ts]
+    stalled = [(t, 0.05 + t) for t in ts]
+    for growing in (behind, stalled):
+        tt = time_trend(growing)
+        assert not tt.flat and tt.slope == pytest.approx(growing[-1][1] / 12, abs=0.05)
+    assert robust_slope([(0, 1), (1, 3), (2, 5), (3, 7), (4, 9), (5, 100)]) == pytest.approx(2.0)
 
 
 def test_snapshot_ratio_compares_equal_table_sizes() -> None:

@@ -1,21 +1,28 @@
 """Incremental snapshots: tables read in key-ordered chunks between watermarks while the
 stream runs (DBLog's algorithm, as Debezium's incremental snapshots use it).
 
-For each chunk, on a connection of its own, the reader
+For each chunk a worker thread, on a connection of its own,
 
-1. writes a *low* watermark into the WAL (a non-transactional
+1. writes a *low* watermark L into the WAL (a non-transactional
    ``pg_logical_emit_message(false, 'pgcdc-watermark', …)``: no table, no write access to
    user schemas);
-2. reads the chunk: ``SELECT … WHERE (key) > (last key) [AND (filter)] ORDER BY key LIMIT n``;
-3. writes a *high* watermark.
+2. reads the chunk: ``SELECT … WHERE (key) > (last key) [AND (filter)] ORDER BY key LIMIT n``
+   and encodes its keys and values (``source.lsn`` is L's position, for information: the
+   version that followers compare is set at H, below);
+3. writes a *high* watermark H.
 
-The stream goes on meanwhile. When it reaches the low watermark, every streamed change of the
-chunk's table drops its key from the chunk (a change committed inside the window may or may
-not be in what the SELECT saw; the streamed event is right either way). So does a change of a
-transaction the SELECT's snapshot saw as running: its commit record can precede L while the
-transaction becomes visible only after the SELECT began. At the high watermark
-the chunk's remaining rows are published as ``op: "r"`` with ``source.snapshot =
-"incremental"``, before any streamed event that follows.
+The streaming thread never waits for the read: it goes on reading and publishing, and notes
+the keys of the chunk's table that it streams from the moment the chunk is asked for. At H
+(which the worker writes only after its read and encoding, so the events are ready by then)
+it merges (:func:`merge_chunk`): a key streamed after L leaves the chunk (a change committed
+inside the window may or may not be in what the SELECT saw; the streamed event is right
+either way), and so does a key of a transaction the SELECT's snapshot saw as running or not
+yet begun, streamed before L (its commit record can precede L while the transaction becomes
+visible only after the SELECT began). A transaction the stream finished *before* the chunk
+was asked for and that the SELECT still did not see left no key to drop: the chunk is read
+again. The chunk's remaining rows are published as ``op: "r"`` with ``source.snapshot =
+"incremental"`` right there, before any streamed event that follows H. A chunk is asked for
+only between streamed transactions.
 
 **The version rule.** Chunk rows carry the high watermark's position as their commit LSN
 (``cdc.commit_lsn`` = H - 1, where H is the end of the watermark's record as pgoutput reports
@@ -29,11 +36,13 @@ compare-and-set). So a chunk row never overwrites a newer streamed value.
 **Acknowledgement.** The chunk is one tracked transaction whose end is H
 (:meth:`cdc.publisher.Publisher.begin`), so the slot never moves past H before Kafka holds the
 chunk. Once it does, the snapshot's progress (last key, chunks, rows) is written to the state
-topic (:mod:`cdc.state`, key ``<database>/<slot>#snapshots``) and the next chunk starts. A
-crash or a stop before that re-reads that one chunk, with new watermarks, on the next run; a
-re-read row is the row as of its new H, never older than what a follower holds.
+topic (:mod:`cdc.state`, key ``<database>/<slot>#snapshots``), in chunk order. The next chunk
+is asked for as soon as one is published (its read overlaps the other's wait for Kafka). A
+crash or a stop before a chunk's progress is written re-reads it, with new watermarks, on the
+next run; a re-read row is the row as of its new H, never older than what a follower holds.
 
-Memory is one chunk of rows; the slot advances with the stream throughout.
+Memory is two chunks of rows at most (one in Kafka's hands, one being read); the slot
+advances with the stream throughout.
 """
 
 from __future__ import annotations
@@ -199,12 +208,10 @@ class _ChunkRead:
 
     table: TableSchema
     keys: list[bytes]  # in key order (rows without a key are left out)
-    values: list[bytes]  # encoded with high_lsn
-    rows: list[Row]  # kept to encode again should pgoutput place H elsewhere
+    values: list[bytes]  # the rows' "r" events
     last_key: list[str] | None  # the last row's key columns (None: no row read)
     complete: bool  # fewer rows than a chunk: the table ends with this one
     seen: ReadSnapshot
-    high_lsn: Lsn
     counted: int | None  # rows counted, when the table had no estimate
 
 
@@ -317,7 +324,6 @@ class IncrementalSnapshots:
         self.window_topic: str | None = None
         self._recent: dict[int, None] = {}  # xids streamed lately, oldest first
         self._busy_since: float | None = None
-        self._h_moved = False  # warned once that pgoutput placed H elsewhere
         self.retries = 0  # chunks read again: a transaction streamed already was invisible
         self.dropped = 0  # chunk rows dropped for a change inside their window (this run)
         self.chunks = 0  # chunks published and acknowledged (this run)
@@ -621,7 +627,7 @@ class IncrementalSnapshots:
             raise _Dropped("it has no key to read it in chunks by")
         try:
             counted = _count(conn, table) if count else None
-            _emit(conn, low)
+            low_lsn = _emit(conn, low)
             rows, last_key, seen = self._select(conn, table, where, after)
         except psycopg.Error as e:
             if conn.closed:
@@ -631,49 +637,28 @@ class IncrementalSnapshots:
             raise _Dropped(
                 f"its chunk query failed: {text.splitlines()[0] if text else type(e).__name__}"
             ) from e
-        high_lsn = _emit(conn, high)
+        # Encoded before H: the streaming thread, reaching H, finds the rows ready and never
+        # waits for the encoding (the window is longer by it, which only drops more keys).
         keys: list[bytes] = []
-        kept: list[Row] = []
+        values: list[bytes] = []
         encoder = self._worker_encoder
+        source = SourceInfo(int(time.time() * 1_000_000), "incremental", None, low_lsn.value, None)
         for row in rows:
             key = encoder.encode_key(table, row)
-            if key is not None:
-                keys.append(key)
-                kept.append(row)
-        values = self._encode(encoder, table, name, keys, kept, high_lsn)
-        return _ChunkRead(
-            table,
-            keys,
-            values,
-            kept,
-            last_key,
-            len(rows) < self._chunk_rows,
-            seen,
-            high_lsn,
-            counted,
-        )
-
-    @staticmethod
-    def _encode(
-        encoder: EventEncoder,
-        table: TableSchema,
-        name: str,
-        keys: Sequence[bytes],
-        rows: Sequence[Row],
-        high: Lsn,
-    ) -> list[bytes]:
-        """The rows' ``r`` values, with H as ``source.lsn``."""
-        source = SourceInfo(int(time.time() * 1_000_000), "incremental", None, high.value, None)
-        values: list[bytes] = []
-        for key, row in zip(keys, rows, strict=True):
+            if key is None:
+                continue
             try:
                 values.append(encoder.encode_value(table, "r", None, row, source))
             except SchemaError as e:
                 raise SchemaError(
-                    f"cannot encode a snapshot row of {table.schema}.{name} (key "
+                    f"cannot encode a snapshot row of {schema}.{name} (key "
                     f"{key.decode(errors='replace')}): {e}"
                 ) from e
-        return values
+            keys.append(key)
+        complete = len(rows) < self._chunk_rows
+        del rows
+        _emit(conn, high)
+        return _ChunkRead(table, keys, values, last_key, complete, seen, counted)
 
     def _select(
         self,
@@ -768,18 +753,6 @@ class IncrementalSnapshots:
             )
             return
         values = read.values
-        if read.high_lsn != high:
-            if not self._h_moved:
-                self._h_moved = True
-                log.warning(
-                    "the high watermark streamed at %s, written at %s: chunk rows are "
-                    "encoded again on the streaming thread",
-                    high,
-                    read.high_lsn,
-                )
-            values = self._encode(
-                self._encoder, read.table, chunk.snap.table, read.keys, read.rows, high
-            )
         txn = self._publisher.begin(high)
         # pgoutput gives the end of the watermark's record; a commit record may start right
         # there. One byte less still follows every commit before the watermark.

@@ -61,6 +61,7 @@ class Measured:
         self._ps = psutil.Process(self.proc.pid)
         self._peak_rss = 0
         self._samples: list[tuple[float, float]] = []
+        self.rss_samples: list[tuple[float, int]] = []  # (time.time(), RSS bytes of the tree)
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._sample, args=(sample_s,), daemon=True)
         self._sampler.start()
@@ -85,6 +86,7 @@ class Measured:
                         continue
                 self._peak_rss = max(self._peak_rss, rss)
                 self._samples.append((time.perf_counter() - self.t0, cpu))
+                self.rss_samples.append((time.time(), rss))
             except psutil.Error:
                 return
 

@@ -33,7 +33,7 @@ from benchmarks.context import BIG, SMALL, STREAM, Bench
 from benchmarks.debezium import DebeziumServer
 from benchmarks.envelope import measure_envelope
 from benchmarks.follower_run import followers, start_followers
-from benchmarks.incremental import incremental_snapshot
+from benchmarks.incremental import incremental_large, incremental_snapshot
 from benchmarks.ours import OursReader
 from benchmarks.results import Figure
 from benchmarks.snapshots import snapshot_ceiling, snapshot_debezium, snapshot_ours
@@ -173,6 +173,8 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "hotpath": hotpath,
     "followers": followers,
     "incremental": incremental_snapshot,
+    # Not in the full run (15-20 min, gigabytes): --only incremental_large.
+    "incremental_large": incremental_large,
 }
 
 

@@ -63,7 +63,7 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
 
     batch = ApplyBatch(settings, opts, make_sink)
     writer = (
-        kafka_stream(spark, settings, opts)
+        batch.events(kafka_stream(spark, settings, opts))
         .writeStream.foreachBatch(batch)
         .option("checkpointLocation", opts.checkpoint)
     )

@@ -250,7 +250,8 @@ def test_poison_records_and_follower_outages(
     for job, (opts, make_sink) in jobs.items():
         batches[job] = ApplyBatch(settings, opts, make_sink)
         query = (
-            kafka_stream(spark, settings, opts)
+            batches[job]
+            .events(kafka_stream(spark, settings, opts))
             .writeStream.foreachBatch(batches[job])
             .option("checkpointLocation", opts.checkpoint)
             .trigger(processingTime=opts.trigger_interval)

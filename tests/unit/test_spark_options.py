@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,25 @@ def test_a_relative_checkpoint_dir_is_made_absolute_at_load(
     assert Path(parse_args(CACHE_JOB, [])[0].spark.checkpoint_dir).is_absolute()
     monkeypatch.setenv("CDC_SPARK__CHECKPOINT_DIR", "hdfs://nn:8020/ckpt")
     assert parse_args(CACHE_JOB, [])[0].spark.checkpoint_dir == "hdfs://nn:8020/ckpt"
+
+
+def test_the_source_waits_little_for_a_fetch_unless_the_settings_say_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spark_jobs.source import source_options
+
+    settings, opts = parse_args(CACHE_JOB, ["--topics=a.public.t", "--min-partitions=6"])
+    got = source_options(settings, opts)
+    # The broker holds a fetch at the log's end this long: it bounds a small batch's time.
+    assert got["kafka.fetch.max.wait.ms"] == "10"
+    assert got["subscribe"] == f"a.public.t,{opts.heartbeat_topic}"
+    assert got["minPartitions"] == "6"
+    assert got["includeHeaders"] == "true"
+
+    monkeypatch.setenv("CDC_KAFKA__SPARK_CLIENT", '{"fetch.max.wait.ms": "100"}')
+    settings, opts = parse_args(CACHE_JOB, [])
+    got = source_options(settings, opts)
+    assert got["kafka.fetch.max.wait.ms"] == "100"
+    assert "subscribe" not in got
+    assert opts.heartbeat_topic is not None
+    assert got["subscribePattern"].endswith("|" + re.escape(opts.heartbeat_topic))

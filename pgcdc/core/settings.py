@@ -295,6 +295,9 @@ class KafkaSettings(BaseModel):
     client: dict[str, str] = Field(default_factory=dict)
     # Java client properties for the Spark Kafka source only, merged last (e.g.
     # sasl.jaas.config for GSSAPI or OAUTHBEARER, ssl.truststore.* for a JKS truststore).
+    # The jobs set fetch.max.wait.ms to 10 (the broker holds a fetch at the log's end that
+    # long, and a batch's task waits it out): a larger value here trades latency for fewer
+    # fetches.
     spark_client: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("security_protocol", "sasl_mechanism", mode="before")

@@ -162,10 +162,17 @@ def _mode(
         return why
 
     try:
-        with b.env.connect() as conn:  # ready: one probe through the followers
-            first = prober.write_one(conn)
-        if not prober.wait_seen([first], 300, alive=dead):
-            raise TimeoutError(f"the first probe did not reach the followers in 300s ({where})")
+        # Ready: a probe through the followers. Jobs of a later mode start at the topics'
+        # end once their query runs, which is a minute or more after spark-submit: a probe
+        # written before that is never applied, so one is written every 5 s until one is.
+        deadline = time.monotonic() + 300
+        ready = False
+        with b.env.connect() as conn:
+            while not ready and time.monotonic() < deadline:
+                first = prober.write_one(conn)
+                ready = prober.wait_seen([first], 5, alive=dead)
+        if not ready:
+            raise TimeoutError(f"no probe reached the followers in 300s ({where})")
         b.record.notes.append(
             f"followers ({where}): the jobs applied their first change "
             f"{time.time() - jobs.started:.0f}s after spark-submit (trigger {fol.TRIGGER})"

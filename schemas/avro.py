@@ -8,7 +8,9 @@ big-endian schema id, then the Avro binary) when a schema registry is configured
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import struct
 from dataclasses import dataclass
 from decimal import Decimal
@@ -139,6 +141,9 @@ class AvroPlan:
     envelope_connect: ConnectSchema
     key_id: int | None = None
     envelope_id: int | None = None
+    # The fingerprints of the envelope and key schemas, once written to schema.avro_schema_dir.
+    envelope_fp: str | None = None
+    key_fp: str | None = None
 
 
 def avro_plan(plan: EncodePlan) -> AvroPlan:
@@ -195,6 +200,44 @@ def write_avsc(plan: EncodePlan, directory: str | Path) -> list[Path]:
         p.write_text(text)
         out.append(p)
     return out
+
+
+# Avro's single-object encoding: this marker, the writer schema's 8-byte CRC-64-AVRO
+# fingerprint (little-endian), then the body: schemaless Avro that names its schema.
+SINGLE_OBJECT_MARKER = b"\xc3\x01"
+SINGLE_OBJECT_HEADER = len(SINGLE_OBJECT_MARKER) + 8
+
+
+def schema_fingerprint(schema: Any) -> str:
+    """The CRC-64-AVRO fingerprint of ``schema``'s parsing canonical form, as the hex of its
+    little-endian bytes (the bytes the single-object encoding carries)."""
+    canonical = fastavro.schema.to_parsing_canonical_form(fastavro.parse_schema(schema))
+    return str(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
+
+
+def single_object(fingerprint: str, body: bytes) -> bytes:
+    """``body`` in Avro's single-object encoding, for the schema of ``fingerprint``."""
+    return SINGLE_OBJECT_MARKER + bytes.fromhex(fingerprint) + body
+
+
+def write_schema_file(directory: str | Path, subject: str, schema: Any) -> str:
+    """Write a subject's Avro schema as ``<subject>.<fingerprint>.avsc`` (what a record in
+    the single-object encoding names) and as ``<subject>.avsc`` (the current one, for
+    people and tools); return the fingerprint. Each file is written whole or not at all (a
+    reader never sees half a file); a file already holding the same text is left alone."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fingerprint = schema_fingerprint(schema)
+    text = orjson.dumps(schema, option=orjson.OPT_INDENT_2) + b"\n"
+    for name in (f"{subject}.{fingerprint}.avsc", f"{subject}.avsc"):
+        target = d / name
+        with contextlib.suppress(OSError):
+            if target.read_bytes() == text:
+                continue
+        tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp.write_bytes(text)
+        os.replace(tmp, target)
+    return fingerprint
 
 
 def serialize(parsed: ParsedSchema, datum: Any) -> bytes:
@@ -293,3 +336,80 @@ def from_avro_value(schema: ConnectSchema, value: Any) -> Any:
 def decimal_from_bytes(data: bytes, scale: int) -> Decimal:
     """A Connect Decimal's bytes and scale → the number."""
     return Decimal(bytes_to_unscaled(data)).scaleb(-scale)
+
+
+_CONNECT_OF_AVRO = {
+    "int": "int32",
+    "long": "int64",
+    "float": FLOAT,
+    "double": DOUBLE,
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
+
+
+def connect_from_avro(schema: Any) -> ConnectSchema:
+    """The Connect schema an Avro schema written by :func:`to_avro` came from.
+
+    The inverse of :func:`to_avro` for what it writes (records, arrays, string-keyed maps,
+    primitives, nullable unions, ``connect.*`` properties, named references), so a reader of
+    Avro events (the sync jobs) gets the same schema a JSON event carries, and converts the
+    values the same way.
+    """
+    return _connect_of(schema, {}, "")
+
+
+def _connect_of(schema: Any, named: dict[str, ConnectSchema], namespace: str) -> ConnectSchema:
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        if len(branches) != 1:
+            raise SchemaError(f"no Connect mapping for the Avro union {schema!r}")
+        return {**_connect_of(branches[0], named, namespace), "optional": True}
+    if isinstance(schema, str):
+        if schema in _CONNECT_OF_AVRO:
+            return {"type": _CONNECT_OF_AVRO[schema], "optional": False}
+        full = schema if "." in schema or not namespace else f"{namespace}.{schema}"
+        found = named.get(full) or named.get(schema)
+        if found is None:
+            raise SchemaError(f"the Avro schema refers to {schema!r} before defining it")
+        return found
+    avro_type = schema["type"]
+    out: ConnectSchema
+    if avro_type == "record":
+        ns = schema.get("namespace", namespace)
+        full = schema["name"] if "." in schema["name"] or not ns else f"{ns}.{schema['name']}"
+        out = {"type": "struct", "optional": False, "fields": []}
+        named[full] = out  # before the fields: a field may refer to its own record
+        for f in schema["fields"]:
+            field = dict(_connect_of(f["type"], named, ns))
+            if "default" in f and f["default"] is not None:
+                field["default"] = f["default"]
+            field["field"] = f["name"]
+            out["fields"].append(field)
+        out["name"] = schema.get("connect.name", full)
+    elif avro_type == "array":
+        out = {"type": "array", "items": _connect_of(schema["items"], named, namespace)}
+        out["optional"] = False
+    elif avro_type == "map":
+        out = {
+            "type": "map",
+            "keys": {"type": "string", "optional": False},
+            "values": _connect_of(schema["values"], named, namespace),
+            "optional": False,
+        }
+    elif avro_type in _CONNECT_OF_AVRO:
+        out = {"type": schema.get("connect.type", _CONNECT_OF_AVRO[avro_type]), "optional": False}
+    elif isinstance(avro_type, dict | list):
+        return _connect_of(avro_type, named, namespace)
+    else:
+        raise SchemaError(f"no Connect mapping for the Avro type {avro_type!r}")
+    for prop, key in (
+        ("connect.name", "name"),
+        ("connect.version", "version"),
+        ("connect.parameters", "parameters"),
+        ("connect.doc", "doc"),
+    ):
+        if prop in schema:
+            out[key] = schema[prop]
+    return out

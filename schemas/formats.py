@@ -19,7 +19,18 @@ import orjson
 from pgcdc.core.errors import SchemaError
 from pgcdc.core.settings import SchemaSettings, ValueFormat
 from pgcdc.core.values import RawValue
-from schemas.avro import MAGIC_BYTE, avro_plan, decode_key, frame, serialize
+from schemas.avro import (
+    MAGIC_BYTE,
+    SINGLE_OBJECT_HEADER,
+    SINGLE_OBJECT_MARKER,
+    AvroPlan,
+    avro_plan,
+    decode_key,
+    frame,
+    serialize,
+    single_object,
+    write_schema_file,
+)
 from schemas.connect import NonFiniteFloat
 from schemas.plan import FAST_PATH_ERRORS, EncodePlan
 from schemas.registry import SchemaRegistryClient
@@ -174,12 +185,30 @@ class JsonFormat:
 class AvroFormat:
     """Avro binary through fastavro; Confluent-framed with registry ids when given a registry.
 
-    ``registry`` None writes schemaless Avro (no framing, nothing registered).
+    ``registry`` None writes schemaless Avro (no framing, nothing registered). A reader of
+    schemaless Avro needs the writer's schema: with ``schema_dir`` (and no registry) every
+    key and value is written in Avro's single-object encoding (a marker, then the writer
+    schema's fingerprint, then the body) and each schema as ``<subject>.<fingerprint>.avsc``
+    in that folder (plus ``<subject>.avsc``, the current one), subjects being the registry's
+    ``<topic>-key`` and ``<topic>-value``. A record so names its exact schema, also after a
+    table's columns change; the sync jobs read the folder given by the same setting
+    (``schema.avro_schema_dir``).
     """
 
-    def __init__(self, registry: SchemaRegistry | None) -> None:
+    def __init__(self, registry: SchemaRegistry | None, schema_dir: str | None = None) -> None:
         self.registry = registry
+        self.schema_dir = None if registry is not None else schema_dir
         self._string_ids: dict[str, int] = {}
+
+    def _fingerprints(self, plan: EncodePlan) -> AvroPlan:
+        """The plan's Avro schemas, their files written (once per plan: a table whose
+        columns change gets a new plan)."""
+        ap = avro_plan(plan)
+        if self.schema_dir is not None and ap.envelope_fp is None:
+            if ap.key is not None:
+                ap.key_fp = write_schema_file(self.schema_dir, f"{plan.topic}-key", ap.key)
+            ap.envelope_fp = write_schema_file(self.schema_dir, f"{plan.topic}-value", ap.envelope)
+        return ap
 
     def encode_name_key(self, name: str, subject: str) -> bytes:
         """An Avro string (framed with the id of ``"string"`` under ``subject``)."""
@@ -198,9 +227,11 @@ class AvroFormat:
     def encode_key(self, plan: EncodePlan, values: Sequence[RawValue]) -> bytes:
         """Avro key bytes (framed when a registry is configured)."""
         payload = plan.key(values)
-        ap = avro_plan(plan)
+        ap = self._fingerprints(plan)
         assert ap.key_parsed is not None
         body = serialize(ap.key_parsed, payload)
+        if ap.key_fp is not None:
+            return single_object(ap.key_fp, body)
         if self.registry is None:
             return body
         if ap.key_id is None:
@@ -209,8 +240,10 @@ class AvroFormat:
 
     def encode_value(self, plan: EncodePlan, payload: Row) -> bytes:
         """Avro envelope bytes (framed when a registry is configured)."""
-        ap = avro_plan(plan)
+        ap = self._fingerprints(plan)
         body = serialize(ap.envelope_parsed, payload)
+        if ap.envelope_fp is not None:
+            return single_object(ap.envelope_fp, body)
         if self.registry is None:
             return body
         if ap.envelope_id is None:
@@ -223,6 +256,8 @@ class AvroFormat:
         if plan.key_schema is None:
             return None
         framed = len(key) >= 5 and key[0] == MAGIC_BYTE and self.registry is not None
+        if self.schema_dir is not None and key[:2] == SINGLE_OBJECT_MARKER:
+            key = key[SINGLE_OBJECT_HEADER:]
         try:
             return decode_key(plan, key, framed=framed)
         # fastavro reading bytes that are not such a key fails in any of these ways.
@@ -246,5 +281,8 @@ def format_for(settings: SchemaSettings) -> EventFormat:
     """The format the settings ask for; Avro gets a registry client when a URL is set
     (with the settings' basic auth and TLS)."""
     if settings.value_format is ValueFormat.AVRO:
-        return AvroFormat(SchemaRegistryClient(settings) if settings.registry_url else None)
+        return AvroFormat(
+            SchemaRegistryClient(settings) if settings.registry_url else None,
+            settings.avro_schema_dir,
+        )
     return JsonFormat(settings.schemas_enable)

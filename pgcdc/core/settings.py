@@ -360,6 +360,9 @@ class SchemaSettings(BaseModel):
     registry_ssl_ca_location: str | None = None
     registry_ssl_certificate_location: str | None = None
     registry_ssl_key_location: str | None = None
+    # Schemaless Avro (no registry): the folder of each topic's writer schemas, written by the
+    # reader (<topic>-key.avsc, <topic>-value.avsc) and read by the sync jobs.
+    avro_schema_dir: str | None = None
     server_name: str | None = None  # source.name; defaults to the topic prefix
 
 

@@ -95,6 +95,10 @@ MEANINGS = {
     "schema.registry_ssl_ca_location": "CA file to trust for an HTTPS registry",
     "schema.registry_ssl_certificate_location": "client certificate for the registry (mutual TLS)",
     "schema.registry_ssl_key_location": "client key for the registry (mutual TLS)",
+    "schema.avro_schema_dir": "Avro without a registry: records in Avro's single-object "
+    "encoding (the writer schema's fingerprint before the body), each schema written to this "
+    "folder as `<topic>-value.<fingerprint>.avsc` (and `-key`), where the sync jobs read it; "
+    "a path both see (README, Avro)",
     "redis.url": "Redis follower, `redis://` or `rediss://` (TLS), ACL user and password "
     "in the URL",
     "redis.key_prefix": "first part of every key, `<prefix>:<schema>.<table>:<key>`",
@@ -117,8 +121,7 @@ MEANINGS = {
     "(spread by key hash); none: a task per Kafka partition",
     "spark.follower_retry_s": "seconds a job keeps retrying a batch while its follower is "
     "unreachable, then stops",
-    "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows "
-    "its metrics",
+    "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",
     "health_port": "port of the reader's `/healthz` (alive) and `/readyz` (streaming, "
@@ -181,6 +184,7 @@ DEBEZIUM = {
     "schema.registry_ssl_ca_location": "`value.converter.schema.registry.ssl.truststore.location`",
     "schema.registry_ssl_certificate_location": "`value.converter.schema.registry.ssl.keystore.location`",
     "schema.registry_ssl_key_location": "`value.converter.schema.registry.ssl.keystore.location`",
+    "schema.avro_schema_dir": "– (Confluent's AvroConverter needs a registry)",
     "schema.server_name": "`topic.prefix` (as `source.name`)",
 }
 

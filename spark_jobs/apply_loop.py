@@ -34,6 +34,7 @@ from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import Settings
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
+from spark_jobs.avro_input import avro_as_json
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
@@ -298,6 +299,7 @@ class ApplyBatch:
         from Python for every batch cost 200-700 ms of py4j calls and eager analysis on
         this 2-core machine, most of a micro-batch's fixed cost."""
         prefix = self.settings.kafka.topic_prefix
+        records = avro_as_json(records, self.settings)
         events = classify(parse_events(records, prefix, self.opts.heartbeat_topic))
         return by_key(events, self.opts.min_partitions)
 

@@ -105,6 +105,10 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         _header(HEADER_COMMIT_LSN).alias("h_commit_lsn_raw"),
         _header(HEADER_ORDER).alias("h_order_raw"),
         _header(HEADER_UNCHANGED).alias("unchanged"),
+        # Why an Avro record could not be read (spark_jobs.avro_input); none for JSON input.
+        (
+            F.col("decode_error") if "decode_error" in df.columns else F.lit(None).cast("string")
+        ).alias("decode_error"),
     )
     return parsed.select(
         "topic",
@@ -136,6 +140,7 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         ).alias("heartbeat_lsn"),
         (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
         F.when(F.col("is_heartbeat"), F.lit(None))
+        .when(F.col("decode_error").isNotNull(), F.col("decode_error"))
         .when(_bad_header("h_commit_lsn_raw"), F.lit(f"the {HEADER_COMMIT_LSN} header is no LSN"))
         .when(_bad_header("h_order_raw"), F.lit(f"the {HEADER_ORDER} header is no number"))
         .when(F.col("is_tombstone"), F.lit(None))

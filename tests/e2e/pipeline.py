@@ -45,6 +45,8 @@ class Pipeline:
     index_prefix: str
     key_prefix: str
     checkpoint_dir: Path
+    # More settings for every process of this pipeline (e.g. the Avro format), as pairs.
+    settings_env: tuple[tuple[str, str], ...] = ()
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
@@ -61,6 +63,7 @@ class Pipeline:
             CDC_SEARCH__INDEX_PREFIX=self.index_prefix,
             CDC_SPARK__CHECKPOINT_DIR=str(self.checkpoint_dir),
         )
+        env.update(self.settings_env)
         env.update(extra)
         return env
 

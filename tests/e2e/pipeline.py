@@ -26,6 +26,7 @@ __all__ = [
     "diff",
     "kill_group",
     "leader_state",
+    "new_pipeline",
     "run_jobs_available_now",
     "run_reader_until_current",
     "search_state",
@@ -75,6 +76,30 @@ class Pipeline:
             key_prefix=f"{self.key_prefix}{suffix}",
             checkpoint_dir=self.checkpoint_dir.with_name(self.checkpoint_dir.name + suffix),
         )
+
+
+def new_pipeline(
+    endpoints: Endpoints, prefix: str, schema_sql: str, checkpoint_dir: Path
+) -> Pipeline:
+    """A database of its own holding ``schema_sql``, and the pipeline named after it."""
+    import psycopg
+
+    from tests.conftest import unique
+
+    name = unique(prefix)
+    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = endpoints.postgres_dsn_for(name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(schema_sql)
+    return Pipeline(
+        endpoints=endpoints,
+        dsn=dsn,
+        name=name,
+        index_prefix=name.lower(),
+        key_prefix=name,
+        checkpoint_dir=checkpoint_dir,
+    )
 
 
 def run_reader_until_current(p: Pipeline, timeout: float = 600) -> None:

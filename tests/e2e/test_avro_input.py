@@ -9,13 +9,12 @@ once. A record that is no Avro event of its topic is dead-lettered with the reas
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
-import psycopg
 import pytest
 
 from tests.conftest import Endpoints, unique
@@ -24,42 +23,26 @@ from tests.e2e.pipeline import (
     cache_state,
     diff,
     leader_state,
+    new_pipeline,
     run_jobs_available_now,
     run_reader_until_current,
     search_state,
 )
 from tests.e2e.test_followers import SCHEMA, TABLES, run_workload
 from tests.integration.real_databases.support import cleanup
-from tests.integration.registry.standin import standin_registry
+from tests.integration.registry.standin import registry_env, registry_for_tests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def registry() -> Iterator[tuple[str, str]]:
-    url = os.environ.get("PGCDC_TEST_REGISTRY_URL")
-    if url:
-        yield url, os.environ.get("PGCDC_TEST_REGISTRY_USER_INFO", "")
-        return
-    with standin_registry("avro:avro-secret") as (standin_url, _):
-        yield standin_url, "avro:avro-secret"
+    with registry_for_tests("avro:avro-secret") as found:
+        yield found
 
 
 def _pipeline(endpoints: Endpoints, tmp: pytest.TempPathFactory) -> Pipeline:
-    name = unique("avro")
-    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = endpoints.postgres_dsn_for(name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-    return Pipeline(
-        endpoints=endpoints,
-        dsn=dsn,
-        name=name,
-        index_prefix=name.lower(),
-        key_prefix=name,
-        checkpoint_dir=tmp.mktemp("ckpt"),
-    )
+    return new_pipeline(endpoints, "avro", SCHEMA, tmp.mktemp("ckpt"))
 
 
 def _run(p: Pipeline, env: dict[str, str], job: str, logs: Path) -> None:
@@ -103,6 +86,19 @@ def _dead_letters(p: Pipeline) -> list[dict[str, object]]:
         consumer.close()
 
 
+def _assert_follower_holds_the_tables(
+    p: Pipeline, state: Callable[[Pipeline, str], dict[str, dict[str, Any]]], follower: str
+) -> None:
+    """Each table's rows in the follower, and the poison record dead-lettered as Avro."""
+    for table in TABLES:
+        leader = leader_state(p.dsn, table)
+        assert leader, f"{table} is empty"
+        problems = diff(leader, state(p, table))
+        assert not problems, f"{follower} differs from {table}:\n{problems}"
+    letters = _dead_letters(p)
+    assert any("Avro" in str(letter.get("reason", "")) for letter in letters), letters
+
+
 def test_the_search_follower_on_schemaless_avro(
     endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -114,13 +110,7 @@ def test_the_search_follower_on_schemaless_avro(
         assert {f.name for f in schemas.iterdir()} >= {
             f"{p.name}.{t}-{part}.avsc" for t in TABLES for part in ("key", "value")
         }
-        for table in TABLES:
-            leader = leader_state(p.dsn, table)
-            assert leader, f"{table} is empty"
-            problems = diff(leader, search_state(p, table))
-            assert not problems, f"OpenSearch differs from {table}:\n{problems}"
-        letters = _dead_letters(p)
-        assert any("Avro" in str(letter.get("reason", "")) for letter in letters), letters
+        _assert_follower_holds_the_tables(p, search_state, "OpenSearch")
     finally:
         cleanup(p)
 
@@ -128,19 +118,9 @@ def test_the_search_follower_on_schemaless_avro(
 def test_the_cache_follower_on_registry_framed_avro(
     endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory, registry: tuple[str, str]
 ) -> None:
-    url, user_info = registry
     p = _pipeline(endpoints, tmp_path_factory)
-    env = {"CDC_SCHEMA__VALUE_FORMAT": "avro", "CDC_SCHEMA__REGISTRY_URL": url}
-    if user_info:
-        env["CDC_SCHEMA__REGISTRY_BASIC_AUTH_USER_INFO"] = user_info
     try:
-        _run(p, env, "cache_sync", tmp_path_factory.mktemp("logs"))
-        for table in TABLES:
-            leader = leader_state(p.dsn, table)
-            assert leader, f"{table} is empty"
-            problems = diff(leader, cache_state(p, table))
-            assert not problems, f"Redis differs from {table}:\n{problems}"
-        letters = _dead_letters(p)
-        assert any("Avro" in str(letter.get("reason", "")) for letter in letters), letters
+        _run(p, registry_env(*registry), "cache_sync", tmp_path_factory.mktemp("logs"))
+        _assert_follower_holds_the_tables(p, cache_state, "Redis")
     finally:
         cleanup(p)

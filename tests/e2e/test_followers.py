@@ -26,6 +26,7 @@ from tests.e2e.pipeline import (
     diff,
     kill_group,
     leader_state,
+    new_pipeline,
     run_jobs_available_now,
     run_reader_until_current,
     search_state,
@@ -148,20 +149,7 @@ def run_workload(dsn: str, seed: int, changes_wanted: int) -> int:
 
 @pytest.fixture(scope="module")
 def pipeline(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    name = unique("e2e")
-    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = endpoints.postgres_dsn_for(name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-    p = Pipeline(
-        endpoints=endpoints,
-        dsn=dsn,
-        name=name,
-        index_prefix=name.lower(),
-        key_prefix=name,
-        checkpoint_dir=tmp_path_factory.mktemp("ckpt"),
-    )
+    p = new_pipeline(endpoints, "e2e", SCHEMA, tmp_path_factory.mktemp("ckpt"))
     try:
         yield p
     finally:

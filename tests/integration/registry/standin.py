@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -112,3 +113,24 @@ def standin_registry(user_info: str) -> Iterator[tuple[str, Store]]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextmanager
+def registry_for_tests(user_info: str) -> Iterator[tuple[str, str]]:
+    """The registry the tests use: ``PGCDC_TEST_REGISTRY_URL`` (with
+    ``PGCDC_TEST_REGISTRY_USER_INFO``) when set, else the stand-in with ``user_info``; yields
+    (URL, basic-auth user info)."""
+    url = os.environ.get("PGCDC_TEST_REGISTRY_URL")
+    if url:
+        yield url, os.environ.get("PGCDC_TEST_REGISTRY_USER_INFO", "")
+        return
+    with standin_registry(user_info) as (standin_url, _store):
+        yield standin_url, user_info
+
+
+def registry_env(url: str, user_info: str) -> dict[str, str]:
+    """The reader's (and the jobs') settings for Avro through that registry."""
+    env = {"CDC_SCHEMA__VALUE_FORMAT": "avro", "CDC_SCHEMA__REGISTRY_URL": url}
+    if user_info:
+        env["CDC_SCHEMA__REGISTRY_BASIC_AUTH_USER_INFO"] = user_info
+    return env

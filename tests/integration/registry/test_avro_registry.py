@@ -8,7 +8,6 @@ the test at a real registry with the Confluent API; without them it serves the s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
@@ -22,7 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pgcdc.core.contract import table_topic
 from tests.conftest import Endpoints, unique
 from tests.integration.reader_support import ReaderEnv, read_topic, table_rows
-from tests.integration.registry.standin import standin_registry
+from tests.integration.registry.standin import registry_env, registry_for_tests
 
 pytestmark = pytest.mark.integration
 
@@ -33,19 +32,8 @@ ROWS = 40
 @pytest.fixture(scope="module")
 def registry() -> Iterator[tuple[str, str]]:
     """The registry's URL and basic-auth user info."""
-    url = os.environ.get("PGCDC_TEST_REGISTRY_URL")
-    if url:
-        yield url, os.environ.get("PGCDC_TEST_REGISTRY_USER_INFO", "")
-        return
-    with standin_registry(USER_INFO) as (standin_url, _store):
-        yield standin_url, USER_INFO
-
-
-def _registry_env(url: str, user_info: str) -> dict[str, str]:
-    env = {"CDC_SCHEMA__VALUE_FORMAT": "avro", "CDC_SCHEMA__REGISTRY_URL": url}
-    if user_info:
-        env["CDC_SCHEMA__REGISTRY_BASIC_AUTH_USER_INFO"] = user_info
-    return env
+    with registry_for_tests(USER_INFO) as found:
+        yield found
 
 
 def _consumer_client(url: str, user_info: str) -> SchemaRegistryClient:
@@ -84,7 +72,7 @@ def test_standard_avro_consumer_reads_every_key_and_value(
         endpoints.kafka_bootstrap,
         topic_prefix,
         unique("slot"),
-        extra=_registry_env(url, user_info),
+        extra=registry_env(url, user_info),
     )
     _fill(pg_database)
     reader.catch_up()  # the snapshot
@@ -147,7 +135,7 @@ def test_wrong_registry_password_is_one_clear_error(
         endpoints.kafka_bootstrap,
         topic_prefix,
         unique("slot"),
-        extra=_registry_env(url, f"{user}:wrong-password-3"),
+        extra=registry_env(url, f"{user}:wrong-password-3"),
     )
     _fill(pg_database)
     done = reader.run("run", "--until", "current", timeout=300)

@@ -75,6 +75,10 @@ def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     schemas: dict[tuple[str, int], tuple[str, str]] = {}
     out: list[dict[str, Any]] = []
     for row in rows:
+        if isinstance(row, Row):
+            # A Row finds a field by name with a list search; a change reads ~20 fields:
+            # profiled, 0.65 s of 0.86 s of this function for 13,785 rows. One dict each.
+            row = row.asDict()
         if row["kind"] == DEAD and row["parse_error"] == NOT_DEBEZIUM:
             # A record never stops the task: if reading it fails too, it stays dead.
             with contextlib.suppress(Exception):

@@ -29,6 +29,8 @@ MODES = {  # mode -> (jobs, the prober's followers, label)
     "search": ((SEARCH_JOB,), ("search",), "search job alone"),
 }
 LABEL = {"redis": "Redis", "search": "searchable"}
+# On the standalone cluster: each job's cores (one executor of one core on each worker).
+CORES_PER_JOB = 2
 
 
 def spark_masters() -> list[str]:
@@ -40,12 +42,16 @@ def spark_masters() -> list[str]:
     return [m.strip() for m in raw.split(",") if m.strip()]
 
 
-def _start_cluster() -> tuple[str, Callable[[], None]]:
+def _start_cluster(apps: int = 1) -> tuple[str, Callable[[], None]]:
+    """A two-worker cluster with room for ``apps`` jobs at once: each worker gets a core and
+    768 MiB per job, so that every job gets an executor on both workers (an application
+    takes every free core by default, and a second one would wait for ever; each job is
+    capped by :data:`CORES_PER_JOB`)."""
     hook = os.environ.get("BENCH_SPARK_CLUSTER")
     if not hook:  # the local stack's two-worker cluster (scripts/stack, pgcdc.stack)
         from pgcdc.stack.spark_cluster import SparkCluster
 
-        cluster = SparkCluster()
+        cluster = SparkCluster(worker_cores=apps, worker_memory=f"{768 * apps}m")
         cluster.start()
         return cluster.master_url, cluster.stop
     module, _, func = hook.partition(":")
@@ -142,12 +148,13 @@ def _mode(
     stop_cluster: Callable[[], None] | None = None
     url = None if master == "local[2]" else master
     if master == "standalone":
-        url, stop_cluster = _start_cluster()
+        url, stop_cluster = _start_cluster(len(job_names))
     if jobs is None or master == "standalone":
         jobs = fol.SparkJobs(
             b.env, reader.prefix, reader.workdir, jobs=job_names,
             follower_prefix=f"{reader.prefix}_{n}", master=url,
             starting_offsets="latest" if n else None,
+            total_cores=CORES_PER_JOB if master == "standalone" else None,
         )  # fmt: skip
         jobs.start()
     b.fol_jobs = jobs

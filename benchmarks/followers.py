@@ -64,7 +64,8 @@ def create_probe_table(env: BenchEnv) -> None:
 class SparkJobs:
     """Sync jobs (both by default) on one topic prefix, with their own follower prefix
     (default: the topic prefix) and checkpoints; ``master``: spark-submit's ``--master``
-    (default: the settings', local[2]); ``starting_offsets``: where new checkpoints start."""
+    (default: the settings', local[2]); ``starting_offsets``: where new checkpoints start;
+    ``total_cores``: on a cluster, the cores each job may take (one-core executors)."""
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class SparkJobs:
         follower_prefix: str | None = None,
         master: str | None = None,
         starting_offsets: str | None = None,
+        total_cores: int | None = None,
     ) -> None:
         # BENCH_SPARK_ROOT: run the jobs of another checkout (e.g. a known-good commit).
         self.root = Path(os.environ.get("BENCH_SPARK_ROOT") or ROOT)
@@ -84,6 +86,7 @@ class SparkJobs:
         self.jobs = jobs
         self.master = master
         self.starting_offsets = starting_offsets
+        self.total_cores = total_cores
         self.workdir = workdir
         self.checkpoints = workdir / f"checkpoints-{self.follower_prefix}"
         self.procs: dict[str, Measured] = {}
@@ -109,6 +112,8 @@ class SparkJobs:
         env = self.environ()
         self.started = time.time()
         master = ["--master", self.master] if self.master else []
+        if self.total_cores:
+            master += ["--total-executor-cores", str(self.total_cores), "--executor-cores", "1"]
         for job in self.jobs:
             cmd = [
                 str(self.root / "scripts" / "spark-submit"), *master, "--driver-memory", "512m",

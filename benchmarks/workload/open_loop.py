@@ -76,8 +76,10 @@ class OpenLoopLoad:
         id_base: int,
         seed: int = 1,
         workers: int | None = None,
+        durable: bool = False,
     ) -> None:
         self.dsn = dsn
+        self.durable = durable  # commits wait for the WAL flush (see OrdersMix)
         self.table = table
         self.rate = rate
         self.txn_rows = txn_rows
@@ -95,7 +97,9 @@ class OpenLoopLoad:
     def start(self, delay_s: float = 1.0) -> None:
         """Start the workers; the schedule begins ``delay_s`` from now (spawn takes time)."""
         self.t0 = time.time() + delay_s
-        factory = functools.partial(OrdersMix, self.table, self.txn_rows, self.id_base)
+        factory = functools.partial(
+            OrdersMix, self.table, self.txn_rows, self.id_base, durable=self.durable
+        )
         pacing = Pacing(rate=self.rate / self.txn_rows, seconds=self.seconds)
         for w in range(self.workers):
             args = (self.dsn, factory, w, self.workers, pacing, self.t0, self.seed, self._queue)

@@ -22,8 +22,9 @@ so the namespaces cannot collide. A table that is no table id (no ``.``, two of 
 ``:``) is refused.
 
 Every write goes through one Lua script (:data:`sinks.cache_script.SCRIPT`; loaded once,
-then EVALSHA, one pipeline per ``apply``) that compares the incoming version with the stored one and writes only if it is
-newer. Running a batch again is therefore harmless.
+then EVALSHA, pipelined: one write of at most ``pipeline_max_bytes`` of arguments, packed by
+:mod:`sinks.cache_resp`) that compares the incoming version with the stored one and writes
+only if it is newer. Running a batch again is therefore harmless.
 
 Unchanged TOAST columns: in hash mode the script writes only the provided fields, keeping
 the held ones. In JSON mode the merge happens here, not in Lua: Lua's cjson turns numbers
@@ -32,8 +33,8 @@ The sink reads the held row and version, merges, and the script writes only if t
 is still the one read (else the merge is redone).
 
 Redis Cluster: with ``cluster`` (the ``redis.cluster`` setting, or ``cluster=true`` in the
-URL's query) the sink talks through ``redis.cluster.RedisCluster``, which routes each script
-call to the node owning its slot and loads the script on every primary.
+URL's query) the sink talks through ``redis.cluster.RedisCluster``'s pipeline, which routes
+each script call to the node owning its slot and loads the script on every primary.
 
 Redis must not evict version keys on its own (``maxmemory-policy`` ``noeviction`` or a
 ``volatile-*`` policy with ``ttl_s``), or stale writes could get through.
@@ -58,7 +59,7 @@ from pgcdc.core.contract import VersionOrder, redis_watermark_key
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import redis_cluster_url, redis_options
 from pgcdc.core.settings import RedisSettings
-from sinks import cache_keys
+from sinks import cache_keys, cache_resp
 from sinks.base import (
     ApplyResult,
     BatchOutcomes,
@@ -67,16 +68,25 @@ from sinks.base import (
     chunks_by_bytes,
     split_unchanged,
 )
-from sinks.cache_script import SCRIPT, Reply, parse_version, version_string, watermark_string
+from sinks.cache_script import (
+    SCRIPT,
+    SCRIPT_SHA,
+    Reply,
+    parse_version,
+    version_bytes,
+    watermark_string,
+)
 
 __all__ = ["CacheSink"]
 
 log = logging.getLogger(__name__)
 
 _MERGE_ATTEMPTS: Final = 5
+_EVALSHA: Final = (b"EVALSHA", SCRIPT_SHA.encode(), b"2")
 
-# A script call waiting to be sent: the input slot it answers for, its change, KEYS, ARGV.
-_Call = tuple[int, Change, list[str], list[str]]
+# A row write waiting to be sent: the input slot it answers for, its change, and the script's
+# arguments: its two KEYS (row key, version key) then its ARGV.
+_Call = tuple[int, Change, list[bytes]]
 
 
 class CacheSink:
@@ -116,6 +126,8 @@ class CacheSink:
         self.value_mode = value_mode
         self.ttl_s = ttl_s
         self.tombstone_ttl_s = tombstone_ttl_s
+        self._ttls = (str(ttl_s or 0).encode(), str(tombstone_ttl_s).encode())
+        self._tables: set[str] = set()  # table ids already checked
         url, in_url = redis_cluster_url(url)
         self.cluster = cluster or in_url
         # The script is idempotent, so commands may be sent again after a lost connection.
@@ -135,7 +147,8 @@ class CacheSink:
                 retry_on_error=[RedisConnectionError, RedisTimeoutError],
                 **(client_options or {}),
             )
-        self._sha: str | None = None
+        self._script_loaded = False
+        self.script_loads = 0  # how many times the script was loaded (again after a flush)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> CacheSink:
@@ -188,22 +201,14 @@ class CacheSink:
         merges: list[tuple[int, Change]] = []
         for slot, change in outcomes.one_per_key():
             try:
-                keys = self._keys(change)
-                version = version_string(change.version_order)
-                if change.doc is None:
-                    args = self._args("d", version)
-                elif self.value_mode == "hash":
-                    args = self._hash_args(change, version)
-                else:
-                    values, held = split_unchanged(change)
-                    if held:
-                        merges.append((slot, change))
-                        continue
-                    args = self._args("j", version, "*", orjson.dumps(values).decode())
+                args = self._write_args(change)
             except (SinkError, ValueError, TypeError) as e:
                 outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
-            calls.append((slot, change, keys, args))
+            if args is None:
+                merges.append((slot, change))
+            else:
+                calls.append((slot, change, args))
 
         self._run(calls, outcomes)
         for _ in range(_MERGE_ATTEMPTS):
@@ -216,18 +221,50 @@ class CacheSink:
             )
         return outcomes.results()
 
-    def _keys(self, change: Change) -> list[str]:
-        """The script's KEYS for a row write: the row key and its version key."""
-        return [self.row_key(change.table, change.key), self.version_key(change.table, change.key)]
-
-    def _args(self, op: str, version: str, expected: str = "*", *payload: str) -> list[str]:
-        """The script's ARGV (see :data:`sinks.cache_script.SCRIPT`)."""
-        return [op, version, str(self.ttl_s or 0), str(self.tombstone_ttl_s), expected, *payload]
-
-    def _hash_args(self, change: Change, version: str) -> list[str]:
+    def _write_args(self, change: Change) -> list[bytes] | None:
+        """The script's KEYS and ARGV that write ``change``, or None for a partial JSON row,
+        which is first merged with the held one (:meth:`_merge_json`)."""
+        version = version_bytes(change.commit_lsn, change.order)
+        if change.doc is None:
+            return self._args(change, b"d", version)
         values, held = split_unchanged(change)
-        fields = {column: orjson.dumps(value).decode() for column, value in values.items()}
-        return self._args("hp" if held else "h", version, "*", orjson.dumps(fields).decode())
+        if self.value_mode == "hash":
+            # Each column's value as JSON text, in one JSON object (see SCRIPT).
+            dumps = orjson.dumps
+            fields = {column: dumps(value).decode() for column, value in values.items()}
+            return self._args(change, b"hp" if held else b"h", version, dumps(fields))
+        if held:
+            return None
+        return self._args(change, b"j", version, orjson.dumps(values))
+
+    def _keys(self, table: str, key: str) -> tuple[bytes, bytes]:
+        """The script's KEYS for a row write: the row key and its version key (as
+        :meth:`row_key` and :meth:`version_key`, checking each table id once)."""
+        if table not in self._tables:
+            _check_table(table)
+            self._tables.add(table)
+        row_key = f"{self.key_prefix}:{table}:{key}"
+        if "{" in row_key or "}" in row_key:  # see sinks.cache_keys
+            version_key = cache_keys.version_key(self.key_prefix, row_key, table, key)
+        else:  # no braces: Redis Cluster hashes the whole row key, which is the tag
+            version_key = f"{self.key_prefix}:__v__:{{{row_key}}}:{table}:{key}"
+        return row_key.encode(), version_key.encode()
+
+    def _args(
+        self,
+        change: Change,
+        op: bytes,
+        version: bytes,
+        payload: bytes | None = None,
+        expected: bytes = b"*",
+    ) -> list[bytes]:
+        """The script's KEYS and ARGV for a row write (see :data:`sinks.cache_script.SCRIPT`)."""
+        row_key, version_key = self._keys(change.table, change.key)
+        ttl, tombstone_ttl = self._ttls
+        args = [row_key, version_key, op, version, ttl, tombstone_ttl, expected]
+        if payload is not None:
+            args.append(payload)
+        return args
 
     def _merge_json(
         self, merges: list[tuple[int, Change]], outcomes: BatchOutcomes
@@ -235,7 +272,7 @@ class CacheSink:
         """Merge JSON rows with their held values; return the merges that raced."""
         pipe = self.client.pipeline(transaction=False)
         for _, change in merges:
-            for key in self._keys(change):
+            for key in self._keys(change.table, change.key):
                 pipe.get(key)
         held_state = self._execute(pipe, raise_on_error=False)
         calls: list[_Call] = []
@@ -252,14 +289,13 @@ class CacheSink:
                 for column in held:
                     if column in held_row:
                         merged[column] = held_row[column]
-                expected = held_version.decode() if held_version is not None else ""
-                version = version_string(change.version_order)
-                args = self._args("jp", version, expected, orjson.dumps(merged).decode())
-                keys = self._keys(change)
+                expected = held_version if held_version is not None else b""
+                version = version_bytes(change.commit_lsn, change.order)
+                args = self._args(change, b"jp", version, orjson.dumps(merged), expected)
             except (SinkError, ValueError, TypeError) as e:
                 outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
-            calls.append((slot, change, keys, args))
+            calls.append((slot, change, args))
         return self._run(calls, outcomes)
 
     def _run(self, calls: list[_Call], outcomes: BatchOutcomes) -> list[tuple[int, Change]]:
@@ -277,16 +313,11 @@ class CacheSink:
         raced: list[tuple[int, Change]] = []
         pending = calls
         while pending:
-            sha = self._script_sha()
-            pipe = self.client.pipeline(transaction=False)
-            for _, _, keys, args in pending:
-                # execute_command: the cluster pipeline blocks its evalsha() wrapper, but
-                # routes EVALSHA by its keys (one slot per call, see sinks.cache_keys).
-                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-            replies = self._execute(pipe, raise_on_error=False)
+            self._load_script()
+            replies = self._send(pending)
             lost: list[_Call] = []
             for call, reply in zip(pending, replies, strict=True):
-                slot, change, _, _ = call
+                slot, change, _ = call
                 if isinstance(reply, NoScriptError):
                     lost.append(call)
                 elif isinstance(reply, Exception):
@@ -309,19 +340,45 @@ class CacheSink:
                     outcomes.set(slot, Outcome.FAILED, f"unexpected script reply {reply!r}")
             if lost:
                 # Redis lost its scripts (restart, SCRIPT FLUSH): those calls did not run.
-                self._sha = None
+                self._script_loaded = False
             pending = lost
         return raced
 
-    def _script_sha(self) -> str:
-        if self._sha is None:
+    def _send(self, calls: list[_Call]) -> list[Any]:
+        """The script's replies to ``calls``, in order; a refused call's reply is its error."""
+        client = self.client
+        if isinstance(client, redis.Redis):
+            packed = [cache_resp.pack([*_EVALSHA, *args]) for _, _, args in calls]
             try:
-                self._sha = str(self.client.script_load(SCRIPT))
+                return cache_resp.send(client, packed)
             except (RedisConnectionError, RedisTimeoutError) as e:
                 raise RetryableSinkError(f"Redis unreachable: {e}") from e
             except RedisError as e:
-                raise SinkError(f"Redis refused the write script: {e}") from e
-        return self._sha
+                raise SinkError(f"Redis refused the pipeline: {e}") from e
+        pipe = self.client.pipeline(transaction=False)
+        for _, _, args in calls:
+            # execute_command: the cluster pipeline blocks its evalsha() wrapper, but
+            # routes EVALSHA by its keys (one slot per call, see sinks.cache_keys).
+            pipe.execute_command(*_EVALSHA, *args)
+        return self._execute(pipe, raise_on_error=False)
+
+    def _load_script(self) -> None:
+        if not self._script_loaded:
+            self._script_sha()
+
+    def _script_sha(self) -> str:
+        """Load the script (on every primary of a cluster); its SHA-1, which names it."""
+        try:
+            sha = str(self.client.script_load(SCRIPT))
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise RetryableSinkError(f"Redis unreachable: {e}") from e
+        except RedisError as e:
+            raise SinkError(f"Redis refused the write script: {e}") from e
+        if sha != SCRIPT_SHA:
+            raise SinkError(f"Redis names the write script {sha}, not its SHA-1 {SCRIPT_SHA}")
+        self._script_loaded = True
+        self.script_loads += 1
+        return sha
 
     def _execute(self, pipe: Any, raise_on_error: bool = True) -> list[Any]:
         try:
@@ -337,11 +394,11 @@ class CacheSink:
         """Record ``lsn`` for ``job``; an older ``lsn`` than the recorded one is ignored."""
         stored = watermark_string(lsn)
         pipe = self.client.pipeline(transaction=False)
-        sha = self._script_sha()
-        pipe.execute_command("EVALSHA", sha, 1, self.watermark_key(job), "w", stored)
+        self._load_script()
+        pipe.execute_command("EVALSHA", SCRIPT_SHA, 1, self.watermark_key(job), "w", stored)
         reply = self._execute(pipe, raise_on_error=False)[0]
         if isinstance(reply, NoScriptError):
-            self._sha = None
+            self._script_loaded = False
             self.record_watermark(job, lsn)
         elif isinstance(reply, Exception):
             raise SinkError(f"Redis refused the watermark of {job}: {reply}") from reply
@@ -388,8 +445,8 @@ class CacheSink:
 
 
 def _call_bytes(call: _Call) -> int:
-    """What a script call weighs in a pipeline: its keys' and arguments' characters."""
-    return sum(map(len, call[2])) + sum(map(len, call[3]))
+    """What a script call weighs in a pipeline: its keys' and arguments' bytes."""
+    return sum(map(len, call[2]))
 
 
 def _check_table(table: str) -> None:

@@ -7,6 +7,7 @@ script compares 15 digits at a time). See :mod:`sinks.cache` for the key layout.
 
 from __future__ import annotations
 
+import hashlib
 from enum import IntEnum
 from typing import Final
 
@@ -91,14 +92,23 @@ return 1
 """
 
 
+# What EVALSHA names the script by (Redis's SHA-1 of its text): known without asking Redis,
+# so a call can be packed before the script is loaded and sent again as it is after a reload.
+SCRIPT_SHA: Final = hashlib.sha1(SCRIPT.encode()).hexdigest()
+
+
 def version_string(version: VersionOrder) -> str:
     """The stored form of a version: 20-digit LSN then 10-digit ordinal."""
-    commit_lsn, order = version
+    return version_bytes(*version).decode()
+
+
+def version_bytes(commit_lsn: int, order: int) -> bytes:
+    """:func:`version_string` as the bytes the script gets."""
     if not 0 <= commit_lsn <= MAX_LSN:
         raise ValueError(f"commit LSN {commit_lsn} is outside 0..2**64-1")
     if not 0 <= order <= MAX_ORDER:
         raise ValueError(f"order {order} is outside 0..{MAX_ORDER}")
-    return f"{commit_lsn:0{_LSN_DIGITS}d}{order:0{_ORDER_DIGITS}d}"
+    return b"%0*d%0*d" % (_LSN_DIGITS, commit_lsn, _ORDER_DIGITS, order)
 
 
 def parse_version(stored: str | bytes) -> VersionOrder:

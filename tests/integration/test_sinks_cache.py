@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
 import redis
 
-from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError
 from sinks.base import Change
 from sinks.cache import CacheSink
-from sinks.cache_script import version_string
+from sinks.cache_script import SCRIPT_SHA, version_bytes
 from tests.conftest import Endpoints
 
 pytestmark = pytest.mark.integration
@@ -205,9 +209,9 @@ def test_json_merge_refuses_to_write_over_a_concurrent_write(
         # A merge built on "no row held" ('') while version 10 is held: another writer
         # landed between the read and the write. The script must answer "conflict" (3),
         # which makes apply() read and merge again, rather than write stale data.
-        keys = [sink.row_key(T, "1"), sink.version_key(T, "1")]
-        stale_merge = sink._args("jp", version_string(VersionOrder(12, 0)), "", '{"id":1}')
-        reply = sink.client.evalsha(sink._script_sha(), 2, *keys, *stale_merge)
+        late = Change(T, "1", 12, 0, {"id": 1})
+        stale_merge = sink._args(late, b"jp", version_bytes(12, 0), b'{"id":1}', expected=b"")
+        reply = sink.client.evalsha(sink._script_sha(), 2, *stale_merge)
         assert reply == 3
         assert sink.read_row(T, "1") == {"id": 1, "body": "old", "n": 0}
     finally:
@@ -257,11 +261,122 @@ def test_watermark_only_increases(sink: CacheSink) -> None:
     assert sink.read_watermark("other") is None
 
 
-def test_script_is_reloaded_after_script_flush(sink: CacheSink, raw: redis.Redis) -> None:
-    sink.apply([Change(T, "1", 10, 0, {"id": 1})])
-    raw.script_flush()
-    assert _outcomes(sink.apply([Change(T, "1", 11, 0, {"id": 1, "n": 2})])) == ["applied"]
-    assert sink.read_row(T, "1") == {"id": 1, "n": 2}
+def test_script_is_reloaded_after_script_flush(
+    endpoints: Endpoints, key_prefix: str, raw: redis.Redis
+) -> None:
+    """Redis lost the script (SCRIPT FLUSH, a restart): the calls answered NOSCRIPT are sent
+    again after a reload, in a batch cut into several pipelines, and the watermark's too."""
+    sink = CacheSink(endpoints.redis_url, key_prefix, pipeline_max_bytes=1024)
+    try:
+        sink.apply([Change(T, "0", 10, 0, {"id": 0})])
+        assert sink.script_loads == 1
+        reloads = 0
+        # Another client of the shared server may load the same script (same SHA-1) between
+        # the flush and the apply: try again until this sink met NOSCRIPT itself.
+        for attempt in range(1, 6):
+            loads = sink.script_loads
+            raw.script_flush()
+            lsn = 100 * attempt
+            changes = [Change(T, str(i), lsn, i, {"id": i, "body": "b" * 100}) for i in range(30)]
+            assert set(_outcomes(sink.apply(changes))) == {"applied"}
+            assert all(sink.read_version(T, str(i)) == (lsn, i) for i in range(30))
+            reloads += sink.script_loads - loads
+            if reloads:
+                break
+        assert reloads == 1  # once for the batch: the later pipelines found it loaded
+        assert raw.script_exists(SCRIPT_SHA) == [True]
+        for attempt in range(1, 6):
+            loads = sink.script_loads
+            raw.script_flush()
+            sink.record_watermark("job", attempt)
+            assert sink.read_watermark("job") == attempt
+            if sink.script_loads > loads:
+                break
+        assert sink.script_loads == loads + 1
+    finally:
+        sink.close()
+
+
+class _CuttingProxy:
+    """Forwards to Redis, but drops a connection (both ends) as soon as it carries an
+    EVALSHA, ``cuts`` times: the sink's pipeline is lost after it was sent."""
+
+    def __init__(self, target: tuple[str, int], cuts: int) -> None:
+        self.target = target
+        self.cuts_left = cuts
+        self.cut = 0
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, name="cutting-proxy", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.connections += 1
+            for src, dst, upstream in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(src, dst, upstream), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upstream and b"EVALSHA" in data:
+                    with self._lock:
+                        cut = self.cuts_left > 0
+                        if cut:
+                            self.cuts_left -= 1
+                            self.cut += 1
+                    if cut:
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _redis_address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
+def test_a_pipeline_lost_on_the_wire_is_sent_again(endpoints: Endpoints, key_prefix: str) -> None:
+    proxy = _CuttingProxy(_redis_address(endpoints.redis_url), cuts=1)
+    sink = CacheSink(proxy.url, key_prefix, retries=3, backoff_s=0.01)
+    try:
+        changes = [Change(T, str(i), 10, i, {"id": i}) for i in range(50)]
+        assert set(_outcomes(sink.apply(changes))) == {"applied"}
+        assert proxy.cut == 1 and proxy.connections == 2  # cut once, then reconnected
+        assert sink.read_row(T, "49") == {"id": 49}
+    finally:
+        sink.close()
+        proxy.close()
+
+
+def test_a_pipeline_lost_every_time_is_retryable(endpoints: Endpoints, key_prefix: str) -> None:
+    proxy = _CuttingProxy(_redis_address(endpoints.redis_url), cuts=100)
+    sink = CacheSink(proxy.url, key_prefix, retries=2, backoff_s=0.01)
+    direct = CacheSink(endpoints.redis_url, key_prefix)
+    try:
+        with pytest.raises(RetryableSinkError, match="unreachable"):
+            sink.apply([Change(T, "1", 10, 0, {"id": 1})])
+        assert proxy.cut == 3  # the first send and two retries
+        assert direct.read_version(T, "1") is None
+    finally:
+        sink.close()
+        direct.close()
+        proxy.close()
 
 
 def test_an_unreachable_redis_raises_retryable() -> None:
@@ -344,7 +459,7 @@ def test_pipelines_are_sized_by_bytes(
     send = sink._run_pipeline
 
     def counted(calls: Any, outcomes: Any) -> Any:
-        sizes.append(sum(len(a) for c in calls for a in (*c[2], *c[3])))
+        sizes.append(sum(len(a) for c in calls for a in c[2]))
         return send(calls, outcomes)
 
     monkeypatch.setattr(sink, "_run_pipeline", counted)

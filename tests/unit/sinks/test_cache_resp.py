@@ -1,0 +1,125 @@
+"""The Redis follower packs its script calls itself: byte for byte what redis-py would send
+for the same call, for any argument (non-ASCII, binary, empty, past redis-py's chunking
+cutoff), and the calls carry the keys and arguments the script reads."""
+
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.connection import Connection
+
+from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
+from sinks import cache_resp
+from sinks.base import Change
+from sinks.cache import _EVALSHA, CacheSink
+from sinks.cache_script import SCRIPT, SCRIPT_SHA, version_bytes, version_string
+
+pytestmark = pytest.mark.unit
+
+T = "public.orders"
+
+
+def redis_py(*args: object) -> bytes:
+    """What redis-py puts on the wire for a command (its pure-Python packer, no socket)."""
+    return b"".join(Connection().pack_command(*args))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [b"EVALSHA", b"f" * 40, b"2", b"k", b"v"],
+        [b"SET", b"", b""],  # empty strings
+        [b"SET", "ünïcødé ✓ 日本語".encode(), "\u0000 nul \U0001f600".encode()],
+        [b"SET", b"\r\n$3\r\n*1\r\n", bytes(range(256))],  # RESP framing and every byte
+        [b"SET", b"k", b"x" * 6000, b"y" * 6001, b"z" * 100_000],  # around redis-py's cutoff
+        [b"HSET", b"k", *[b"f%d" % i for i in range(3200)]],  # many arguments
+    ],
+)
+def test_packs_as_redis_py_does(args: list[bytes]) -> None:
+    assert cache_resp.pack(args) == redis_py(*args)
+
+
+# Short arguments, and long ones around redis-py's 6000-byte cutoff (cheap to generate).
+LONG = st.tuples(st.binary(min_size=1, max_size=3), st.integers(5990, 6010)).map(
+    lambda t: (t[0] * t[1])[: t[1]]
+)
+
+
+@given(st.lists(st.binary(max_size=40) | LONG, max_size=12))
+def test_any_arguments_pack_as_redis_py_does(args: list[bytes]) -> None:
+    # The command name first: redis-py splits a first argument holding spaces.
+    assert cache_resp.pack([b"EVALSHA", *args]) == redis_py(b"EVALSHA", *args)
+
+
+@given(st.lists(st.text(max_size=20), max_size=8))
+def test_text_packs_as_redis_py_encodes_it(args: list[str]) -> None:
+    # redis-py encodes text as UTF-8 (strict); the sink hands over the same bytes.
+    encoded = [a.encode() for a in args]
+    assert cache_resp.pack([b"EVALSHA", *encoded]) == redis_py("EVALSHA", *args)
+
+
+def test_the_script_is_named_by_its_sha1() -> None:
+    assert hashlib.sha1(SCRIPT.encode()).hexdigest() == SCRIPT_SHA
+    assert (b"EVALSHA", SCRIPT_SHA.encode(), b"2") == _EVALSHA
+
+
+def test_version_bytes_are_the_stored_version() -> None:
+    for lsn, order in ((0, 0), (2**64 - 1, 10**10 - 1), (123456789, 42)):
+        assert version_bytes(lsn, order) == version_string(VersionOrder(lsn, order)).encode()
+    with pytest.raises(ValueError):
+        version_bytes(2**64, 0)
+    with pytest.raises(ValueError):
+        version_bytes(0, 10**10)
+
+
+@pytest.mark.parametrize("ttl_s", [None, 120])
+def test_a_call_is_what_redis_py_packed_for_the_same_write(ttl_s: int | None) -> None:
+    """The calls the sink sends, against the same calls built as text and packed by
+    redis-py (as the sink did before it packed them itself)."""
+    sink = CacheSink("redis://127.0.0.1:1/0", "cdc", ttl_s=ttl_s, tombstone_ttl_s=600)
+    ttl = str(ttl_s or 0)
+    doc = {"id": 7, "note": 'ünï "q"', "n": None, "big": 2**63 - 1, "f": 1.5}
+    partial = {**doc, "note": UNAVAILABLE_VALUE_PLACEHOLDER}
+    cases = [
+        (Change(T, "7", 2**40, 3, doc), "h", {k: orjson.dumps(v).decode() for k, v in doc.items()}),
+        (
+            Change(T, "7", 2**40, 3, partial, frozenset({"note"})),
+            "hp",
+            {k: orjson.dumps(v).decode() for k, v in doc.items() if k != "note"},
+        ),
+        (Change(T, "7", 2**40, 3, None), "d", None),
+    ]
+    for change, op, fields in cases:
+        args = sink._write_args(change)
+        assert args is not None
+        expected = [
+            sink.row_key(T, "7"),
+            sink.version_key(T, "7"),
+            op,
+            version_string(change.version_order),
+            ttl,
+            "600",
+            "*",
+        ]
+        if fields is not None:
+            expected.append(orjson.dumps(fields).decode())
+        assert cache_resp.pack([*_EVALSHA, *args]) == redis_py("EVALSHA", SCRIPT_SHA, 2, *expected)
+
+
+@pytest.mark.parametrize("pk", ["42", "a{b}c", "x}y", "{", "}", "{}", "ü", ""])
+@pytest.mark.parametrize("prefix", ["cdc", "{app}", "a}b"])
+def test_call_keys_are_the_row_and_version_keys(prefix: str, pk: str) -> None:
+    sink = CacheSink("redis://127.0.0.1:1/0", prefix)
+    assert sink._keys(T, pk) == (sink.row_key(T, pk).encode(), sink.version_key(T, pk).encode())
+
+
+def test_a_key_that_is_no_text_redis_can_take_fails_alone() -> None:
+    # A lone surrogate has no UTF-8 form: that change fails, before anything is sent.
+    sink = CacheSink("redis://127.0.0.1:1/0", "cdc")
+    [result] = sink.apply([Change(T, "\ud800", 10, 0, {"id": 1})])
+    assert result.outcome == "failed" and not result.retryable
+    assert "surrogate" in (result.reason or "")

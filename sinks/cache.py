@@ -83,6 +83,7 @@ log = logging.getLogger(__name__)
 
 _MERGE_ATTEMPTS: Final = 5
 _EVALSHA: Final = (b"EVALSHA", SCRIPT_SHA.encode(), b"2")
+_PACKER: Final = cache_resp.Packer(_EVALSHA)
 
 # A row write waiting to be sent: the input slot it answers for, its change, and the script's
 # arguments: its two KEYS (row key, version key) then its ARGV.
@@ -348,7 +349,8 @@ class CacheSink:
         """The script's replies to ``calls``, in order; a refused call's reply is its error."""
         client = self.client
         if isinstance(client, redis.Redis):
-            packed = [cache_resp.pack([*_EVALSHA, *args]) for _, _, args in calls]
+            pack = _PACKER.pack
+            packed = [pack(args) for _, _, args in calls]
             try:
                 return cache_resp.send(client, packed)
             except (RedisConnectionError, RedisTimeoutError) as e:

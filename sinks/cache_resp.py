@@ -20,12 +20,36 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-__all__ = ["pack", "send"]
+__all__ = ["Packer", "pack", "send"]
 
 
 def pack(args: Sequence[bytes]) -> bytes:
     """One command in RESP, byte for byte what redis-py sends for the same arguments."""
     return b"".join([b"*%d\r\n" % len(args), *[b"$%d\r\n%b\r\n" % (len(a), a) for a in args]])
+
+
+class Packer:
+    """Packs commands that start with the same arguments (``EVALSHA <sha> <numkeys>``) as
+    :func:`pack` does: those once, the rest with one bytes format per command (a format per
+    number of arguments, kept)."""
+
+    def __init__(self, head: Sequence[bytes]) -> None:
+        self._count = len(head)
+        self._head = b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in head).replace(b"%", b"%%")
+        self._formats: dict[int, bytes] = {}
+
+    def pack(self, args: Sequence[bytes]) -> bytes:
+        """The command ``head + args``."""
+        n = len(args)
+        fmt = self._formats.get(n)
+        if fmt is None:
+            fmt = b"*%d\r\n" % (self._count + n) + self._head + b"$%d\r\n%b\r\n" * n
+            self._formats[n] = fmt
+        flat: list[int | bytes] = []
+        for a in args:
+            flat.append(len(a))
+            flat.append(a)
+        return fmt % tuple(flat)
 
 
 def send(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:

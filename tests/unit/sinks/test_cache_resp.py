@@ -15,7 +15,7 @@ from redis.connection import Connection
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks import cache_resp
 from sinks.base import Change
-from sinks.cache import _EVALSHA, CacheSink
+from sinks.cache import _EVALSHA, _PACKER, CacheSink
 from sinks.cache_script import SCRIPT, SCRIPT_SHA, version_bytes, version_string
 
 pytestmark = pytest.mark.unit
@@ -41,6 +41,8 @@ def redis_py(*args: object) -> bytes:
 )
 def test_packs_as_redis_py_does(args: list[bytes]) -> None:
     assert cache_resp.pack(args) == redis_py(*args)
+    for n in range(min(len(args), 3) + 1):  # the first n arguments as the packer's head
+        assert cache_resp.Packer(args[:n]).pack(args[n:]) == redis_py(*args)
 
 
 # Short arguments, and long ones around redis-py's 6000-byte cutoff (cheap to generate).
@@ -53,6 +55,9 @@ LONG = st.tuples(st.binary(min_size=1, max_size=3), st.integers(5990, 6010)).map
 def test_any_arguments_pack_as_redis_py_does(args: list[bytes]) -> None:
     # The command name first: redis-py splits a first argument holding spaces.
     assert cache_resp.pack([b"EVALSHA", *args]) == redis_py(b"EVALSHA", *args)
+    packer = cache_resp.Packer([b"EVALSHA", b"%s%%d%b", b"2"])  # format characters too
+    for _ in range(2):  # a new format, then the kept one
+        assert packer.pack(args) == redis_py(b"EVALSHA", b"%s%%d%b", b"2", *args)
 
 
 @given(st.lists(st.text(max_size=20), max_size=8))
@@ -107,7 +112,7 @@ def test_a_call_is_what_redis_py_packed_for_the_same_write(ttl_s: int | None) ->
         ]
         if fields is not None:
             expected.append(orjson.dumps(fields).decode())
-        assert cache_resp.pack([*_EVALSHA, *args]) == redis_py("EVALSHA", SCRIPT_SHA, 2, *expected)
+        assert _PACKER.pack(args) == redis_py("EVALSHA", SCRIPT_SHA, 2, *expected)
 
 
 @pytest.mark.parametrize("pk", ["42", "a{b}c", "x}y", "{", "}", "{}", "ü", ""])

@@ -188,14 +188,22 @@ def split_unchanged(change: Change) -> tuple[dict[str, Any], frozenset[str]]:
     left out of the values, so the placeholder can never reach a follower.
     """
     assert change.doc is not None, "a delete has no values"
-    held = set(change.unchanged)
+    unchanged = change.unchanged
+    found: list[str] = []  # placeholders outside ``unchanged``
     values: dict[str, Any] = {}
     for column, value in change.doc.items():
-        if column in held or is_placeholder(value):
-            held.add(column)
-        else:
-            values[column] = value
-    return values, frozenset(held)
+        if column in unchanged:
+            continue
+        # is_placeholder, inline: this runs for every column of every change.
+        if isinstance(value, str):
+            if value in PLACEHOLDER_TEXTS:
+                found.append(column)
+                continue
+        elif isinstance(value, list) and is_placeholder(value):
+            found.append(column)
+            continue
+        values[column] = value
+    return values, unchanged.union(found) if found else unchanged
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,36 @@ def test_split_unchanged_never_keeps_the_placeholder() -> None:
     assert held == {"body", "tags"}
 
 
+_RAW_PLACEHOLDER = UNAVAILABLE_VALUE_PLACEHOLDER.encode()
+VALUES = st.sampled_from(
+    [
+        UNAVAILABLE_VALUE_PLACEHOLDER,
+        [UNAVAILABLE_VALUE_PLACEHOLDER],
+        base64.b64encode(_RAW_PLACEHOLDER).decode(),
+        [_RAW_PLACEHOLDER.hex()],
+        [UNAVAILABLE_VALUE_PLACEHOLDER, "x"],
+        "x",
+        "",
+        1,
+        None,
+        {"a": UNAVAILABLE_VALUE_PLACEHOLDER},
+    ]
+)
+
+
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), VALUES),
+    st.frozensets(st.sampled_from("abcdefg")),
+)
+def test_split_unchanged_is_a_column_by_column_split(
+    doc: dict[str, Any], unchanged: frozenset[str]
+) -> None:
+    values, held = split_unchanged(Change("public.t", "1", 10, 0, doc, unchanged))
+    assert held == unchanged | {c for c, v in doc.items() if is_placeholder(v)}
+    assert values == {c: v for c, v in doc.items() if c not in held}
+    assert isinstance(held, frozenset)
+
+
 def test_reduce_keeps_the_newest_change_per_key() -> None:
     changes = [
         Change("public.t", "1", 20, 0, {"v": "new"}),

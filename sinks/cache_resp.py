@@ -3,10 +3,10 @@
 redis-py packs a pipeline argument by argument (``Encoder.encode`` then a join per
 argument) and keeps a command stack beside it; profiled in the cache job's task, that was
 about half of the time spent applying a batch. The follower's calls are all EVALSHA with
-byte arguments it already holds, so each is packed with one join here
-(``*N\\r\\n`` then ``$len\\r\\narg\\r\\n`` per argument, as redis-py writes them) and a
-pipeline's calls go out through the connection's ``send_packed_command``; the replies are
-read back in order on the same connection.
+byte arguments it already holds, so each is packed here with one bytes format
+(``*N\\r\\n`` then ``$len\\r\\narg\\r\\n`` per argument, as redis-py writes them), a
+pipeline's calls go out in one ``send_packed_command`` on a connection of the client's
+pool, and the replies are read back in order on it.
 
 Only for a single Redis server: the cluster client routes each call itself
 (:mod:`sinks.cache`).

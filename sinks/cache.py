@@ -357,11 +357,20 @@ class CacheSink:
                 raise RetryableSinkError(f"Redis unreachable: {e}") from e
             except RedisError as e:
                 raise SinkError(f"Redis refused the pipeline: {e}") from e
-        pipe = self.client.pipeline(transaction=False)
+        cluster: Any = self.client
+        pipe = cluster.pipeline(transaction=False)
         for _, _, args in calls:
-            # execute_command: the cluster pipeline blocks its evalsha() wrapper, but
-            # routes EVALSHA by its keys (one slot per call, see sinks.cache_keys).
-            pipe.execute_command(*_EVALSHA, *args)
+            # execute_command: the cluster pipeline blocks its evalsha() wrapper. Left to
+            # route EVALSHA itself, it asks a node for each call's keys (COMMAND GETKEYS,
+            # one round trip per call): the call goes to its row key's primary instead (the
+            # version key shares the slot, see sinks.cache_keys). Redirected calls (MOVED,
+            # ASK) are sent again by the client, routed by their keys.
+            try:
+                node = cluster.get_node_from_key(args[0])
+            except RedisClusterException:  # no node for the slot: the client finds one
+                pipe.execute_command("EVALSHA", SCRIPT_SHA, 2, *args)
+            else:
+                pipe.execute_command("EVALSHA", SCRIPT_SHA, 2, *args, target_nodes=node)
         return self._execute(pipe, raise_on_error=False)
 
     def _load_script(self) -> None:

@@ -19,6 +19,7 @@ from pgcdc.stack import common
 from pgcdc.stack.redis_cluster import RedisClusterService
 from sinks.base import Change
 from sinks.cache import CacheSink
+from sinks.cache_script import SCRIPT_SHA
 from tests.conftest import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -72,6 +73,15 @@ def test_writes_replays_and_tombstones_on_the_cluster(sink: CacheSink) -> None:
     assert {r.outcome for r in sink.apply(_rows(150))} == {"skipped"}
     assert all(sink.read_row(T, k) is None for k in KEYS)
     assert all(sink.read_version(T, k) == (200, 0) for k in KEYS)
+    # The client routed every EVALSHA by its keys itself, never asking a node for them.
+    for port in REDIS_CLUSTER_PORTS:
+        node = redis.Redis(host=HOST, port=port)
+        try:
+            stats = node.info("commandstats")
+        finally:
+            node.close()
+        assert "cmdstat_command|getkeys" not in stats
+        assert "cmdstat_evalsha" in stats  # every node ran its share
 
 
 def test_partial_rows_keep_held_values_on_the_cluster(sink: CacheSink) -> None:
@@ -87,8 +97,8 @@ def test_partial_rows_keep_held_values_on_the_cluster(sink: CacheSink) -> None:
 
 def test_the_script_is_loaded_again_after_a_flush_on_every_node(sink: CacheSink) -> None:
     sink.apply(_rows(100))
-    sha = sink._sha
-    assert sha is not None
+    sha = SCRIPT_SHA
+    loads = sink.script_loads
     for port in REDIS_CLUSTER_PORTS:  # every node held the script; now every node forgets it
         node = redis.Redis(host=HOST, port=port)
         try:
@@ -98,6 +108,7 @@ def test_the_script_is_loaded_again_after_a_flush_on_every_node(sink: CacheSink)
         finally:
             node.close()
     assert {r.outcome for r in sink.apply(_rows(400))} == {"applied"}
+    assert sink.script_loads == loads + 1  # NOSCRIPT came back, and the script was reloaded
     sink.record_watermark("job", 12345)
     assert sink.read_watermark("job") == 12345
 

@@ -113,6 +113,50 @@ def test_the_script_is_loaded_again_after_a_flush_on_every_node(sink: CacheSink)
     assert sink.read_watermark("job") == 12345
 
 
+def test_a_call_sent_to_a_slots_old_owner_is_redirected(sink: CacheSink) -> None:
+    """The sink sends each call to the node its slot map names: after a reshard it has not
+    seen, that node answers MOVED and the client sends the call to the new owner."""
+    client = sink.client
+    assert isinstance(client, RedisCluster)
+    pk = f"moved-{sink.value_mode}"
+    row_key = sink.row_key(T, pk)
+    assert sink.apply([Change(T, pk, 10, 0, {"id": pk, "v": 10})])[0].outcome == "applied"
+    slot = key_slot(row_key.encode())
+    owner = client.get_node_from_key(row_key)
+    nodes = {port: redis.Redis(host=HOST, port=port) for port in REDIS_CLUSTER_PORTS}
+    try:
+        ids = {port: node.execute_command("CLUSTER MYID") for port, node in nodes.items()}
+        old = nodes[owner.port]
+        new_port = next(port for port in REDIS_CLUSTER_PORTS if port != owner.port)
+        new = nodes[new_port]
+        # Move the slot and its keys (the row's and its version's), as redis-cli --cluster
+        # reshard does, behind the sink's back.
+        new.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[owner.port])
+        old.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[new_port])
+        keys = old.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)
+        assert len(keys) >= 2
+        old.execute_command("MIGRATE", HOST, new_port, "", 0, 5000, "KEYS", *keys)
+        for port in (new_port, owner.port, *(p for p in nodes if p not in (new_port, owner.port))):
+            nodes[port].execute_command("CLUSTER SETSLOT", slot, "NODE", ids[new_port])
+        moved_before = _errorstat(old, "MOVED")
+        assert client.get_node_from_key(row_key).port == owner.port  # the sink's map is stale
+
+        assert sink.apply([Change(T, pk, 20, 0, {"id": pk, "v": 20})])[0].outcome == "applied"
+        assert _errorstat(old, "MOVED") > moved_before  # the old owner redirected the call
+        assert old.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
+        assert new.exists(row_key) == 1
+        assert sink.read_row(T, pk) == {"id": pk, "v": 20}
+        assert sink.read_version(T, pk) == (20, 0)
+    finally:
+        for node in nodes.values():
+            node.close()
+
+
+def _errorstat(node: redis.Redis, error: str) -> int:
+    stats = node.info("errorstats").get(f"errorstat_{error}", {})
+    return int(stats.get("count", 0)) if isinstance(stats, dict) else 0
+
+
 def test_a_wrong_address_is_a_retryable_error(tmp_path: Path) -> None:
     from pgcdc.core.errors import RetryableSinkError
 

@@ -3,10 +3,12 @@ function, on the driver) and how one partition is applied (:func:`apply_partitio
 Python workers).
 
 A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
-with ``--min-partitions``), and each task, in parallel: reduces its rows to the newest
-event per key (:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends
-unparseable records to the dead-letter topic; applies through the sink (every write carries
-an LSN-derived version, so a replay can never go backwards); dead-letters what the sink
+with ``--min-partitions``): ``DataFrame.mapInArrow`` hands each task its partition as Arrow
+batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back),
+and each task, in parallel: reduces its rows to the newest event per key
+(:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends unparseable
+records to the dead-letter topic; applies through the sink (every write carries an
+LSN-derived version, so a replay can never go backwards); dead-letters what the sink
 refused for good. Once every task is done the driver records the follower's watermark.
 
 No record stops a job: one that cannot become a change (a key that is not JSON, a c/u/r
@@ -28,7 +30,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pyspark.sql import DataFrame, Row
+import pyarrow as pa
+from pyspark.sql import DataFrame
 
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import Settings
@@ -40,6 +43,7 @@ from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.stats import BatchStats
+from spark_jobs.transfer import STATS_SCHEMA, rows_from_arrow, stats_batch, stats_from_rows
 from spark_jobs.transforms import (
     CHANGE,
     DEAD,
@@ -158,6 +162,14 @@ def apply_events(
     return apply_partition(settings, job, make_sink, latest_per_key(rows))
 
 
+def apply_arrow(
+    settings: Settings, job: str, make_sink: SinkFactory, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function: :func:`apply_events` over one partition's Arrow batches
+    (all of them: the reduction sees the whole partition); yields the task's stats."""
+    yield stats_batch(apply_events(settings, job, make_sink, rows_from_arrow(batches)))
+
+
 def _apply_chunk(
     sink: Sink,
     job: str,
@@ -230,11 +242,13 @@ class ApplyBatch:
     def _apply(
         self,
         events: DataFrame,
-        apply: Callable[[Iterable[Row]], Iterator[BatchStats]],
+        apply: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
         batch_id: int,
     ) -> list[BatchStats]:
         """Run the batch's tasks (again while the follower is unreachable)."""
-        return self._while_unreachable(batch_id, lambda: events.rdd.mapPartitions(apply).collect())
+        return self._while_unreachable(
+            batch_id, lambda: stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect())
+        )
 
     def _while_unreachable(self, batch_id: int, step: Callable[[], T]) -> T:
         """``step()``; while the follower is unreachable, again with backoff, for at most
@@ -306,7 +320,7 @@ class ApplyBatch:
     def __call__(self, events: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch of :meth:`events`' frame."""
         t0 = time.monotonic()
-        apply = functools.partial(apply_events, self.settings, self.opts.name, self.make_sink)
+        apply = functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
         total = BatchStats()
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.

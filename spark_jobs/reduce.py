@@ -14,7 +14,11 @@ in ``history`` when the newest one leaves a TOASTed column unchanged (one of the
 the value); every other record as it came, with its ``kind``; and one ``schema`` row per
 distinct event schema of the partition.
 
-Pure code (rows are mappings: Spark's ``Row`` or dicts); no Spark needed to test it.
+The jobs' tasks get their rows as dicts from Arrow batches (:mod:`spark_jobs.transfer`),
+where ``value_schema_json`` is set only at the first row of each (topic, ``schema_id``) and
+at dead records: a schema is read from the rows where it is not None, so one per distinct
+schema is enough. Pure code (rows are mappings: dicts or Spark's ``Row``); no Spark needed
+to test it.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def _has_placeholder(row: Mapping[str, Any]) -> bool:
 
 def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The partition reduced: one change row per (topic, key), the other records as they
-    are, and each distinct schema once (``schema_id``, ``schema_json``)."""
+    are, and each distinct schema once (``schema_id``, ``schema_json``, from the first row
+    of its (topic, schema_id) whose ``value_schema_json`` is not None)."""
     newest: dict[tuple[str, str], Mapping[str, Any]] = {}
     # Every event of a key that has more than one in the partition, in arrival order.
     older: dict[tuple[str, str], list[Mapping[str, Any]]] = {}

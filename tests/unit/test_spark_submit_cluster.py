@@ -71,3 +71,14 @@ def test_spark_cdc_conf_becomes_settings_variables() -> None:
         "CDC_KAFKA__BOOTSTRAP_SERVERS": "k1:9092",
         "CDC_REDIS__KEY_PREFIX": "from-env",  # a variable that is set wins
     }
+
+
+def test_the_packed_env_holds_what_the_tasks_import() -> None:
+    """The executors' env is built from the project's dependencies less pyspark (the
+    workers bring it, but not its optional requirements): the tasks read their rows with
+    pyarrow (mapInArrow), so it must be listed by name, and it keys the pack, so a pack
+    built before it is not reused."""
+    from pgcdc.stack import spark_cluster
+
+    names = [d.split(">")[0].split("=")[0].split("<")[0] for d in spark_cluster._dependencies()]
+    assert "pyarrow" in names and "pyspark" not in names

@@ -225,7 +225,11 @@ def avro_as_json(df: Any, settings: Settings) -> Any:
             None if value is None else bytes(value),
         )
 
-    read_udf = F.udf(read, out)
+    # Row at a time, as it was written and tested: PySpark 4.2 makes plain UDFs Arrow ones
+    # by default (spark.sql.execution.pythonUDF.arrow.enabled) once pyarrow and pandas are
+    # installed, which the jobs need for mapInArrow, and Arrow coerces return values its
+    # own way.
+    read_udf = F.udf(read, out, useArrow=False)
     others = [c for c in df.columns if c not in ("key", "value")]
     return df.withColumn("_avro", read_udf("topic", "key", "value")).select(
         *others,

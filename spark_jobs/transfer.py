@@ -49,7 +49,7 @@ def rows_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any
         names = batch.schema.names
         columns: list[list[Any]] = []
         for i, name in enumerate(names):
-            columns.append([] if name == SCHEMA_COLUMN else batch.column(i).to_pylist())
+            columns.append([] if name == SCHEMA_COLUMN else _pylist(batch.column(i)))
         if SCHEMA_COLUMN in names:
             at = names.index(SCHEMA_COLUMN)
             schemas = batch.column(at)
@@ -61,13 +61,32 @@ def rows_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any
                 if kind == DEAD:
                     # A dead record may be read again in the task and get a schema of its
                     # own (spark_jobs.reduce.reparse): it does not stand for its id's.
-                    only_first[i] = schemas[i].as_py()
+                    only_first[i] = _py(schemas, i)
                 elif sid not in seen:
                     seen.add(sid)
-                    only_first[i] = schemas[i].as_py()
+                    only_first[i] = _py(schemas, i)
             columns[at] = only_first
         for values in zip(*columns, strict=True):
             yield dict(zip(names, values, strict=True))
+
+
+def _pylist(column: pa.Array) -> list[Any]:
+    """The column's values; text that is not UTF-8 (Spark's strings are bytes: a Kafka key
+    or value cast to a string keeps whatever it held) gets U+FFFD for each bad sequence, as
+    the JVM's conversion of the old path gave, instead of failing the task."""
+    try:
+        return column.to_pylist()  # type: ignore[no-any-return]
+    except UnicodeDecodeError:
+        raw = column.cast(pa.binary()).to_pylist()
+        return [None if b is None else b.decode("utf-8", "replace") for b in raw]
+
+
+def _py(column: pa.Array, i: int) -> Any:
+    """The value at ``i`` (see :func:`_pylist` for text that is not UTF-8)."""
+    try:
+        return column[i].as_py()
+    except UnicodeDecodeError:
+        return column[i].cast(pa.binary()).as_py().decode("utf-8", "replace")
 
 
 def stats_batch(stats: Iterable[BatchStats]) -> pa.RecordBatch:

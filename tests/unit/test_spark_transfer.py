@@ -19,7 +19,7 @@ from pgcdc.core.settings import Settings
 from sinks.base import ApplyResult, Change, Outcome
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.stats import BatchStats
-from spark_jobs.transfer import rows_from_arrow, stats_batch, stats_from_rows
+from spark_jobs.transfer import SCHEMA_COLUMN, rows_from_arrow, stats_batch, stats_from_rows
 from spark_jobs.transforms import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA
 
 # The classified frame's columns (spark_jobs.transforms.classify) as Spark sends them.
@@ -138,6 +138,25 @@ def test_values_nulls_big_ints_and_unicode_come_through_as_python_values() -> No
 
 
 @pytest.mark.unit
+def test_text_that_is_not_utf8_becomes_replacement_characters_not_a_failed_task() -> None:
+    """Spark's strings are bytes: a Kafka value cast to a string keeps bytes that are no
+    UTF-8, and Arrow hands them over as they are (pyarrow refuses to decode them)."""
+    records = [_record(0, kind=DEAD, parse_error=NOT_DEBEZIUM), _record(1), _record(2)]
+    batch = pa.RecordBatch.from_pylist(records, schema=CLASSIFIED)
+    raw = pa.array([b"\x00\xffnot json \xe2\x98", None, b"ok"], pa.binary()).view(pa.string())
+    schemas = pa.array([b"{\xfe}", b"{}", b"{}"], pa.binary()).view(pa.string())
+    batch = batch.set_column(CLASSIFIED.get_field_index("raw_value"), "raw_value", raw)
+    at = CLASSIFIED.get_field_index(SCHEMA_COLUMN)
+    batch = batch.set_column(at, SCHEMA_COLUMN, schemas)
+    with pytest.raises(UnicodeDecodeError):
+        raw.to_pylist()
+    rows = list(rows_from_arrow([batch]))
+    assert [r["raw_value"] for r in rows] == ["\x00\ufffdnot json \ufffd", None, "ok"]
+    assert [r[SCHEMA_COLUMN] for r in rows] == ["{\ufffd}", "{}", None]
+    assert rows[1]["after_json"] == '{"id":1}'
+
+
+@pytest.mark.unit
 def test_a_dead_record_first_of_its_id_does_not_stand_for_the_others() -> None:
     """A record Spark could not read but the task can (spark_jobs.reduce.reparse) gets a
     schema of its own: the live rows of the id it came with still register theirs."""
@@ -247,7 +266,8 @@ def test_arrow_rows_equal_the_pickled_rows_of_the_same_records(spark: Any) -> No
     def task(batches: Any) -> Any:
         rows = list(rows_from_arrow(batches))
         part = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        yield pa.RecordBatch.from_pylist([{"part": part, "rows": pickle.dumps(rows)}])
+        out = pa.schema([("part", pa.int32()), ("rows", pa.binary())])
+        yield pa.RecordBatch.from_pylist([{"part": part, "rows": pickle.dumps(rows)}], out)
 
     before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")  # several per task
@@ -302,7 +322,9 @@ def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: A
         (_key(1), _event("u", {"id": 1}, 200), _headers(2000, 0)),
         (b'{"serverName":"shop"}', b'{"ts_ms":1,"lsn":900}', [], "__cdc-heartbeat.shop"),
     ]
-    stats = batch._apply(_classified(spark, records).repartition(3), _apply_fn(batch), 0)
+    stats = batch._apply(
+        _classified(spark, records).repartition(3, "key_json"), _apply_fn(batch), 0
+    )
     assert len(stats) == 3  # one row per task
     total = BatchStats()
     for s in stats:

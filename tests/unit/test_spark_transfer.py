@@ -260,7 +260,7 @@ def _kafka_records() -> list[tuple[Any, ...]]:
 def test_arrow_rows_equal_the_pickled_rows_of_the_same_records(spark: Any) -> None:
     from pyspark import TaskContext
 
-    events = _classified(spark, _kafka_records()).repartition(2, "topic", "key_json")
+    events = _classified(spark, _kafka_records())  # local[2]: two partitions
     by_rdd = [[r.asDict() for r in part] for part in events.rdd.glom().collect()]
 
     def task(batches: Any) -> Any:

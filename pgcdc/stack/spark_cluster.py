@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -281,29 +282,50 @@ def _dependencies() -> list[str]:
     return [d for d in project["dependencies"] if not d.startswith(("pyspark", "venv-pack"))]
 
 
-def executor_env(paths: common.Paths | None = None) -> Path:
-    """The packed executor virtualenv (a .tar.gz for ``--archives``), built once per set of
-    dependencies and pins under ``<cache>/executor-env/``."""
+def executor_env_archive(paths: common.Paths | None = None) -> Path:
+    """Where the packed executor virtualenv of this dependency set lives (built or not)."""
     paths = paths or common.paths()
-    deps = _dependencies()
     constraints = common.REPO / "constraints.txt"
     digest = hashlib.sha256(
-        "\n".join([*deps, constraints.read_text(), sys.version]).encode()
+        "\n".join([*_dependencies(), constraints.read_text(), sys.version]).encode()
     ).hexdigest()[:12]
-    out = paths.cache / "executor-env" / f"pgcdc-executor-{digest}.tar.gz"
+    return paths.cache / "executor-env" / f"pgcdc-executor-{digest}.tar.gz"
+
+
+def executor_env(paths: common.Paths | None = None) -> Path:
+    """The packed executor virtualenv (a .tar.gz for ``--archives``), built once per set of
+    dependencies and pins under ``<cache>/executor-env/``.
+
+    Two jobs submitted at once share one build: the first takes a lock beside the archive
+    and builds; the other waits for it and finds the archive (run together, both built into
+    the same folder and one failed)."""
+    out = executor_env_archive(paths)
     if out.exists():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f"{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if out.exists():  # built by whoever held the lock before us
+            return out
+        _build_executor_env(out)
+    return out
+
+
+def _build_executor_env(out: Path) -> None:
+    constraints = common.REPO / "constraints.txt"
     build = out.with_suffix("").with_suffix("")  # the venv folder beside it
     common.say(f"building the executors' virtualenv {build} (once per dependency set)")
     base = Path(os.path.realpath(venv_python()))
     common.run([base, "-m", "venv", "--clear", build], timeout=300)
-    common.run([build / "bin" / "pip", "install", "-q", "-c", constraints, *deps], timeout=1800)
+    common.run(
+        [build / "bin" / "pip", "install", "-q", "-c", constraints, *_dependencies()],
+        timeout=1800,
+    )
     venv_pack = common.REPO / ".venv" / "bin" / "venv-pack"
     tmp = out.with_name(f"{out.name}.{os.getpid()}.part.tar.gz")
     common.run([venv_pack, "-p", build, "-o", tmp, "--force"], timeout=900)
     tmp.replace(out)
     shutil.rmtree(build)  # the archive is what ships; the folder is not needed again
-    return out
 
 
 def project_zip(paths: common.Paths | None = None) -> Path:

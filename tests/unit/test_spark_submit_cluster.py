@@ -82,3 +82,40 @@ def test_the_packed_env_holds_what_the_tasks_import() -> None:
 
     names = [d.split(">")[0].split("=")[0].split("<")[0] for d in spark_cluster._dependencies()]
     assert "pyarrow" in names and "pyspark" not in names
+
+
+def test_a_second_job_waits_for_the_executor_env_another_is_building(tmp_path: Path) -> None:
+    # Two jobs submitted at once on a fresh cache both built into one folder and one failed
+    # (the followers bench, both jobs on the standalone cluster). Here another process holds
+    # the build lock; executor_env must wait and return that process's archive, not build.
+    import subprocess
+    import sys
+    import threading
+
+    from pgcdc.stack import common, spark_cluster
+
+    paths = common.Paths(stack=tmp_path / "stack", cache=tmp_path / "cache")
+    out = spark_cluster.executor_env_archive(paths)
+    out.parent.mkdir(parents=True)
+    lock = out.with_name(f"{out.name}.lock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time\n"
+         f"f = open({str(lock)!r}, 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+         "print('held', flush=True); sys.stdin.readline()\n"
+         f"open({str(out)!r}, 'wb').write(b'archive'); f.close()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdin is not None
+    assert holder.stdout.readline().strip() == "held"
+    got: list[Path] = []
+    waiter = threading.Thread(target=lambda: got.append(spark_cluster.executor_env(paths)))
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive(), "executor_env did not wait for the lock"
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [out]
+    assert out.read_bytes() == b"archive"  # the other process's archive: nothing rebuilt
+    assert holder.wait(10) == 0

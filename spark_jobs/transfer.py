@@ -4,11 +4,12 @@
 The task's function receives the Arrow record batches of its whole Spark partition (Spark
 cuts a partition into batches of ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; all
 of them come through the one iterator, so the reduction still sees the whole partition).
-:func:`rows_from_arrow` turns them into plain dicts column by column, which costs ~2.6 µs
-per row of the classified frame here, against ~410 µs per change for the path it replaces
-(``DataFrame.rdd``: each row turned into a Java Row, pickled by Pyrolite and unpickled into
-a ``pyspark.sql.Row``). Building the dicts from per-column ``to_pylist()`` measured 2.6 µs
-per row, ``RecordBatch.to_pylist()`` without the schema column 3.0 µs, with it 7.9 µs.
+:func:`rows_from_arrow` turns them into plain dicts column by column (~2.6 µs per row of
+the classified frame here; ``RecordBatch.to_pylist()`` without the schema column 3.0 µs,
+with it 7.9 µs). The path it replaces (``DataFrame.rdd``: each row turned into a Java Row,
+pickled by Pyrolite and unpickled into a ``pyspark.sql.Row``) cost a few µs more per row of
+JVM and Python CPU (``python -m benchmarks.transfer``: 85 + 11.0 µs against 78 + 8.0 µs); the
+JVM's JSON parse before either (~80 µs per 4 kB event) is most of a change's cost.
 
 Every event carries its table's whole Connect schema (``value_schema_json``, most of a
 record's bytes) although the reduction needs each distinct one once: only the first row of

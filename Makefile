@@ -24,6 +24,8 @@ stack: install
 demo: stack
 	$(PY) scripts/demo.py
 
+# scripts/test runs the suite in two phases: the tests that restart a shared server alone, then
+# the rest on CDC_TEST_WORKERS parallel workers (default 2; tests/schedule.py says how).
 # With a Docker engine that answers, the tests start their servers with testcontainers (the
 # images of docker-compose.yml) and the native stack stays down; CDC_TEST_NATIVE=1 forces it.
 test: install
@@ -32,7 +34,7 @@ test: install
 	else \
 		scripts/stack up; \
 	fi
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(PY) scripts/test $(PYTEST_ARGS)
 
 unit: install
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)

@@ -66,6 +66,21 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group tests by module for parallel workers and put the slow modules first
+    (``tests/schedule.py`` says why)."""
+    from tests import schedule
+
+    def module_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(schedule.group_of(module_of(item))))
+    weights = {id(item): schedule.weight(module_of(item)) for item in items}
+    items.sort(key=lambda item: -weights[id(item)])  # stable: the rest keep their order
+
+
 def _docker_answers() -> bool:
     if os.environ.get("CDC_TEST_NATIVE") == "1" or shutil.which("docker") is None:
         return False

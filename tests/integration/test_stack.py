@@ -15,7 +15,8 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.integration
+# exclusive: it kills the stack's Redis, which every other test shares (tests/schedule.py).
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "scripts" / "stack"

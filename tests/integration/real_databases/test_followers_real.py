@@ -227,6 +227,7 @@ def _wait_produced(
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # restarts the stack's Kafka and PostgreSQL, which every test shares
 def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_path: Path) -> None:
     """kill -9 of the reader at random points of a mixed workload (truncates, key changes,
     bulk transactions), a Kafka broker restart and a PostgreSQL restart while it streams:

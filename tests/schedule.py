@@ -1,0 +1,63 @@
+"""How `make test` spreads the suite over parallel pytest workers (pytest-xdist).
+
+Three rules, applied at collection (``pytest_collection_modifyitems`` in ``tests/conftest.py``):
+
+- **A module is one unit of work.** Every test gets an ``xdist_group`` named after its module,
+  so ``--dist loadgroup`` sends a whole module to one worker and a module-scoped fixture (a
+  pipeline, a throwaway server, a started job) is built once. Modules that share something
+  the stack owns under a fixed name (the Spark standalone cluster, the Redis and Kafka
+  clusters, the secure listeners) share one group, so they never start it at the same time.
+- **Longest first.** Units are handed out in collection order, so the modules known to be
+  slow are moved to the front (longest-processing-time-first keeps one long module from
+  starting last and running alone at the end).
+- **Exclusive tests run alone.** A test that stops or kills a server of the shared stack is
+  marked ``exclusive``; `make test` runs those in a second, serial phase after the parallel
+  one (``scripts/test``), because every other test would see the server go away.
+"""
+
+from __future__ import annotations
+
+# Modules that use a server of the stack that has one fixed name and port, by group.
+SHARED_GROUPS: dict[str, str] = {
+    "tests/e2e/test_scale_out.py": "clusters",
+    "tests/integration/test_sinks_cache_cluster.py": "clusters",
+    "tests/integration/security/": "secure",
+}
+
+# Seconds a module took in a full run on this kind of machine (2 cores, whole stack), the
+# slowest first; modules not listed count as fast. Only the order matters.
+SLOW_MODULES: dict[str, float] = {
+    "tests/integration/real_databases/test_followers_real.py": 700,
+    "tests/e2e/test_jobs_robustness.py": 420,
+    "tests/integration/real_databases/test_keys_and_truncate.py": 400,
+    "tests/integration/incremental/test_kills.py": 360,
+    "tests/integration/incremental/test_joined_and_signals.py": 300,
+    "tests/integration/incremental/test_on_demand.py": 300,
+    "tests/e2e/test_followers.py": 300,
+    "tests/e2e/test_scale_out.py": 280,
+    "tests/e2e/test_avro_input.py": 200,
+    "tests/integration/real_databases/test_reader_robustness.py": 180,
+    "tests/integration/debezium_parity/test_debezium_parity.py": 150,
+    "tests/e2e/test_demo.py": 150,
+    "tests/integration/security/": 150,
+    "tests/integration/real_databases/test_reader_robustness_failures.py": 120,
+}
+
+
+def _lookup(table: dict[str, object], path: str) -> object | None:
+    for prefix, value in table.items():
+        if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+            return value
+    return None
+
+
+def group_of(module_path: str) -> str:
+    """The xdist group a module's tests go to (its own path unless it shares a group)."""
+    shared = _lookup(SHARED_GROUPS, module_path)
+    return str(shared) if shared is not None else module_path
+
+
+def weight(module_path: str) -> float:
+    """How long a module is expected to take; 0 for the ones not listed."""
+    w = _lookup(SLOW_MODULES, module_path)
+    return float(w) if isinstance(w, int | float) else 0.0

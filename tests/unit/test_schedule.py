@@ -1,0 +1,53 @@
+"""The parallel schedule of `make test` (tests/schedule.py, scripts/test)."""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests import schedule
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _runner() -> ModuleType:  # scripts/test is a script without a .py suffix
+    loader = SourceFileLoader("scripts_test", str(ROOT / "scripts" / "test"))
+    spec = importlib.util.spec_from_loader("scripts_test", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_every_listed_module_exists() -> None:
+    """A renamed or deleted module must leave the tables too: a stale entry schedules nothing."""
+    for path in [*schedule.SHARED_GROUPS, *schedule.SLOW_MODULES]:
+        assert (ROOT / path).exists(), f"tests/schedule.py names {path}, which does not exist"
+
+
+def test_modules_share_a_group_only_where_listed() -> None:
+    assert schedule.group_of("tests/e2e/test_followers.py") == "tests/e2e/test_followers.py"
+    assert schedule.group_of("tests/e2e/test_scale_out.py") == schedule.group_of(
+        "tests/integration/test_sinks_cache_cluster.py"
+    )
+    assert schedule.group_of("tests/integration/security/test_sasl_ssl.py") == "secure"
+    assert schedule.weight("tests/unit/test_lsn.py") == 0.0
+    assert schedule.weight("tests/integration/security/test_sasl_ssl.py") > 0
+
+
+def test_the_runner_combines_a_users_marker_with_each_phase() -> None:
+    run = _runner()
+    assert run.split_marker(["-x", "-m", "e2e and not slow", "-k", "kill"]) == (
+        ["-x", "-k", "kill"],
+        "e2e and not slow",
+    )
+    assert run.split_marker(["-munit"]) == ([], "unit")
+    assert run.split_marker(["--maxfail=1"]) == (["--maxfail=1"], None)
+    assert run.both(None, "exclusive") == "exclusive"
+    assert run.both("e2e", "not exclusive") == "(e2e) and (not exclusive)"

@@ -21,7 +21,7 @@ RUN set -eu; \
     rm -rf /var/lib/apt/lists/*
 RUN set -eu; \
     apt-get update -q; \
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3 python3-venv; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3 python3-venv curl; \
     rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 # pip trusts the system's certificates (with the extra ones above), not only its own bundle.

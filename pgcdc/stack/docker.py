@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -279,6 +279,21 @@ def image_exists(name: str) -> bool:
     return docker("image", "inspect", name, check=False, timeout=60).returncode == 0
 
 
+# apt as the official Debian images configure it: no package caches or downloaded .debs left
+# in a layer, no translations fetched, indexes kept compressed.
+SLIM_APT = {
+    "docker-clean": (
+        'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+        '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+        '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+        'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\n'
+    ),
+    "docker-no-languages": 'Acquire::Languages "none";\n',
+    "docker-gzip-indexes": 'Acquire::GzipIndexes "true";\n',
+    "docker-autoremove-suggests": 'Apt::AutoRemove::SuggestsImportant "false";\n',
+}
+
 SLIM_DPKG = """\
 # As in Debian's official slim images: no documentation, man pages or translations.
 path-exclude /usr/share/doc/*
@@ -323,6 +338,8 @@ def _debootstrap_tar(paths: common.Paths, suite: str) -> Path:
             if p.name != "locale.alias":
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         (root / "etc/dpkg/dpkg.cfg.d/docker-slim").write_text(SLIM_DPKG)
+        for name, text in SLIM_APT.items():
+            (root / "etc/apt/apt.conf.d" / name).write_text(text)
         # Updates and security fixes, as the official image's sources have them.
         security = "http://deb.debian.org/debian-security"
         (root / "etc/apt/sources.list").write_text(
@@ -380,6 +397,40 @@ def stage_caches(paths: common.Paths) -> list[str]:
             shutil.copytree(lib, dest / "lib")
             stamp.write_text(want + "\n")
         staged.append(f"Kafka {KAFKA_VERSION} jars from {lib}")
+    staged += _stage_wheels()
+    return staged
+
+
+# Pinned dependencies that PyPI has only as source (pip builds their wheel at every install):
+# the pipeline image's build takes the wheel the host's pip already built and cached.
+SOURCE_ONLY = ("pyspark",)
+
+
+def _stage_wheels() -> list[str]:
+    """Wheels of :data:`SOURCE_ONLY` at constraints.txt's pins, from the project's virtualenv's
+    pip (its cache: seconds; else it builds them, as the image build would)."""
+    pip = common.REPO / ".venv" / "bin" / "pip"
+    if not pip.exists():
+        return []
+    pins = dict(
+        line.split("==", 1)
+        for line in (common.REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    wheels = common.REPO / "docker" / "wheels"
+    staged = []
+    for name in SOURCE_ONLY:
+        if name not in pins:
+            continue
+        version = pins[name].strip()
+        if not list(wheels.glob(f"{name}-{version}-*.whl")):
+            for old in wheels.glob(f"{name}-*.whl"):
+                old.unlink()
+            common.run(
+                [pip, "wheel", "-q", "--no-deps", "-w", wheels, f"{name}=={version}"],
+                timeout=1800,
+            )
+        staged.append(f"{name} {version} wheel from the host's pip")
     return staged
 
 
@@ -457,11 +508,12 @@ def prepare(paths: common.Paths, *, images: bool = True) -> dict[str, float]:
     step took (for the logs of CI, where every one runs)."""
     took: dict[str, float] = {}
     with _prepare_lock(paths):
-        for step, action in (
-            ("engine", lambda: start_engine(paths)),
+        steps: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("engine", lambda: "started" if start_engine(paths) else "answers"),
             ("compose", lambda: ensure_compose(paths)),
             ("base image", lambda: ensure_base_image(paths)),
-        ):
+        )
+        for step, action in steps:
             t0 = time.monotonic()
             result = action()
             took[step] = time.monotonic() - t0

@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     images.add_argument(
         "--rebuild", action="store_true", help="build every image (cached steps stay)"
     )
+    images.add_argument(
+        "--background",
+        action="store_true",
+        help="run detached at the lowest CPU priority (make test: overlaps the suite)",
+    )
     up = sub.add_parser("up", help="prepare, build what is missing, docker compose up -d --wait")
     up.add_argument("--build", action="store_true", help="rebuild the images first (cache kept)")
     sub.add_parser("down", help="docker compose down -v: containers, network and volumes")

@@ -4,8 +4,9 @@
 # (tests/unit/test_docker_versions.py holds the defaults below to them).
 ARG DEBIAN_SUITE=bookworm
 
-# The virtualenv: dependencies first (a layer that changes only with constraints.txt or
-# pyproject.toml's dependencies), then the project, installed in place at /app.
+# The virtualenv of the dependencies (a layer that changes only with constraints.txt or
+# pyproject.toml's dependencies) and the Spark connector jars; the code is copied last, so
+# a change to it rebuilds only small layers.
 FROM debian:${DEBIAN_SUITE}-slim AS venv
 ARG EXTRA_CA_CERTS=
 # The builder's extra CA certificates (a TLS-intercepting proxy): one file each, trusted
@@ -34,18 +35,14 @@ RUN set -eu; \
     python3 -m venv .venv; \
     .venv/bin/pip install -q --find-links /tmp/wheels -U pip setuptools wheel; \
     python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/requirements.txt; \
-    .venv/bin/pip install -q --find-links /tmp/wheels -c constraints.txt -r /tmp/requirements.txt
-COPY README.md ./
-COPY pgcdc pgcdc
-COPY cdc cdc
-COPY schemas schemas
-COPY sinks sinks
-COPY spark_jobs spark_jobs
-COPY benchmarks benchmarks
-COPY demo demo
-COPY scripts scripts
-RUN .venv/bin/pip install -q --no-deps -e . \
- && CACHE_DIR=/app/.cache .venv/bin/python scripts/stack jars >/dev/null
+    .venv/bin/pip install -q --find-links /tmp/wheels -c constraints.txt -r /tmp/requirements.txt; \
+    echo /app > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/pgcdc-source.pth"; \
+    printf '#!/app/.venv/bin/python\nimport sys\nfrom cdc.cli import main\nsys.exit(main())\n' > .venv/bin/cdc; \
+    chmod 755 .venv/bin/cdc
+# The project's packages come from /app (the .pth above) and `cdc` is its console script.
+COPY pgcdc/__init__.py pgcdc/
+COPY pgcdc/stack pgcdc/stack
+RUN CACHE_DIR=/app/.cache .venv/bin/python -c 'from pgcdc.stack import common, sparkjars; sparkjars.ensure(common.paths())'
 
 FROM debian:${DEBIAN_SUITE}-slim
 ARG EXTRA_CA_CERTS=
@@ -72,8 +69,18 @@ RUN set -eu; \
     rm -rf /var/lib/apt/lists/*; \
     useradd --uid 10001 --create-home --home-dir /home/cdc --shell /bin/bash cdc; \
     mkdir -p /var/lib/pgcdc/checkpoints; chown -R cdc:cdc /var/lib/pgcdc
-COPY --from=venv --chown=cdc:cdc /app /app
+COPY --from=venv /app/.venv /app/.venv
+COPY --from=venv --chown=cdc:cdc /app/.cache /app/.cache
 WORKDIR /app
+COPY pyproject.toml constraints.txt README.md ./
+COPY pgcdc pgcdc
+COPY cdc cdc
+COPY schemas schemas
+COPY sinks sinks
+COPY spark_jobs spark_jobs
+COPY benchmarks benchmarks
+COPY demo demo
+COPY scripts scripts
 ENV PATH=/app/.venv/bin:$PATH \
     CACHE_DIR=/app/.cache \
     CDC_SPARK__CHECKPOINT_DIR=/var/lib/pgcdc/checkpoints \

@@ -119,6 +119,23 @@ def _lsns(dsn: str, slot: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+def _kafka_records(names: DemoNames) -> int:
+    """Records in the pipeline's table topics (end offsets summed), to show where rows are."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": names.kafka_bootstrap, "group.id": "demo-compose-peek"})
+    try:
+        md = c.list_topics(timeout=10)
+        total = 0
+        for name, topic in md.topics.items():
+            if name.startswith(f"{names.topic_prefix}.public."):
+                for p in topic.partitions:
+                    total += c.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+        return total
+    finally:
+        c.close()
+
+
 def wait_converged(names: DemoNames, timeout_s: float, say: Say) -> list[TableCheck]:
     """Compare every table until Redis and OpenSearch hold exactly PostgreSQL's rows."""
     deadline = time.monotonic() + timeout_s
@@ -129,7 +146,10 @@ def wait_converged(names: DemoNames, timeout_s: float, say: Say) -> list[TableCh
         if time.monotonic() > deadline:
             return checks
         behind = [f"{c.table} {c.leader}/{c.redis}/{c.search}" for c in checks if not c.ok]
-        say(f"  not yet equal (rows PostgreSQL/Redis/OpenSearch): {', '.join(behind)}")
+        say(
+            f"  not yet equal (rows PostgreSQL/Redis/OpenSearch): {', '.join(behind)}; "
+            f"Kafka holds {_kafka_records(names):,} records"
+        )
         time.sleep(3)
 
 

@@ -479,6 +479,7 @@ def build_images(services: Iterable[str] = ()) -> dict[str, float]:
         common.say(f"building {IMAGES[name]}")
         compose("build", compose_service[name], timeout=3600, stream=True)
         took[name] = time.monotonic() - t0
+        common.say(f"built {IMAGES[name]} in {took[name]:.0f}s")
     return took
 
 

@@ -167,7 +167,10 @@ def start_servers(stack: ExitStack) -> dict[str, str]:
     }
     containers = {}
     for name, (port, env, command) in specs.items():
-        c = DockerContainer(IMAGES[name]).with_bind_ports(port, (bind, ports[name]))
+        c = DockerContainer(IMAGES[name]).with_bind_ports(port, ports[name])
+        # Published on one address only: its `ports` reach docker-py's as they are, and an
+        # (address, port) pair there binds that address (with_bind_ports takes a port alone).
+        c.ports[str(port)] = (bind, ports[name])
         for k, v in env.items():
             c = c.with_env(k, v)
         if command:

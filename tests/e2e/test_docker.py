@@ -36,7 +36,9 @@ from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow]
+# The first test may wait for the images' preparation (from scratch: installing the engine,
+# debootstrap and five builds, over 15 minutes on a busy 2-core machine).
+pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 FIGURES: dict[str, Any] = {}
 

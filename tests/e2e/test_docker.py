@@ -41,6 +41,7 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 FIGURES: dict[str, Any] = {}
+SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "search-sync", "cache-sync")
 
 
 def _why_not() -> str | None:
@@ -114,10 +115,14 @@ def stack(prepared: dict[str, float]) -> Iterator[ComposeStack]:
         s.compose("up", "-d", "--wait", timeout=900)
         FIGURES["compose up -d --wait (to healthy)"] = round(time.monotonic() - t0, 1)
         yield s
-    except BaseException:
-        print(s.compose("logs", "--tail", "40", check=False, timeout=120))
-        raise
     finally:
+        # Every service's log and restart count, kept for a failure's post-mortem (CI too).
+        log = common.paths().stack / "docker" / f"{s.project}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(s.compose("logs", "--no-color", "--timestamps", check=False, timeout=300))
+        if s.compose("ps", "-q", check=False).strip():
+            FIGURES["restarts"] = {svc: s.restarts(svc) for svc in SERVICES}
+        FIGURES["compose logs"] = str(log)
         s.compose("down", "-v", "--remove-orphans", check=False, timeout=600)
         print("figures:", json.dumps(FIGURES, indent=2))
 
@@ -151,7 +156,9 @@ def test_followers_converge_after_the_reader_is_killed_mid_stream(stack: Compose
         workload_seconds=workload_s,
         tx_per_s=25,
         kill_reader_after=kill_after_s,
-        converge_timeout_s=420,
+        # A deadline, not a target: on a 2-core machine busy with other work the sample took
+        # over 7 minutes to reach OpenSearch once (4 on a quieter one).
+        converge_timeout_s=1200,
         say=lambda line: print(line, flush=True),
     )
     assert out.ok, "\n".join(f"{c.table}: {c.redis_diff or c.search_diff}" for c in out.checks)

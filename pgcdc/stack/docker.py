@@ -243,7 +243,19 @@ def _compose_from_source(folder: Path) -> Path:
             p.chmod(p.stat().st_mode | 0o200)
         binary.parent.mkdir(parents=True, exist_ok=True)
         common.run(
-            ["go", "build", "-p", "1", "-trimpath", "-o", binary, "./cmd"],
+            [
+                "go",
+                "build",
+                "-p",
+                "1",
+                "-trimpath",
+                "-o",
+                binary,
+                # What `docker compose version` prints (compose's own Makefile sets it so).
+                "-ldflags",
+                f"-X {COMPOSE_MODULE}/internal.Version={COMPOSE_MODULE_VERSION}",
+                "./cmd",
+            ],
             env=env,
             cwd=work,
             timeout=3600,

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= --durations=15
 
-.PHONY: install stack demo test unit lint bench bench-rebuild clean-stack
+.PHONY: install stack demo test unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
 
 install: $(VENV)/.installed
 
@@ -26,13 +26,21 @@ demo: stack
 
 # scripts/test runs the suite in two phases: the tests that restart a shared server alone, then
 # the rest on CDC_TEST_WORKERS parallel workers (default 2; tests/schedule.py says how).
-# With a Docker engine that answers, the tests start their servers with testcontainers (the
-# images of docker-compose.yml) and the native stack stays down; CDC_TEST_NATIVE=1 forces it.
+# The servers: the native stack, or with CDC_TEST_DOCKER=1 containers (testcontainers) from
+# the project's images (built if missing, never pulled); CDC_TEST_NATIVE=1 forces the native
+# stack. The Docker tests (marker docker: the compose stack end to end, and the followers'
+# e2e tests on testcontainers) run last; their images are prepared in the background from
+# the start, at the lowest CPU priority (not with CDC_TEST_NATIVE=1: then those tests prepare
+# them when they start; CDC_TEST_DOCKER=0: neither, they skip).
 test: install
-	@if [ "$${CDC_TEST_NATIVE:-}" != 1 ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
-		echo "Docker answers: the tests use testcontainers, not the native stack"; \
+	@if [ "$${CDC_TEST_NATIVE:-}" != 1 ] && [ "$${CDC_TEST_DOCKER:-}" = 1 ]; then \
+		echo "CDC_TEST_DOCKER=1: the tests use testcontainers (the project's images), not the native stack"; \
+		scripts/docker images; \
 	else \
 		scripts/stack up; \
+		if [ "$${CDC_TEST_NATIVE:-}" != 1 ] && [ "$${CDC_TEST_DOCKER:-}" != 0 ]; then \
+			scripts/docker images --background; \
+		fi; \
 	fi
 	$(PY) scripts/test $(PYTEST_ARGS)
 
@@ -54,3 +62,23 @@ bench-rebuild: stack
 
 clean-stack:
 	scripts/stack down
+
+# The compose stack (docker-compose.yml) on the native stack's host ports: prepares what is
+# missing (the Docker engine, Compose v2, the Debian base image, the images), then
+# `docker compose up -d --wait`. Stop the native stack first (make clean-stack).
+docker-up:
+	scripts/docker up
+
+# `docker compose down -v`: the containers, the network and the volumes.
+docker-down:
+	scripts/docker down
+
+docker-images:
+	scripts/docker images
+
+# The demo on the compose stack, from an empty one (its volumes are removed first): load the
+# sample, live changes with the reader killed mid-stream, the followers compared row by row.
+demo-docker: install
+	scripts/docker down
+	scripts/docker up
+	$(VENV)/bin/python -P -m demo.compose

@@ -20,31 +20,14 @@ import sys
 import time
 
 from rich.console import Console
-from rich.table import Table
 
 from demo.resources import DemoNames
 from demo.run import Demo, DemoFailed
 from demo.screen import Screen
-from demo.verify import TableCheck
+from demo.verify import TableCheck, verification_table
 from pgcdc.core import ports
 from pgcdc.core.contract import JOBS
 from pgcdc.core.settings import load_settings
-
-
-def verification_table(checks: list[TableCheck]) -> Table:
-    t = Table(title="verification: rows per table, contents compared")
-    for col in ("table", "PostgreSQL", "Redis", "OpenSearch", "contents"):
-        t.add_column(col, justify="left" if col in ("table", "contents") else "right")
-    for c in checks:
-        t.add_row(
-            c.table,
-            f"{c.leader:,}",
-            f"{c.redis:,}",
-            f"{c.search:,}",
-            "[green]equal[/]" if c.ok else "[red]DIFFERENT[/]",
-        )
-    return t
-
 
 NEXT_STEPS = f"""\
 Where to look next (the demo's data stays until the next `make demo`):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from rich.table import Table
 
 from demo.compare import cache_state, canonical, column_types, diff, search_state
 from demo.resources import DemoNames
@@ -55,3 +56,18 @@ def check_table(names: DemoNames, table: str) -> TableCheck:
 def check_all(names: DemoNames) -> list[TableCheck]:
     """One :class:`TableCheck` per sample table."""
     return [check_table(names, t) for t in TABLES]
+
+
+def verification_table(checks: list[TableCheck]) -> Table:
+    t = Table(title="verification: rows per table, contents compared")
+    for col in ("table", "PostgreSQL", "Redis", "OpenSearch", "contents"):
+        t.add_column(col, justify="left" if col in ("table", "contents") else "right")
+    for c in checks:
+        t.add_row(
+            c.table,
+            f"{c.leader:,}",
+            f"{c.redis:,}",
+            f"{c.search:,}",
+            "[green]equal[/]" if c.ok else "[red]DIFFERENT[/]",
+        )
+    return t

@@ -1,7 +1,8 @@
 """Test harness: real servers for every test that needs one.
 
-Servers come from testcontainers when a Docker engine answers, and from the native stack
-(`scripts/stack`) otherwise; the native stack is started if it is not running. Every test gets
+Servers come from the native stack (`scripts/stack`, started if it is not running), or with
+``CDC_TEST_DOCKER=1`` from testcontainers running the project's images (see
+``use_containers`` and ``tests/containers.py``). Every test gets
 its own resources (database, topic prefix, index prefix, key prefix), so tests cannot interfere
 with each other or with a developer's data.
 """
@@ -9,7 +10,6 @@ with each other or with a developer's data.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -68,7 +68,8 @@ def unique(prefix: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests by module for parallel workers and put the slow modules first
+    """Group tests by module for parallel workers, the slow modules first and the Docker
+    tests last, since their images are prepared in the background meanwhile
     (``tests/schedule.py`` says why)."""
     from tests import schedule
 
@@ -78,21 +79,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         item.add_marker(pytest.mark.xdist_group(schedule.group_of(module_of(item))))
     weights = {id(item): schedule.weight(module_of(item)) for item in items}
-    items.sort(key=lambda item: -weights[id(item)])  # stable: the rest keep their order
+    items.sort(  # stable: the rest keep their order
+        key=lambda item: (item.get_closest_marker("docker") is not None, -weights[id(item)])
+    )
 
 
-def _docker_answers() -> bool:
-    if os.environ.get("CDC_TEST_NATIVE") == "1" or shutil.which("docker") is None:
-        return False
-    try:
-        return (
-            subprocess.run(
-                ["docker", "info"], capture_output=True, timeout=10, check=False
-            ).returncode
-            == 0
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def use_containers() -> bool:
+    """The rule that picks the servers (the README's "Tests" section says it too): the
+    native stack (``scripts/stack``, started if it is down) unless ``CDC_TEST_DOCKER=1``,
+    which runs them as containers with testcontainers, from the project's images (built if
+    missing, never pulled: a Docker engine that cannot reach a registry works).
+    ``CDC_TEST_NATIVE=1`` forces the native stack (it wins over ``CDC_TEST_DOCKER``)."""
+    return os.environ.get("CDC_TEST_NATIVE") != "1" and os.environ.get("CDC_TEST_DOCKER") == "1"
 
 
 def _native_stack() -> Endpoints:
@@ -117,92 +115,29 @@ def _native_stack() -> Endpoints:
     )
 
 
-# The servers' images, exactly docker-compose.yml's (tests/unit/test_cli_compose_images.py).
-IMAGES = {
-    "postgres": "postgres:15",
-    "kafka": "apache/kafka:4.1.2",
-    "redis": "redis:7",
-    "opensearch": "opensearchproject/opensearch:2.19.6",
-}
-KAFKA_LISTENER_PORT = 9092  # inside the container; published on a free host port
-
-
-def _kafka_container(host_port: int) -> Any:
-    """apache/kafka in KRaft mode as docker-compose.yml runs it, advertised at the host port.
-
-    testcontainers' KafkaContainer drives Confluent's images only; this image is configured
-    by its KAFKA_* environment, so the broker is a generic container with compose's settings.
-    """
-    from testcontainers.core.container import DockerContainer
-
-    env = {
-        "KAFKA_NODE_ID": "1",
-        "KAFKA_PROCESS_ROLES": "broker,controller",
-        "KAFKA_LISTENERS": f"HOST://:{KAFKA_LISTENER_PORT},INTERNAL://:9094,CONTROLLER://:9093",
-        "KAFKA_ADVERTISED_LISTENERS": f"HOST://127.0.0.1:{host_port},INTERNAL://localhost:9094",
-        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "HOST:PLAINTEXT,INTERNAL:PLAINTEXT,"
-        "CONTROLLER:PLAINTEXT",
-        "KAFKA_INTER_BROKER_LISTENER_NAME": "INTERNAL",
-        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
-        "KAFKA_NUM_PARTITIONS": "1",
-        "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
-        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "1",
-        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "1",
-        "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-        "KAFKA_LOG_CLEANER_ENABLE": "true",
-        "KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE": "8388608",
-        "KAFKA_LOG_CLEANER_BACKOFF_MS": "1000",
-        "KAFKA_HEAP_OPTS": "-Xms128m -Xmx512m",
-    }
-    container = DockerContainer(IMAGES["kafka"]).with_bind_ports(KAFKA_LISTENER_PORT, host_port)
-    for name, value in env.items():
-        container = container.with_env(name, value)
-    return container
-
-
 def _containers(stack: ExitStack) -> Endpoints:
-    import socket
+    from tests.containers import start_servers
 
-    from testcontainers.core.waiting_utils import wait_for_logs
-    from testcontainers.opensearch import OpenSearchContainer
-    from testcontainers.postgres import PostgresContainer
-    from testcontainers.redis import RedisContainer
-
-    pg = PostgresContainer(IMAGES["postgres"], username="cdc", password="cdc", dbname="cdc")
-    pg.with_command(
-        "postgres -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"
-    )
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        kafka_port = int(s.getsockname()[1])
-    kafka = _kafka_container(kafka_port)
-    redis = RedisContainer(IMAGES["redis"])
-    search = OpenSearchContainer(IMAGES["opensearch"], security_enabled=False)
-    for c in (pg, kafka, redis, search):
-        stack.enter_context(c)
-    wait_for_logs(kafka, "Kafka Server started", timeout=180)
-    pg_url = pg.get_connection_url(driver=None)
-    return Endpoints(
-        postgres_dsn=pg_url,
-        kafka_bootstrap=f"127.0.0.1:{kafka_port}",
-        redis_url=f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0",
-        search_url=(f"http://{search.get_container_host_ip()}:{search.get_exposed_port(9200)}"),
-        via="testcontainers",
-    )
+    return Endpoints(**start_servers(stack), via="testcontainers")
 
 
 @pytest.fixture(scope="session")
 def endpoints() -> Iterator[Endpoints]:
     """The real servers for this test session."""
-    if _docker_answers():
+    if use_containers():
         with ExitStack() as stack:
             yield _containers(stack)
     else:
         yield _native_stack()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Where this session's servers come from (the Docker tests check it in a sub-session)."""
+    if use_containers():
+        from tests.containers import IMAGES
+
+        return f"servers: testcontainers ({', '.join(IMAGES.values())})"
+    return "servers: the native stack (scripts/stack)"
 
 
 # --- per-test isolated resources -------------------------------------------------------------

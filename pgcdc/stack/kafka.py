@@ -12,11 +12,8 @@ from typing import ClassVar
 from pgcdc.core.ports import HOST, KAFKA_CONTROLLER_PORT
 from pgcdc.stack import common
 from pgcdc.stack.service import Service
+from pgcdc.stack.versions import KAFKA_VERSION, LOG4J_VERSION
 
-# 4.1 is the 4.x line this project was specified against; .2 is its newest patch release.
-KAFKA_VERSION = "4.1.2"
-# Kafka 4.1's own distribution logs through slf4j 1.7 -> log4j2 2.24; same versions here.
-LOG4J_VERSION = "2.24.3"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 HEAP = ["-Xms128m", "-Xmx512m"]
 

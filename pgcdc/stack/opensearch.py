@@ -17,9 +17,9 @@ from typing import ClassVar
 from pgcdc.core.ports import HOST, OPENSEARCH_TRANSPORT_PORT
 from pgcdc.stack import common
 from pgcdc.stack.service import Service
+from pgcdc.stack.versions import OPENSEARCH_VERSION
 
-# 3.x needs JDK 21 and bookworm ships 17; 2.19.6 is the newest 2.19 patch on Maven Central.
-VERSION = "2.19.6"
+VERSION = OPENSEARCH_VERSION
 URL = (
     "https://repo1.maven.org/maven2/org/opensearch/distribution/integ-test-zip/opensearch/"
     f"{VERSION}/opensearch-{VERSION}.zip"

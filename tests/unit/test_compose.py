@@ -1,25 +1,26 @@
-"""docker-compose.yml publishes the same services, host ports and versions as scripts/stack."""
+"""docker-compose.yml publishes the same services, host ports and settings as scripts/stack."""
 
 from __future__ import annotations
 
-import importlib
+import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from pgcdc.core import ports
+from pgcdc.stack import versions
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
+VARIABLE = re.compile(r"\$\{(\w+):-([^}]*)\}")
 
 
-def _stacklib(module: str) -> ModuleType:
-    """The stack's ``<module>``: ports live in the kernel, the rest in ``pgcdc.stack``."""
-    return importlib.import_module(
-        "pgcdc.core.ports" if module == "ports" else f"pgcdc.stack.{module}"
-    )
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ``${NAME:-default}`` with ``env`` (default: no variable set)."""
+    return VARIABLE.sub(lambda m: (env or {}).get(m.group(1)) or m.group(2), value)
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +31,13 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-def _published(service: dict[str, Any]) -> dict[int, tuple[str, int]]:
-    """Host port -> (host ip, container port) for the short "ip:host:container" syntax."""
+def published(
+    service: dict[str, Any], env: dict[str, str] | None = None
+) -> dict[int, tuple[str, int]]:
+    """Host port -> (host ip, container port), "ip:host:container" after interpolation."""
     out: dict[int, tuple[str, int]] = {}
     for spec in service.get("ports", []):
-        parts = str(spec).split(":")
+        parts = interpolate(str(spec), env).split(":")
         assert len(parts) == 3, f"publish {spec!r} as ip:host:container so it stays on 127.0.0.1"
         ip, host, container = parts
         out[int(host)] = (ip, int(container))
@@ -42,21 +45,29 @@ def _published(service: dict[str, Any]) -> dict[int, tuple[str, int]]:
 
 
 def test_every_native_service_is_in_compose(compose: dict[str, Any]) -> None:
-    ports = _stacklib("ports")
     assert set(ports.SERVICES) <= set(compose["services"])
     assert set(ports.PORTS) == set(ports.SERVICES)
 
 
 @pytest.mark.parametrize("name", ["postgres", "redis", "kafka", "opensearch"])
-def test_host_port_matches_native_stack(compose: dict[str, Any], name: str) -> None:
-    ports = _stacklib("ports")
-    published = _published(compose["services"][name])
-    assert ports.PORTS[name] in published, f"{name} must publish host port {ports.PORTS[name]}"
-    assert published[ports.PORTS[name]][0] == ports.HOST
+def test_host_port_defaults_are_the_native_stack_and_a_variable_moves_them(
+    compose: dict[str, Any], name: str
+) -> None:
+    service = compose["services"][name]
+    assert published(service)[ports.PORTS[name]][0] == ports.HOST
+    moved = published(service, {f"PGCDC_{name.upper()}_PORT": "40001"})
+    assert 40001 in moved and ports.PORTS[name] not in moved
+    assert all(ip == ports.HOST for ip, _ in published(service).values())
+
+
+def test_kafka_controller_port_too(compose: dict[str, Any]) -> None:
+    kafka = compose["services"]["kafka"]
+    assert ports.KAFKA_CONTROLLER_PORT in published(kafka)
+    assert 40002 in published(kafka, {"PGCDC_KAFKA_CONTROLLER_PORT": "40002"})
 
 
 def test_env_urls_use_the_published_ports(compose: dict[str, Any]) -> None:
-    env = _stacklib("ports").env_vars()
+    env = ports.env_vars()
     hosts = {
         "CDC_POSTGRES__DSN": "postgres",
         "CDC_KAFKA__BOOTSTRAP_SERVERS": "kafka",
@@ -64,14 +75,22 @@ def test_env_urls_use_the_published_ports(compose: dict[str, Any]) -> None:
         "CDC_SEARCH__URL": "opensearch",
     }
     for var, service in hosts.items():
-        port = next(iter(_published(compose["services"][service])))
-        assert f"127.0.0.1:{port}" in env[var], (var, env[var])
+        assert f"127.0.0.1:{ports.PORTS[service]}" in env[var], (var, env[var])
+        assert ports.PORTS[service] in published(compose["services"][service])
 
 
-def test_kafka_advertises_the_host_listener(compose: dict[str, Any]) -> None:
+def test_kafka_advertises_the_published_host_port(compose: dict[str, Any]) -> None:
     env = compose["services"]["kafka"]["environment"]
-    bootstrap = _stacklib("ports").env_vars()["CDC_KAFKA__BOOTSTRAP_SERVERS"]
-    assert f"//{bootstrap}" in env["KAFKA_ADVERTISED_LISTENERS"]
+    bootstrap = ports.env_vars()["CDC_KAFKA__BOOTSTRAP_SERVERS"]
+    assert f"//{bootstrap}" in interpolate(env["KAFKA_ADVERTISED_LISTENERS"])
+    moved = {"PGCDC_KAFKA_PORT": "40003"}
+    assert "//127.0.0.1:40003" in interpolate(env["KAFKA_ADVERTISED_LISTENERS"], moved)
+    # The advertised host listener is the one the published port reaches in the container.
+    host_listener = re.search(r"HOST://:(\d+)", env["KAFKA_LISTENERS"])
+    assert host_listener is not None
+    assert published(compose["services"]["kafka"])[ports.PORTS["kafka"]][1] == int(
+        host_listener.group(1)
+    )
     assert str(env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"]) == "false"
 
 
@@ -79,8 +98,7 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
     svc = compose["services"]["postgres"]
     command = " ".join(svc["command"])
     assert "wal_level=logical" in command
-    assert "max_replication_slots=10" in command and "max_wal_senders=10" in command
-    assert svc["image"] == "postgres:15"
+    assert "max_replication_slots=20" in command and "max_wal_senders=20" in command
     assert svc["environment"] == {
         "POSTGRES_USER": "cdc",
         "POSTGRES_PASSWORD": "cdc",
@@ -88,23 +106,42 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
     }
 
 
-def test_images_match_native_versions(compose: dict[str, Any]) -> None:
-    services = compose["services"]
-    assert services["kafka"]["image"] == f"apache/kafka:{_stacklib('kafka').KAFKA_VERSION}"
-    assert services["opensearch"]["image"] == (
-        f"opensearchproject/opensearch:{_stacklib('opensearch').VERSION}"
-    )
-    assert services["opensearch"]["environment"]["DISABLE_SECURITY_PLUGIN"] == "true"
-
-
 def test_pipeline_services_run_the_reader_and_both_jobs(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert services["reader"]["command"] == ["cdc", "run"]
-    assert services["search-sync"]["command"][-1] == "spark_jobs/search_sync.py"
-    assert services["cache-sync"]["command"][-1] == "spark_jobs/cache_sync.py"
+    assert services["reader"]["command"][:2] == ["cdc", "run"]
+    assert "spark_jobs/search_sync.py" in services["search-sync"]["command"]
+    assert "spark_jobs/cache_sync.py" in services["cache-sync"]["command"]
     for name in ("reader", "search-sync", "cache-sync"):
-        env = services[name]["environment"]
+        svc = services[name]
+        assert svc["image"] == versions.IMAGES["pipeline"]
+        env = svc["environment"]
         # Inside the compose network the services are reached by name, not host ports.
         assert env["CDC_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
         assert "@postgres:5432/" in env["CDC_POSTGRES__DSN"]
-        assert "kafka" in services[name]["depends_on"]
+        assert "kafka" in svc["depends_on"]
+        # Each answers its healthcheck on the port its command serves /readyz on.
+        port = svc["command"][svc["command"].index("--health-port") + 1]
+        assert f"127.0.0.1:{port}/readyz" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_state_in_named_volumes_limits_and_restart_policies(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    mounts = {
+        name: [v.split(":")[0] for v in svc.get("volumes", [])] for name, svc in services.items()
+    }
+    assert mounts["postgres"] == ["postgres-data"] and mounts["kafka"] == ["kafka-data"]
+    assert mounts["opensearch"] == ["opensearch-data"]
+    assert mounts["search-sync"] == mounts["cache-sync"] == ["checkpoints"]
+    assert set(compose["volumes"]) == {
+        "postgres-data",
+        "kafka-data",
+        "opensearch-data",
+        "checkpoints",
+    }
+    for name, svc in services.items():
+        assert svc["restart"] == "unless-stopped", name
+        assert "healthcheck" in svc, name
+    # For 2 cores and 24 GiB: every service limited, all together well under the memory.
+    units = {"m": 2**20, "g": 2**30}
+    limits = {n: int(s["mem_limit"][:-1]) * units[s["mem_limit"][-1]] for n, s in services.items()}
+    assert sum(limits.values()) <= 10 * 2**30, limits

@@ -1,0 +1,45 @@
+#!/bin/sh
+# Initialise an empty data folder the way the official image does (POSTGRES_USER, a password
+# for TCP, POSTGRES_DB), then run the server with logical decoding on. Runs as postgres.
+set -eu
+: "${POSTGRES_USER:=postgres}"
+: "${POSTGRES_DB:=$POSTGRES_USER}"
+if [ "${1:-postgres}" != postgres ]; then
+  case "$1" in -*) set -- postgres "$@" ;; *) exec "$@" ;; esac
+fi
+[ $# -gt 0 ] && shift
+
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  if [ -z "${POSTGRES_PASSWORD:-}" ]; then
+    echo "pgcdc-postgres: set POSTGRES_PASSWORD (clients connect over TCP with a password)" >&2
+    exit 1
+  fi
+  pwfile=$(mktemp)
+  printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile"
+  initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile="$pwfile" -E UTF8 --locale=C.UTF-8 \
+    --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  rm -f "$pwfile"
+  {
+    echo "host all         all all scram-sha-256"
+    echo "host replication all all scram-sha-256"
+  } >> "$PGDATA/pg_hba.conf"
+  if [ "$POSTGRES_DB" != postgres ]; then
+    pg_ctl -D "$PGDATA" -w -o "-c listen_addresses='' -c unix_socket_directories=/var/run/postgresql" start >/dev/null
+    # From stdin: psql interpolates :"db" (quoted as an identifier) there, not in -c.
+    echo 'CREATE DATABASE :"db"' | psql -h /var/run/postgresql -U "$POSTGRES_USER" -d postgres \
+      -v ON_ERROR_STOP=1 -q -v db="$POSTGRES_DB"
+    pg_ctl -D "$PGDATA" -w -m fast stop >/dev/null
+  fi
+  echo "pgcdc-postgres: initialised $PGDATA (superuser $POSTGRES_USER, database $POSTGRES_DB)"
+fi
+
+# The pipeline's needs first; `-c` arguments given to the container come after and win.
+exec postgres -D "$PGDATA" \
+  -c listen_addresses='*' \
+  -c unix_socket_directories=/var/run/postgresql \
+  -c wal_level=logical \
+  -c max_replication_slots=20 \
+  -c max_wal_senders=20 \
+  -c max_connections=150 \
+  -c shared_buffers=64MB \
+  "$@"

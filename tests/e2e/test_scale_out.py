@@ -15,6 +15,7 @@ a temporary STACK_DIR, and are stopped when the module ends. PostgreSQL is the s
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import signal
@@ -67,17 +68,18 @@ class Clusters:
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     paths = common.Paths(stack=tmp_path_factory.mktemp("clusters"), cache=common.paths().cache)
     c = Clusters(KafkaClusterService(paths), RedisClusterService(paths), SparkCluster(paths))
-    try:
+    # Each cluster is stopped even when stopping another one failed: a node left running
+    # keeps its fixed port from the next module that starts that cluster.
+    with contextlib.ExitStack() as stops:
+        stops.callback(c.kafka.stop)
+        stops.callback(c.redis.stop)
+        stops.callback(c.spark.stop)
         c.kafka.start()  # the brokers boot while the other clusters start
         c.redis.start()
         c.spark.start()
         c.kafka.wait_ready()
         c.redis.wait_ready()
         yield c
-    finally:
-        c.spark.stop()
-        c.redis.stop()
-        c.kafka.stop()
 
 
 @dataclass(frozen=True)

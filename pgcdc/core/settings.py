@@ -166,6 +166,17 @@ class PostgresSettings(BaseModel):
     # Debezium's signal.data.collection: a "schema.table" with columns id, type, data whose
     # inserted rows are signals (execute-snapshot, stop-snapshot); added to the publication.
     signal_data_collection: str | None = None
+    # The key that signs signals sent through the WAL (`cdc snapshot`) and the Kafka signal
+    # topic (HMAC-SHA256; the reader refuses unsigned ones, see docs/incremental-snapshots.md).
+    # Unset: derived from the password in postgres.dsn, so the reader and `cdc snapshot` with
+    # the same settings agree; without a password there, WAL and Kafka signals are refused.
+    signal_secret: SecretStr | None = None
+    # Roles besides the signal table's owner, the reader's role and superusers that may
+    # insert into the signal table; the reader refuses to watch a table anyone else can write.
+    signal_trusted_roles: Annotated[tuple[str, ...], NoDecode] = ()
+    # Functions (schema.name) a signal's filter may call besides pg_catalog's immutable and
+    # stable ones; e.g. "public.tenant_of". Operators resolve in pg_catalog only.
+    signal_filter_functions: Annotated[tuple[str, ...], NoDecode] = ()
     # An UPDATE that leaves a TOASTed column alone does not carry its value (pgoutput sends
     # "unchanged TOAST"). True: the reader reads the value by key, so every event holds the
     # whole row and a compacted topic alone rebuilds a follower. False: Debezium's behaviour,
@@ -212,6 +223,21 @@ class PostgresSettings(BaseModel):
         for t in v:
             if t.count(".") != 1 or not all(t.split(".")):
                 raise ValueError(f"table {t!r} must be written as schema.table")
+        return v
+
+    @field_validator("signal_trusted_roles", "signal_filter_functions", mode="before")
+    @classmethod
+    def _split_names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return v
+
+    @field_validator("signal_filter_functions")
+    @classmethod
+    def _qualified_functions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for f in v:
+            if f.count(".") != 1 or not all(f.split(".")):
+                raise ValueError(f"signal_filter_functions entry {f!r} must be schema.function")
         return v
 
     @field_validator("signal_data_collection")

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from cdc.kafka_clients import read_topic
 from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER
@@ -144,10 +145,12 @@ class LiveKeys:
         self.close()
 
 
-def record_version(headers: Sequence[tuple[str, bytes | None]] | None) -> Version | None:
-    """A record's (commit LSN, order) from its headers, None without them."""
+def record_version(headers: Any) -> Version | None:
+    """A record's (commit LSN, order) from its headers (as confluent_kafka gives them),
+    None without them."""
     lsn = order = None
-    for name, value in headers or ():
+    items = headers.items() if isinstance(headers, dict) else headers or ()
+    for name, value in items:
         if name == HEADER_COMMIT_LSN and value:
             lsn = int(value)
         elif name == HEADER_ORDER and value:

@@ -103,6 +103,17 @@ def cdc(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
     return out
 
 
+def cdc_fails(p: Pipeline, *args: str) -> str:
+    """``cdc ARGS`` must exit non-zero with one ``error:`` line on stderr; that line."""
+    out = subprocess.run(
+        [*CDC, *args], env=p.env(), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0, out.stdout
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[0]
+
+
 def chunks_done(log: str) -> list[tuple[int, str, int, int]]:
     """(chunk, table, rows, dropped) of every chunk the log says was done."""
     return [(int(a), b, int(c), int(d)) for a, b, c, d in CHUNK_DONE.findall(log)]

@@ -146,6 +146,8 @@ class IncrementalSnapshots:
         self.retries = 0  # chunks read again (a failure, or a transaction not yet visible)
         self.dropped = 0  # chunk rows dropped for a change inside their window (this run)
         self.chunks = 0  # chunks published and acknowledged (this run)
+        self.published = 0  # chunks published at their high watermark (this run)
+        self.invisible = 0  # chunks read again: a transaction streamed before was invisible
 
     # --- state --------------------------------------------------------------------------
 
@@ -380,6 +382,7 @@ class IncrementalSnapshots:
             # A transaction the stream passed before the request was not visible to the
             # SELECT yet (its commit record was written, its visibility not): its change is
             # not in these rows and will not come again. Read the chunk again, later.
+            self.invisible += 1
             self._retry_later(cursor, "a streamed transaction was not yet visible to it")
             return
         txn = self._publisher.begin(high)
@@ -397,6 +400,7 @@ class IncrementalSnapshots:
         for _ in range(len(kept)):
             on_event("r")
         self._publisher.close_txn(txn, high)
+        self.published += 1
         chunk.read = read
         chunk.emitted, chunk.dropped = len(kept), len(read.ids) - len(kept)
         cursor.attempts = 0

@@ -142,7 +142,11 @@ class IncrementalSnapshots:
         self._next_poll = 0.0
         self.requests = Requests(config, state, catalog, intake, self._stopped)
         self.window_topic: str | None = None
+        # Transactions committed and not visible yet may have been streamed by an earlier
+        # run (whose slot position is past them): they count as streamed before any chunk.
         self._unconfirmed = Unconfirmed()
+        for xid in catalog.committed_invisible():
+            self._unconfirmed.add(xid)
         self.retries = 0  # chunks read again (a failure, or a transaction not yet visible)
         self.dropped = 0  # chunk rows dropped for a change inside their window (this run)
         self.chunks = 0  # chunks published and acknowledged (this run)

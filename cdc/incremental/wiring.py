@@ -53,6 +53,16 @@ class PgCatalog:
         assert row is not None
         return ReadSnapshot(frozenset(int(x) & 0xFFFFFFFF for x in row[1]), int(row[0]) & 0xFFFFFFFF)
 
+    def committed_invisible(self) -> frozenset[int]:
+        """Transactions committed (in the commit log) that snapshots still see as running:
+        a commit waiting for a synchronous standby, perhaps streamed by an earlier run."""
+        rows = self.conn.execute(
+            "SELECT x::text::bigint FROM pg_catalog.pg_snapshot_xip("
+            "pg_catalog.pg_current_snapshot()) x "
+            "WHERE pg_catalog.pg_xact_status(x) = 'committed'"
+        ).fetchall()
+        return frozenset(int(r[0]) & 0xFFFFFFFF for r in rows)
+
     def check_filter(self, table: Table, where: str) -> str:
         """The filter as it will run (checked, deparsed); FilterRefused or SchemaError."""
         schema = self._load_schema(self.conn, *table)

@@ -306,6 +306,9 @@ class Catalog:
     def visibility(self) -> ReadSnapshot:
         return ReadSnapshot(frozenset(self.db.held), self.db.next_xid)
 
+    def committed_invisible(self) -> frozenset[int]:
+        return frozenset(self.db.held)
+
     def check_filter(self, table: Table, where: str) -> str:
         return where
 

@@ -102,6 +102,18 @@ class IncrementalModel(RuleBasedStateMachine):
         if changes:
             db.commit(changes, hold=hold and not db.held)
 
+    @precondition(lambda self: not self.world.db.held and self.world.reader is not None)
+    @rule(key=KEYS)
+    def held_change_streamed_then_a_snapshot(self, key: int) -> None:
+        """A commit that stays invisible (a synchronous standby's wait) is streamed, then a
+        snapshot is asked for: its chunk must not publish the row as it was before."""
+        schema, rows = self._schema_rows()
+        if key in rows:
+            self.world.db.commit([Change("u", key, row=self._row(schema))], hold=True)
+        while self.world.stream_one():
+            pass
+        self.request_snapshot()
+
     @precondition(lambda self: bool(self.world.db.held))
     @rule()
     def held_becomes_visible(self) -> None:

@@ -105,8 +105,10 @@ class IncrementalModel(RuleBasedStateMachine):
     @precondition(lambda self: not self.world.db.held and self.world.reader is not None)
     @rule(key=KEYS)
     def held_change_streamed_then_a_snapshot(self, key: int) -> None:
-        """A commit that stays invisible (a synchronous standby's wait) is streamed, then a
-        snapshot is asked for: its chunk must not publish the row as it was before."""
+        """With no snapshot running, a commit that stays invisible (a synchronous standby's
+        wait) is streamed, then a snapshot is asked for: its chunk must not publish the row
+        as it was before that commit."""
+        self._settle()
         schema, rows = self._schema_rows()
         if key in rows:
             self.world.db.commit([Change("u", key, row=self._row(schema))], hold=True)
@@ -279,6 +281,22 @@ class IncrementalModel(RuleBasedStateMachine):
             and not r.engine.busy
             and w.store.phase == "streaming"
         )
+
+    def _settle(self) -> None:
+        """Run the reader until nothing is in flight (held transactions stay held)."""
+        w = self.world
+        for _ in range(500):
+            if w.reader is None:
+                self._start()
+                continue
+            while w.stream_one():
+                pass
+            w.now += RETRY_MAX_S
+            w.tick()
+            if w.worker is not None and w.worker.pending is not None:
+                self.chunk_window_at_once()
+            elif not w.reader.engine.busy and w.reader.pos >= len(w.db.wal):
+                return
 
     def teardown(self) -> None:
         """Let the last snapshot finish, then the table must be whole in every follower."""

@@ -95,18 +95,18 @@ class Reader:
         return self.text()[-n:]
 
 
-def cdc(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+def cdc(p: Pipeline, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
-        [*CDC, *args], env=p.env(), cwd=ROOT, capture_output=True, text=True, timeout=120
+        [*CDC, *args], env=p.env(**env), cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
 
-def cdc_fails(p: Pipeline, *args: str) -> str:
+def cdc_fails(p: Pipeline, *args: str, **env: str) -> str:
     """``cdc ARGS`` must exit non-zero with one ``error:`` line on stderr; that line."""
     out = subprocess.run(
-        [*CDC, *args], env=p.env(), cwd=ROOT, capture_output=True, text=True, timeout=120
+        [*CDC, *args], env=p.env(**env), cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode != 0, out.stdout
     lines = [line for line in out.stderr.splitlines() if line.strip()]

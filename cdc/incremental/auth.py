@@ -47,7 +47,7 @@ class SignalKeyMissing(Exception):
 def signal_key(pg: PostgresSettings) -> bytes | None:
     """The signing key of these settings (see the module docstring), or None."""
     if pg.signal_secret is not None:
-        return hashlib.sha256(pg.signal_secret.get_secret_value().encode()).digest()
+        return pg.signal_secret.get_secret_value().encode()  # as `openssl dgst -hmac` takes it
     params = parse_dsn(pg.dsn.get_secret_value())
     password = params.get("password")
     if not password:

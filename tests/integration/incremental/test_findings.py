@@ -27,7 +27,6 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc.live_keys import keys_live_before
 from cdc.pipeline import Pipeline as ReaderPipeline
 from cdc.state import StateStore
 from pgcdc.core.contract import version_headers
@@ -121,6 +120,8 @@ def test_2_a_chunk_reads_the_table_as_the_ddl_it_waited_for_left_it(
 def test_3_a_replayed_truncate_leaves_keys_that_hold_a_newer_record(
     endpoints: Endpoints,
 ) -> None:
+    from cdc.live_keys import keys_live_before
+
     name = f"incr_f3_{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
     admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)

@@ -4,7 +4,9 @@ authenticated signals. One module per job:
 
 - :mod:`~cdc.incremental.merge`: the algorithm, pure, with its invariant;
 - :mod:`~cdc.incremental.engine`: the chunks' life beside the stream (ask, merge at the high
-  watermark, publish, acknowledge, retry); :mod:`~cdc.incremental.requests`: what is queued;
+  watermark, publish, acknowledge, retry), with :mod:`~cdc.incremental.cursor` (where a
+  snapshot stands) and :mod:`~cdc.incremental.progress`; :mod:`~cdc.incremental.requests`:
+  what is queued;
 - :mod:`~cdc.incremental.worker`: a chunk's reading in PostgreSQL;
 - :mod:`~cdc.incremental.queue`: the durable queue in the state topic;
 - :mod:`~cdc.incremental.channels`, :mod:`~cdc.incremental.auth`,

@@ -25,19 +25,18 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from cdc import pgoutput
 from cdc.incremental.channels import Accepted, SignalIntake
+from cdc.incremental.cursor import Chunk, ChunkPublisher, ChunkSource, Cursor
 from cdc.incremental.merge import KeyId, Unconfirmed, Window, merge_chunk
 from cdc.incremental.progress import Progress
-from cdc.incremental.queue import KeyText, SnapshotsState, Table, TableSnapshot
+from cdc.incremental.queue import SnapshotsState, Table, TableSnapshot
 from cdc.incremental.requests import Catalog, EngineConfig, Requests
 from cdc.incremental.signals import SIGNAL_PREFIX
-from cdc.incremental.worker import WATERMARK_PREFIX, ChunkFailure, ChunkRead, ChunkRequest
+from cdc.incremental.worker import WATERMARK_PREFIX, ChunkFailure, ChunkRequest
 from cdc.observer import NullObserver, StreamObserver
 from pgcdc.core.contract import table_topic, version_headers
 from pgcdc.core.lsn import Lsn
@@ -48,60 +47,6 @@ POLL_INTERVAL_S = 2.0  # the publication, the signal topic and the signal table'
 RETRY_BASE_S = 0.1
 RETRY_MAX_S = 30.0
 REGROW_AFTER = 4  # chunks that fit before a chunk halved by a timeout doubles again
-
-
-class ChunkSource(Protocol):
-    def submit(self, request: ChunkRequest) -> Future[ChunkRead]: ...
-    def close(self) -> None: ...
-
-
-class Txn(Protocol):
-    closed: bool
-    pending: int
-
-
-class ChunkPublisher(Protocol):
-    def begin(self, commit_lsn: Lsn) -> Any: ...
-    def send_many(self, txn: Any, topic: str, records: Sequence[Any]) -> None: ...
-    def close_txn(self, txn: Any, end_lsn: Lsn) -> None: ...
-    def poll(self, timeout_s: float = 0.0) -> None: ...
-
-
-@dataclass
-class _Cursor:
-    """Where this run's reading of one snapshot stands (ahead of its saved progress)."""
-
-    snap: TableSnapshot
-    topic: str
-    next_key: KeyText | None
-    range_index: int
-    chunks: int  # chunks published (acknowledged or not)
-    count: bool  # the next chunk also estimates the table's rows
-    rows: int  # rows per chunk now (halved by a statement timeout)
-    exhausted: bool = False
-    attempts: int = 0  # failures in a row
-    retry_at: float = 0.0
-    fits: int = 0  # chunks in a row that fitted since the last halving
-
-
-@dataclass
-class _Chunk:
-    """A chunk asked for: the worker reads it while the stream notes its table's keys."""
-
-    snap: TableSnapshot
-    cursor: _Cursor
-    number: int
-    low: bytes
-    high: bytes
-    window: Window
-    future: Future[ChunkRead] | None = None
-    # Set at the high watermark:
-    read: ChunkRead | None = None
-    next_key: KeyText | None = None
-    range_index: int = 0
-    complete: bool = False
-    emitted: int = 0
-    dropped: int = 0
 
 
 class IncrementalSnapshots:
@@ -136,9 +81,9 @@ class IncrementalSnapshots:
         self.signal_table = config.signal_table
         self._run = uuid.uuid4().hex[:12]
         self._seq = 0
-        self._open: _Chunk | None = None
-        self._acking: collections.deque[tuple[_Chunk, Any]] = collections.deque()
-        self._cursors: dict[int, _Cursor] = {}  # by id() of the TableSnapshot
+        self._open: Chunk | None = None
+        self._acking: collections.deque[tuple[Chunk, Any]] = collections.deque()
+        self._cursors: dict[int, Cursor] = {}  # by id() of the TableSnapshot
         self._next_poll = 0.0
         self.requests = Requests(config, state, catalog, intake, self._stopped)
         self.window_topic: str | None = None
@@ -266,7 +211,7 @@ class IncrementalSnapshots:
         if len(self._unconfirmed):
             self._unconfirmed.prune(self._catalog.visibility())
 
-    def _failed(self, snap: TableSnapshot, cursor: _Cursor, error: BaseException) -> None:
+    def _failed(self, snap: TableSnapshot, cursor: Cursor, error: BaseException) -> None:
         """A chunk could not be read: retry it after a backoff, or drop the snapshot."""
         if not isinstance(error, ChunkFailure):
             raise error
@@ -283,7 +228,7 @@ class IncrementalSnapshots:
             self.state.queue.remove(snap)
             self.save()
 
-    def _retry_later(self, cursor: _Cursor, reason: str, *, shrink: bool = False) -> None:
+    def _retry_later(self, cursor: Cursor, reason: str, *, shrink: bool = False) -> None:
         self.retries += 1
         cursor.attempts += 1
         delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (cursor.attempts - 1))
@@ -297,7 +242,7 @@ class IncrementalSnapshots:
             extra={"table": cursor.snap.name},
         )
 
-    def _cursor(self, snap: TableSnapshot) -> _Cursor | None:
+    def _cursor(self, snap: TableSnapshot) -> Cursor | None:
         cursor = self._cursors.get(id(snap))
         return cursor if cursor is not None and cursor.snap is snap else None
 
@@ -314,7 +259,7 @@ class IncrementalSnapshots:
             return
         self._seq += 1
         low, high = f"{self._run}:{self._seq}:low", f"{self._run}:{self._seq}:high"
-        chunk = _Chunk(
+        chunk = Chunk(
             snap, cursor, cursor.chunks + 1, low.encode(), high.encode(),
             Window(self._unconfirmed.frozen()),
         )
@@ -336,11 +281,11 @@ class IncrementalSnapshots:
         self.window_topic = cursor.topic
         chunk.future = self._chunks.submit(request)
 
-    def _begin_table(self, snap: TableSnapshot) -> _Cursor:
+    def _begin_table(self, snap: TableSnapshot) -> Cursor:
         """This run's first chunk of ``snap``: its topic, its cursor, a log line."""
         topic = table_topic(self.config.topic_prefix, snap.schema, snap.table)
         self._ensure_topic(topic, snap.name)
-        cursor = _Cursor(
+        cursor = Cursor(
             snap, topic, snap.last_key, snap.range_index, snap.chunks,
             count=not snap.estimated_rows, rows=self.config.chunk_rows,
         )
@@ -363,7 +308,7 @@ class IncrementalSnapshots:
 
     # --- the high watermark, on the streaming thread --------------------------------------
 
-    def _merge(self, chunk: _Chunk, high: Lsn) -> None:
+    def _merge(self, chunk: Chunk, high: Lsn) -> None:
         """The high watermark: publish what is left of the chunk, versioned at H."""
         self._open = None
         self.window_topic = None
@@ -424,7 +369,7 @@ class IncrementalSnapshots:
         chunk.complete = cursor.exhausted
         self._acking.append((chunk, txn))
 
-    def _finish(self, chunk: _Chunk) -> None:
+    def _finish(self, chunk: Chunk) -> None:
         """The chunk is in Kafka: record the progress (the next run starts after it)."""
         snap = chunk.snap
         self.dropped += chunk.dropped

@@ -11,7 +11,8 @@ import psycopg
 from cdc.connection import connect
 from cdc.incremental.auth import Verifier, signal_key
 from cdc.incremental.channels import SignalIntake
-from cdc.incremental.engine import ChunkPublisher, IncrementalSnapshots
+from cdc.incremental.cursor import ChunkPublisher
+from cdc.incremental.engine import IncrementalSnapshots
 from cdc.incremental.filters import check_expression, check_on_server
 from cdc.incremental.merge import ReadSnapshot
 from cdc.incremental.queue import RecordStore, SnapshotsState, Table, save_snapshots

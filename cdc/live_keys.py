@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from confluent_kafka import Message
+
 from cdc.kafka_clients import read_topic
 from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER
 from pgcdc.core.settings import KafkaSettings
@@ -158,10 +160,11 @@ def record_version(headers: Any) -> Version | None:
     return None if lsn is None else (lsn, order or 0)
 
 
-def versioned_records(
-    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
-) -> Iterator[VersionedRecord]:
-    """(key, value is not null, version) of every record of ``topic`` up to its end."""
+def _messages(
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None
+) -> Iterator[Message]:
+    """Every record of ``topic`` up to its current end; ``tick`` is called every few
+    thousand records (a long scan keeps other sessions alive)."""
     records = read_topic(
         kafka,
         topic,
@@ -172,6 +175,14 @@ def versioned_records(
     for n, msg in enumerate(records):
         if tick is not None and not n & 0xFFF:
             tick()
+        yield msg
+
+
+def versioned_records(
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
+) -> Iterator[VersionedRecord]:
+    """(key, value is not null, version) of every record of ``topic`` up to its end."""
+    for msg in _messages(kafka, topic, tick):
         try:
             version = record_version(msg.headers())
         except ValueError:
@@ -201,16 +212,7 @@ def topic_records(
 ) -> Iterator[KeyRecord]:
     """(key, value is not null) of every record of ``topic`` up to its current end;
     ``tick`` is called every few thousand records (a long scan keeps other sessions alive)."""
-    records = read_topic(
-        kafka,
-        topic,
-        "cdc-live-keys",
-        SCAN_TIMEOUT_S,
-        **{"fetch.max.bytes": 16 * 1024 * 1024, "queued.max.messages.kbytes": 32 * 1024},
-    )
-    for n, msg in enumerate(records):
-        if tick is not None and not n & 0xFFF:
-            tick()
+    for msg in _messages(kafka, topic, tick):
         yield msg.key(), msg.value() is not None
 
 

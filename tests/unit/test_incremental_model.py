@@ -304,18 +304,7 @@ class IncrementalModel(RuleBasedStateMachine):
         if w is None:
             return
         w.db.held.clear()
-        for _ in range(500):
-            if w.reader is None:
-                self._start()
-                continue
-            while w.stream_one():
-                pass
-            w.now += RETRY_MAX_S
-            w.tick()
-            if w.worker is not None and w.worker.pending is not None:
-                self.chunk_window_at_once()
-            elif self._quiet():
-                break
+        self._settle()
         assert self._quiet(), "the snapshot did not finish"
         self.followers_equal_the_table()
 

@@ -124,8 +124,13 @@ class IncrementalSnapshots:
         self.save()
 
     def table_joined(self, table: Table, when: str, *, save: bool = True) -> None:
-        """``table`` is captured now and was not before: snapshot it (unless turned off)."""
+        """``table`` is captured now and was not before: snapshot it (unless turned off).
+
+        A transaction running when it joined may have changed it before (changes PostgreSQL
+        does not publish) and commit later: its chunks wait until those are visible."""
         self.requests.table_joined(table, when)
+        for xid in self._catalog.visibility().invisible:
+            self._unconfirmed.add(xid)
         if save:
             self.save()
 
@@ -332,7 +337,7 @@ class IncrementalSnapshots:
             # SELECT yet (its commit record was written, its visibility not): its change is
             # not in these rows and will not come again. Read the chunk again, later.
             self.invisible += 1
-            self._retry_later(cursor, "a streamed transaction was not yet visible to it")
+            self._retry_later(cursor, "a transaction it depends on was not yet visible to it")
             return
         txn = self._publisher.begin(high)
         # pgoutput gives the end of the watermark's record; a commit record may start right

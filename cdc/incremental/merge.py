@@ -15,6 +15,9 @@ record precedes H in the WAL (so the stream passes T before H). Where the stream
    :class:`Unconfirmed`); if S did not see it, the chunk is read again (:func:`merge_chunk`
    returns None): we cannot tell which rows it touched. A commit record can reach the WAL
    before the transaction becomes visible (a synchronous standby's wait), so this happens.
+   (A transaction running when a table joins the captured set counts here too: what it
+   changed in the table before that is not published, and only a chunk that saw it can
+   carry it.)
 2. *between the request and the low watermark L*: its keys were noted under its xid
    (``early``); if S did not see T, those keys leave the chunk (the streamed change is the
    newer state, and it is already on its way).

@@ -98,10 +98,9 @@ def test_2_a_chunk_reads_the_table_as_the_ddl_it_waited_for_left_it(
     with pipeline(endpoints, tmp_path, "incr_f2") as p:
         Workload(p.dsn, "public.orders").setup(200)
         reader = Reader(p, tmp_path / "reader.log")
-        reader.catch_up()
-        reader.start()
+        reader.start()  # the initial snapshot, then the stream
         try:
-            reader.wait_for("replication started", count=2)
+            reader.wait_for("replication started")
             with psycopg.connect(p.dsn) as ddl:
                 # A rewrite (n int -> bigint) and a column with a default: no row is
                 # streamed for either; only a chunk read after them carries their effect.
@@ -160,10 +159,9 @@ def test_4_7_a_table_that_cannot_be_keyed_or_is_gone_never_stops_the_reader(
             CDC_POSTGRES__MESSAGE_KEY_COLUMNS="public.keyed:code",
             CDC_POSTGRES__SIGNAL_DATA_COLLECTION="public.cdc_signal",
         )
-        reader.catch_up()
         reader.start()
         try:
-            reader.wait_for("replication started", count=2)
+            reader.wait_for("replication started")
             with psycopg.connect(p.dsn, autocommit=True) as conn:
                 conn.execute("ALTER TABLE keyed ALTER code DROP NOT NULL")
                 conn.execute(
@@ -213,10 +211,9 @@ def test_5_under_a_100ms_statement_timeout_chunks_are_read_again_and_complete(
                 CDC_POSTGRES__TABLES="public.orders",
                 CDC_POSTGRES__PUBLICATION_AUTOCREATE_MODE="disabled",
             )
-            reader.catch_up()
             reader.start()
             try:
-                reader.wait_for("replication started", count=2)
+                reader.wait_for("replication started")
                 with psycopg.connect(p.dsn) as holder:
                     holder.execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
                     cdc(p, "snapshot", "public.orders", CDC_POSTGRES__DSN=role_dsn)

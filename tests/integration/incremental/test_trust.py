@@ -128,20 +128,26 @@ def _trust(endpoints: Endpoints, tmp_path: Path, role: str) -> None:
 
             # --- the operator, who holds the key -------------------------------------
             from cdc.incremental.auth import signal_key
-            from cdc.incremental.send import emit_signed
+            from cdc.incremental.send import emit_signed, send_snapshot_signal
             from cdc.incremental.signals import execute_document
+            from pgcdc.core.errors import ConfigError
 
-            for where, reason in (
-                ("id = 1; SELECT 1", "more than one statement"),
-                (PROBE, "a subquery is not allowed"),
-                ("random() < 0.5", "function random is volatile"),
-            ):
-                line = cdc_fails(p, "snapshot", "public.t", "--where", where)
-                assert reason in line, line
+            # cdc snapshot: one line and exit 2 (three through the CLI, the rest through
+            # the function it calls, which raises the line as a ConfigError).
+            line = cdc_fails(p, "snapshot", "public.t", "--where", "id = 1; SELECT 1")
+            assert "more than one statement" in line, line
             assert "not in publication" in cdc_fails(p, "snapshot", "public.outside")
-            assert "does not exist" in cdc_fails(p, "snapshot", "public.nosuch")
             assert "is not a column" in cdc_fails(p, "snapshot", "t", "--where", "vv > 1")
-            settings = PostgresSettings(dsn=SecretStr(p.dsn), signal_secret=SecretStr(SECRET))
+            settings = PostgresSettings(
+                dsn=SecretStr(p.dsn), publication_name=p.name, signal_secret=SecretStr(SECRET)
+            )
+            for names, where, reason in (
+                (["public.t"], PROBE, "a subquery is not allowed"),
+                (["public.t"], "random() < 0.5", "function random is volatile"),
+                (["public.nosuch"], None, "does not exist"),
+            ):
+                with pytest.raises(ConfigError, match=reason):
+                    send_snapshot_signal(settings, names, where, stop=False)
             key = signal_key(settings)
             assert key is not None
             with psycopg.connect(p.dsn, autocommit=True) as conn:

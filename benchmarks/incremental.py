@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
+from pydantic import SecretStr
 
 from benchmarks import workload
 from benchmarks.context import BIG, STREAM, Bench, require
@@ -32,7 +33,10 @@ from benchmarks.lag import LagSample, LagSampler
 from benchmarks.ours import OursReader
 from benchmarks.probes import ready_probe, wait_slot_active, write_marker
 from benchmarks.results import Figure, Series
-from cdc.signals import emit_wal_signal, execute_document, split_table
+from cdc.incremental.auth import signal_key
+from cdc.incremental.send import emit_signed
+from cdc.incremental.signals import execute_document, split_table
+from pgcdc.core.settings import PostgresSettings
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +142,11 @@ def _snapshot_while_loaded(b: Bench, table: str, rate: float, role: str) -> _Run
         current = segment(1.0)
         while time.time() < current.t0 + 1.0:  # the load's schedule starts at t0
             time.sleep(0.05)
+        key = signal_key(PostgresSettings(dsn=SecretStr(b.env.dsn)))  # the reader's key
+        if key is None:
+            raise RuntimeError("the bench's DSN has no password to sign the signal with")
         with b.env.connect() as conn:
-            emit_wal_signal(conn, execute_document([split_table(table)]))
+            emit_signed(conn, key, execute_document([split_table(table)]))
         name = ".".join(split_table(table))
         done = re.compile(
             _STAMP + rf".*incremental snapshot of {re.escape(name)} complete: (\d+) rows"

@@ -11,7 +11,7 @@ are left out: pgoutput does not send them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -222,25 +222,59 @@ def _with_defaults(table: TableSchema, cols: Sequence[tuple[Any, ...]]) -> Table
     return replace(table, columns=columns)
 
 
+# Relation OID -> the primary key of a REPLICA IDENTITY FULL table, as the reader keyed it.
+KnownKeys = dict[int, tuple[str, ...]]
+
+
 class SchemaCatalog:
     """TableSchemas for the reader, with loaded types cached across tables.
 
     Keys follow :mod:`cdc.keys` with ``rules`` (``postgres.message_key_columns``); a keyless
     table is reported once (:class:`cdc.keys.KeylessWarnings`).
+
+    A REPLICA IDENTITY FULL table is keyed by its primary key, which only pg_catalog knows
+    (its Relation messages flag every column). Once the table is dropped, a replay of its
+    changes would find it keyless and its compacted topic refused, at the same place on
+    every restart. So the primary key of each such table is remembered by relation OID
+    (``known_keys``, kept durable by the caller through ``on_learned``, before any change of
+    the table is acknowledged) and a dropped table is keyed as its topic was.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], rules: Sequence[KeyColumns] = ()) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        rules: Sequence[KeyColumns] = (),
+        known_keys: KnownKeys | None = None,
+        on_learned: Callable[[KnownKeys], None] | None = None,
+    ) -> None:
         self.conn = conn
         self.rules = tuple(rules)
         self._types: dict[int, PgType] = {}
         self._keyless = KeylessWarnings()
+        self.known_keys: KnownKeys = dict(known_keys or {})
+        self._on_learned = on_learned
 
     def load_table_in(self, conn: psycopg.Connection[Any], schema: str, table: str) -> TableSchema:
         """The table as ``conn`` sees it (e.g. inside the snapshot's transaction)."""
         loaded = load_table(conn, table, schema, rules=self.rules)
         if not loaded.key_columns:
             self._keyless.note(loaded.schema, loaded.table)
+        elif loaded.replica_identity == "f" and conn is self.conn:
+            row = conn.execute(
+                "SELECT c.oid::int8 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (loaded.schema, loaded.table),
+            ).fetchone()
+            if row is not None:
+                self._learn(int(row[0]), loaded.key_columns)
         return loaded
+
+    def _learn(self, relid: int, keys: tuple[str, ...]) -> None:
+        if self.known_keys.get(relid) == keys:
+            return
+        self.known_keys[relid] = keys
+        if self._on_learned is not None:
+            self._on_learned(dict(self.known_keys))
 
     def from_relation(self, rel: Relation) -> TableSchema:
         """Schema for a Relation message (sent again after DDL, so called for each one).
@@ -272,11 +306,18 @@ class SchemaCatalog:
         if now is not None:
             primary = now.primary_key if ri == "f" else identity if ri == "d" else ()
             not_null = now.not_null & set(names)
+        elif ri == "f":
+            # Dropped since: keyed as before (its topic was), or by a message_key_columns
+            # entry, whose NOT NULL the catalog can no longer tell.
+            primary = tuple(c for c in self.known_keys.get(rel.relation_id, ()) if c in names)
+            not_null = frozenset(names)
         else:
             primary = identity if ri == "d" else ()
-            not_null = frozenset(identity) if ri in ("d", "i") else frozenset()
+            not_null = frozenset(identity) if ri == "i" or ri == "d" else frozenset()
         facts = KeyFacts(rel.namespace, rel.name, ri, primary, identity, names, not_null)
         keys = key_columns(facts, self.rules)
+        if now is not None and ri == "f" and keys and keys == now.primary_key:
+            self._learn(rel.relation_id, keys)
         if not keys:
             self._keyless.note(rel.namespace, rel.name)
         key_set = set(keys)

@@ -97,6 +97,8 @@ def _secrets(settings: Settings) -> list[str]:
     out += kafka_config.secret_values(settings.kafka)
     if settings.search.password is not None:
         out.append(settings.search.password.get_secret_value())
+    if settings.postgres.signal_secret is not None:
+        out.append(settings.postgres.signal_secret.get_secret_value())
     return [s for s in out if len(s) >= MIN_SCRUBBED_CHARS]
 
 
@@ -352,9 +354,12 @@ SNAPSHOT_HELP = (
     "Ask the running (or next) reader to snapshot TABLES incrementally, while it streams: "
     "each table is read in key-ordered chunks between watermarks, its rows published as "
     'op "r" (source.snapshot = incremental), and a streamed change always wins over a '
-    "chunk row. The request is written into the WAL as a logical message (Debezium's "
-    "execute-snapshot signal), so a reader that is down runs it when it comes back."
-    "\n\n--where adds a condition (SQL, ANDed) to every table's chunks; --stop cancels "
+    "chunk row. The request is checked first (each table exists and is captured, --where "
+    "is one boolean expression over its columns), then written into the WAL as a signed "
+    "logical message (Debezium's execute-snapshot signal; the key is postgres.signal_secret, "
+    "or derived from the password in postgres.dsn), so a reader that is down runs it when it "
+    "comes back."
+    "\n\n--where adds a condition (ANDed) to every table's chunks; --stop cancels "
     "the snapshots of TABLES (of every table when none is given). Progress shows in the "
     "reader's log (a bar on a terminal), in `cdc status` and in its metrics."
 )
@@ -363,10 +368,12 @@ SNAPSHOT_HELP = (
 @app.command(help=SNAPSHOT_HELP)
 def snapshot(
     tables: Annotated[
-        list[str] | None, typer.Argument(help="schema.table names (public. if left out).")
+        list[str] | None,
+        typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
     ] = None,
     where: Annotated[
-        str | None, typer.Option("--where", help="SQL condition ANDed to each chunk's query.")
+        str | None,
+        typer.Option("--where", help="A boolean expression over the table's columns, ANDed."),
     ] = None,
     stop: Annotated[
         bool, typer.Option("--stop", help="Stop these tables' snapshots instead (stop-snapshot).")
@@ -380,21 +387,12 @@ def snapshot(
     def go() -> None:
         settings = _settings(config, _log_overrides(log_json))
         _setup_logging(settings, debug, level="WARNING")
-        from cdc.connection import connect
-        from cdc.signals import emit_wal_signal, execute_document, split_table, stop_document
+        from cdc.incremental.send import send_snapshot_signal
+        from cdc.incremental.signals import quote_table
 
-        try:
-            names = [split_table(t) for t in tables or []]
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-        if not names and not stop:
-            raise ConfigError("name at least one table to snapshot (schema.table)")
-        document = stop_document(names) if stop else execute_document(names, where)
-        with connect(settings.postgres.dsn.get_secret_value()) as conn:
-            lsn = emit_wal_signal(conn, document)
-        what = "stop-snapshot" if stop else "execute-snapshot"
-        listed = ", ".join(f"{s}.{t}" for s, t in names) or "every table"
-        typer.echo(f"{what} signal {document['id']} for {listed} written at LSN {lsn}")
+        sent = send_snapshot_signal(settings.postgres, tables or [], where, stop)
+        listed = ", ".join(quote_table(t) for t in sent.tables) or "every table"
+        typer.echo(f"{sent.kind} signal {sent.signal_id} for {listed} written at LSN {sent.lsn}")
 
     _guard(debug, go)
 

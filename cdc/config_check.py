@@ -8,7 +8,8 @@ line; a failure says how to fix it.
 
 The publication check runs the reader's own start-up logic
 (:func:`cdc.publication.ensure_publication`) in a transaction that is always rolled back, so
-it reports exactly what a run would do or refuse, and changes nothing.
+it reports exactly what a run would do or refuse, and changes nothing. Last, who may send
+signals (:mod:`cdc.incremental`): a signing key, and a signal table only trusted roles write.
 """
 
 from __future__ import annotations
@@ -208,7 +209,32 @@ def check_postgres(settings: Settings) -> list[CheckResult]:
         results.append(publication)
         results += _tables(conn, settings, role, tables)
         results.append(_slot(conn, settings))
+        results.append(_signals(conn, settings))
     return results
+
+
+def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
+    """Who may send signals: the signing key, and the signal table's grants."""
+    from cdc.incremental.auth import signal_key
+    from cdc.incremental.signal_table import untrusted_writers
+    from cdc.incremental.signals import split_table
+
+    pg = settings.postgres
+    if pg.signal_data_collection:
+        table = split_table(pg.signal_data_collection)
+        reason = untrusted_writers(conn, table, pg.signal_trusted_roles)
+        if reason is not None:
+            return _fail(
+                "postgres", reason, "see docs/incremental-snapshots.md#who-may-send-a-signal"
+            )
+    if signal_key(pg) is None:
+        return _fail(
+            "postgres",
+            "no key signs signals: cdc snapshot and the signal topic are refused",
+            "set postgres.signal_secret (or a password in postgres.dsn)",
+        )
+    source = "postgres.signal_secret" if pg.signal_secret is not None else "the DSN's password"
+    return _ok("postgres", f"signals are signed with a key from {source}")
 
 
 def check_kafka(settings: Settings) -> CheckResult:

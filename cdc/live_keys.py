@@ -8,6 +8,13 @@ its value (:meth:`schemas.envelope.EventEncoder.key_identity`), for the snapshot
 "is this row's key live under other bytes?" (a key written with schemas and now without, or
 as int and now as bigint).
 
+A TRUNCATE's scan takes the truncate's version (:func:`keys_live_before`): a key with a
+record newer than the truncate, from a later transaction (a change streamed after it, or an
+incremental snapshot row versioned at its high watermark, already in the topic when the
+truncate is replayed after a restart), is left alone. Tombstoning it would let compaction
+remove the newer record for good. Records of the truncate's own transaction (its deletes
+and inserts written by the run before) do not count as newer.
+
 The map lives in a SQLite file in a temporary folder, not in a Python set: a topic of a
 million keys costs a few dozen megabytes of disk and a bounded page cache, not hundreds of
 megabytes of memory.
@@ -21,12 +28,19 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+from confluent_kafka import Message
 
 from cdc.kafka_clients import read_topic
+from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER
 from pgcdc.core.settings import KafkaSettings
 
 # A record's key and whether its value is not null (a tombstone has a null value).
 KeyRecord = tuple[bytes | None, bool]
+# The same with the record's version (commit LSN, order), None when it carries none.
+Version = tuple[int, int]
+VersionedRecord = tuple[bytes | None, bool, Version | None]
 Identity = Callable[[bytes], bytes]
 
 PAGE_CACHE_KIB = 8 * 1024  # SQLite's page cache, the store's memory bound
@@ -54,16 +68,33 @@ class LiveKeys:
         """Take ``records`` in topic order (per key): a tombstone removes its key, any other
         record makes it live. ``identity`` gives each live key its identity (default: its
         bytes). Records without a key are ignored."""
+        self.load_versioned(((k, live, None) for k, live in records), identity)
+
+    def load_versioned(
+        self,
+        records: Iterable[VersionedRecord],
+        identity: Identity | None = None,
+        before: Version | None = None,
+    ) -> None:
+        """:meth:`load`; with ``before`` (a truncate's version), a key with a record newer
+        than it from another transaction is not live here (see the module docstring)."""
         db = self._db
         db.execute("BEGIN")  # one transaction: no journal, no sync, a plain bulk load
-        for key, live in records:
+        if before is not None:
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS newer (key BLOB PRIMARY KEY)")
+        for key, live, version in records:
             if key is None:
                 continue
+            newer = before is not None and version is not None and version > before
+            if newer and version is not None and before is not None and version[0] != before[0]:
+                db.execute("INSERT OR IGNORE INTO newer VALUES (?)", (key,))
             if live:
                 ident = identity(key) if identity is not None else key
                 db.execute("INSERT OR REPLACE INTO live VALUES (?, ?)", (key, ident))
             else:
                 db.execute("DELETE FROM live WHERE key = ?", (key,))
+        if before is not None:
+            db.execute("DELETE FROM live WHERE key IN (SELECT key FROM newer)")
         db.execute("COMMIT")
         db.execute("CREATE INDEX IF NOT EXISTS live_ident ON live (ident)")
         row = db.execute("SELECT count(*) FROM live").fetchone()
@@ -116,11 +147,24 @@ class LiveKeys:
         self.close()
 
 
-def topic_records(
-    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
-) -> Iterator[KeyRecord]:
-    """(key, value is not null) of every record of ``topic`` up to its current end;
-    ``tick`` is called every few thousand records (a long scan keeps other sessions alive)."""
+def record_version(headers: Any) -> Version | None:
+    """A record's (commit LSN, order) from its headers (as confluent_kafka gives them),
+    None without them."""
+    lsn = order = None
+    items = headers.items() if isinstance(headers, dict) else headers or ()
+    for name, value in items:
+        if name == HEADER_COMMIT_LSN and value:
+            lsn = int(value)
+        elif name == HEADER_ORDER and value:
+            order = int(value)
+    return None if lsn is None else (lsn, order or 0)
+
+
+def _messages(
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None
+) -> Iterator[Message]:
+    """Every record of ``topic`` up to its current end; ``tick`` is called every few
+    thousand records (a long scan keeps other sessions alive)."""
     records = read_topic(
         kafka,
         topic,
@@ -131,6 +175,44 @@ def topic_records(
     for n, msg in enumerate(records):
         if tick is not None and not n & 0xFFF:
             tick()
+        yield msg
+
+
+def versioned_records(
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
+) -> Iterator[VersionedRecord]:
+    """(key, value is not null, version) of every record of ``topic`` up to its end."""
+    for msg in _messages(kafka, topic, tick):
+        try:
+            version = record_version(msg.headers())
+        except ValueError:
+            version = None  # not our reader's headers: an older record
+        yield msg.key(), msg.value() is not None, version
+
+
+def keys_live_before(
+    kafka: KafkaSettings,
+    topic: str,
+    before: Version,
+    tick: Callable[[], None] | None = None,
+) -> LiveKeys:
+    """The keys a truncate at version ``before`` deletes: live in ``topic`` with no record
+    newer than it from another transaction (see the module docstring); close it after."""
+    store = LiveKeys()
+    try:
+        store.load_versioned(versioned_records(kafka, topic, tick), before=before)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def topic_records(
+    kafka: KafkaSettings, topic: str, tick: Callable[[], None] | None = None
+) -> Iterator[KeyRecord]:
+    """(key, value is not null) of every record of ``topic`` up to its current end;
+    ``tick`` is called every few thousand records (a long scan keeps other sessions alive)."""
+    for msg in _messages(kafka, topic, tick):
         yield msg.key(), msg.value() is not None
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +23,12 @@ import psycopg
 
 from cdc.catalog import SchemaCatalog
 from cdc.connection import connect, current_database, current_wal_lsn
-from cdc.incremental import (
-    IncrementalSnapshots,
-    SnapshotsState,
-    TableSnapshot,
-    join_tables,
-    load_snapshots,
-)
+from cdc.incremental import SnapshotsState, join_tables, load_snapshots, save_snapshots
+from cdc.incremental.engine import IncrementalSnapshots
+from cdc.incremental.queue import start_slot
+from cdc.incremental.signal_table import check_signal_table
+from cdc.incremental.signals import split_table
+from cdc.incremental.wiring import open_incremental
 from cdc.metrics import ReaderMetrics
 from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
@@ -188,7 +186,12 @@ class Pipeline:
             database=database,
             publisher=publisher,
             store=store,
-            catalog=SchemaCatalog(admin, pg.message_key_columns),
+            catalog=SchemaCatalog(
+                admin,
+                pg.message_key_columns,
+                store.load_known_keys(database, slot),
+                on_learned=lambda keys: store.save_known_keys(database, slot, keys),
+            ),
             encoder=EventEncoder(self.settings.schema_, kafka.topic_prefix, database),
             table_topics=TableTopics(publisher, kafka),
             tables=tables,
@@ -196,6 +199,11 @@ class Pipeline:
             snapshots=load_snapshots(store, database, slot),
         )
         check_tables(run.admin, run.catalog, run.encoder, run.table_topics, tables)
+        if pg.signal_data_collection:
+            # Unsigned rows: only trusted roles may be able to insert them.
+            check_signal_table(
+                admin, split_table(pg.signal_data_collection), pg.signal_trusted_roles
+            )
         return run
 
     def _plan(self, run: _Run) -> StartPlan:
@@ -288,15 +296,11 @@ class Pipeline:
                 run.store.reset(run.database, run.slot)
 
     def _incremental(self, run: _Run, plan: StartPlan) -> IncrementalSnapshots:
-        """The incremental snapshots of this run: what was queued before, the tables that
-        joined the captured set since the last run, all tables for an incremental initial
-        snapshot; nothing left from before when a new exported snapshot copied everything."""
+        """The incremental snapshots of this run: what was queued before (a new slot's queue
+        was set when it was created, see :meth:`_started`), and the tables that joined the
+        captured set since the last run."""
         state = run.snapshots
-        fresh = plan.action in (Action.SNAPSHOT, Action.NEW_SLOT)
-        if fresh:
-            state.queue.clear()
-            state.captured = list(run.tables) if plan.action is Action.NEW_SLOT else None
-        engine = IncrementalSnapshots(
+        engine = open_incremental(
             self._dsn,
             settings=self.settings,
             publisher=run.publisher,
@@ -308,18 +312,9 @@ class Pipeline:
             state=state,
             observer=self.metrics,
         )
-        pg = self.settings.postgres
-        if plan.action is Action.SNAPSHOT and pg.initial_snapshot is InitialSnapshot.INCREMENTAL:
-            state.captured = list(run.tables)
-            for table in run.tables:
-                if table != engine.signal_table:
-                    state.queue.append(TableSnapshot(uuid.uuid4().hex, *table, via="initial"))
-            log.info(
-                "initial snapshot of %d tables runs incrementally while streaming",
-                len(state.queue),
-                extra={"slot": run.slot},
-            )
-        elif state.captured is None:
+        if plan.action is not Action.STREAM:
+            return engine
+        if state.captured is None:
             state.captured = list(run.tables)  # from now on, tables that join are seen
         else:
             for table in join_tables(state, run.tables):
@@ -329,6 +324,28 @@ class Pipeline:
         engine.save()
         return engine
 
+    def _started(self, run: _Run, start: Lsn, *, incremental: bool = False) -> None:
+        """A slot this run created is ready to stream from ``start``: its snapshot queue is
+        saved first, then the STREAMING phase (:func:`cdc.incremental.queue.start_slot`)."""
+        pg = self.settings.postgres
+        signal = split_table(pg.signal_data_collection) if pg.signal_data_collection else None
+        start_slot(
+            run.snapshots,
+            run.tables,
+            incremental_initial=incremental,
+            signal_table=signal,
+            save_queue=lambda s: save_snapshots(run.store, run.database, run.slot, s),
+            save_streaming=lambda: run.save_state(
+                Phase.STREAMING, consistent_point=start, acked_lsn=start
+            ),
+        )
+        if incremental:
+            log.info(
+                "initial snapshot of %d tables runs incrementally while streaming",
+                len(run.snapshots.queue),
+                extra={"slot": run.slot},
+            )
+
     def _prepare_slot(
         self, run: _Run, plan: StartPlan, repl: ReplicationConnection, result: RunResult
     ) -> Lsn:
@@ -336,12 +353,16 @@ class Pipeline:
         if plan.drop_existing_slot:
             drop_slot(run.admin, run.slot)
         incremental = self.settings.postgres.initial_snapshot is InitialSnapshot.INCREMENTAL
+        if plan.action is Action.SNAPSHOT:
+            # Before the slot exists: a stop from here on finds a snapshot to start over, not
+            # an older state's STREAMING (a slot dropped and recreated by when_needed).
+            run.save_state(Phase.SNAPSHOT)
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
             created = repl.create_slot(run.slot, export_snapshot=False)
             start = created.consistent_point
-            run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
+            self._started(run, start, incremental=True)
             return start
         if plan.action is Action.SNAPSHOT:
             created = repl.create_slot(run.slot, export_snapshot=True)
@@ -350,12 +371,12 @@ class Pipeline:
             # The exported snapshot lives until the next command on repl: copy the tables now.
             snap = self._snapshotter(run).run(run.tables, created.snapshot_name, start)
             result.snapshot_rows = snap.rows
-            run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
+            self._started(run, start)
             return start
         if plan.action is Action.NEW_SLOT:
             created = repl.create_slot(run.slot, export_snapshot=False)
             start = created.consistent_point
-            run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
+            self._started(run, start)
             return start
         return self._resume_slot(run)
 

@@ -88,8 +88,21 @@ class StateStore:
 
     @staticmethod
     def snapshots_key(database: str, slot: str) -> bytes:
-        """The slot's incremental snapshots record (:mod:`cdc.incremental`)."""
+        """The slot's incremental snapshots record (:mod:`cdc.incremental.queue`)."""
         return f"{database}/{slot}#snapshots".encode()
+
+    def load_known_keys(self, database: str, slot: str) -> dict[int, tuple[str, ...]]:
+        """The primary keys of REPLICA IDENTITY FULL tables, by relation OID, as recorded by
+        :meth:`save_known_keys` (see :class:`cdc.catalog.SchemaCatalog`)."""
+        data = self.load_record(f"{database}/{slot}#keys".encode())
+        if not data:
+            return {}
+        return {int(k): tuple(v) for k, v in orjson.loads(data).items()}
+
+    def save_known_keys(self, database: str, slot: str, keys: dict[int, tuple[str, ...]]) -> None:
+        """Record them, waiting for Kafka: a change keyed by them may be acknowledged next."""
+        value = orjson.dumps({str(k): list(v) for k, v in keys.items()})
+        self.save_record(f"{database}/{slot}#keys".encode(), value, wait=True)
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
@@ -131,6 +144,7 @@ class StateStore:
     def reset(self, database: str, slot: str) -> None:
         """Forget the slot (a tombstone), so the next run starts from scratch."""
         self._write(self.snapshots_key(database, slot), None, wait=False)
+        self._write(f"{database}/{slot}#keys".encode(), None, wait=False)
         self._write(self.key(database, slot), None, wait=True)
 
     def _write(self, key: bytes, value: bytes | None, *, wait: bool) -> None:

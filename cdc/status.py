@@ -11,6 +11,8 @@ a function of the settings that returns a JSON-able mapping.
 
 from __future__ import annotations
 
+import collections
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -20,9 +22,10 @@ from confluent_kafka import TopicPartition
 
 from cdc.connection import connect, current_database, current_wal_lsn
 from cdc.incremental import load_snapshots
-from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds
+from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds, read_to_end
 from cdc.slots import slot_info
 from cdc.state import StateStore
+from pgcdc.core.errors import CdcError
 from pgcdc.core.settings import Settings
 
 StatusSection = Callable[[Settings], dict[str, Any]]
@@ -152,6 +155,28 @@ def topic_status(settings: Settings) -> dict[str, dict[str, int]]:
         reader.close()
 
 
+def dead_letter_counts(settings: Settings, timeout_s: float = 30.0) -> dict[str, int]:
+    """Letters on ``kafka.dead_letter_topic`` by the job that wrote them (each sync job, and
+    ``cdc-reader`` for records Kafka refused): a follower's watermark passes a change it
+    dead-lettered, so the two are shown side by side."""
+    topic = settings.kafka.dead_letter_topic
+    reader = consumer(settings.kafka, "cdc-status", **{"enable.partition.eof": True})
+    try:
+        md = cluster_metadata(reader, settings.kafka.bootstrap_servers, timeout_s=5)
+        if topic not in md.topics:
+            return {}
+        counts: collections.Counter[str] = collections.Counter()
+        for msg in read_to_end(reader, topic, timeout_s):
+            match = _JOB.search(msg.value() or b"")
+            counts[match.group(1).decode() if match else "?"] += 1
+        return dict(counts)
+    finally:
+        reader.close()
+
+
+_JOB = re.compile(rb'"job":"([^"]*)"')
+
+
 def gather_status(
     settings: Settings, sections: Mapping[str, StatusSection] | None = None
 ) -> dict[str, Any]:
@@ -179,6 +204,10 @@ def gather_status(
             for snap in load_snapshots(store, slot["database"], settings.postgres.slot_name).queue
         ],
     }
+    try:
+        out["dead_letters"] = dead_letter_counts(settings)
+    except CdcError as e:
+        out["dead_letters"] = {"error": str(e).splitlines()[0]}
     for name, section in (sections or {}).items():
         out[name] = section(settings)
     out["problems"] = problems(out, settings.postgres.retained_wal_warn_bytes)

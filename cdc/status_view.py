@@ -61,18 +61,29 @@ def _topics_table(topics: Mapping[str, Mapping[str, int]]) -> Table:
     return table
 
 
-def _followers_table(followers: Mapping[str, Mapping[str, Any]]) -> Table:
+def _followers_table(
+    followers: Mapping[str, Mapping[str, Any]], dead: Mapping[str, Any] | None
+) -> Table:
+    """Each job's watermark (every change committed before it is applied *or
+    dead-lettered*) beside the letters it wrote to the dead-letter topic."""
     table = Table(title="Followers", title_justify="left")
     table.add_column("job")
     table.add_column("watermark")
     table.add_column("behind")
+    table.add_column("dead-lettered")
     table.add_column("job metrics (spark.job_endpoints)")
+    letters = "-" if dead is None or "error" in dead else None
     for job, f in followers.items():
+        count = letters or str((dead or {}).get(job, 0))
         if "error" in f:
-            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]), "-")
+            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]), count, "-")
         else:
             table.add_row(
-                job, _text(f.get("watermark")), _size(f.get("behind_bytes")), _job(f.get("job"))
+                job,
+                _text(f.get("watermark")),
+                _size(f.get("behind_bytes")),
+                count,
+                _job(f.get("job")),
             )
     return table
 
@@ -117,7 +128,7 @@ def render(status: Mapping[str, Any], console: Console) -> None:
     if status.get("snapshots"):
         console.print(_snapshots_table(status["snapshots"]))
     if status.get("followers") is not None:
-        console.print(_followers_table(status["followers"]))
+        console.print(_followers_table(status["followers"], status.get("dead_letters")))
     for warning in status.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
     for problem in status.get("problems") or []:

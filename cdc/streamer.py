@@ -31,7 +31,8 @@ from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
 from cdc.connection import current_wal_lsn
 from cdc.heartbeat import Heartbeats
-from cdc.incremental import IncrementalSnapshots
+from cdc.incremental.engine import IncrementalSnapshots
+from cdc.incremental.merge import key_identity
 from cdc.observer import NullObserver, StreamObserver
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
@@ -88,7 +89,7 @@ class Streamer:
         """``target``: stop once everything up to it is acknowledged (``--until current``)
         and no incremental snapshot is left. ``captured``: the tables captured at start;
         another one showing up while streaming was added to the publication since: it is
-        handed to ``snapshots`` (:mod:`cdc.incremental`), which reads its earlier rows.
+        handed to ``snapshots`` (:mod:`cdc.incremental.engine`), which reads its earlier rows.
         ``last_commit``: where the last commit before the start position ends (the first
         transaction's ``source.sequence[0]``), when known."""
         self._repl = repl
@@ -113,6 +114,7 @@ class Streamer:
         self._signal_table = snapshots.signal_table if snapshots is not None else None
         self._snapshot_due = 0.0
         self._relations: dict[int, TableSchema] = {}
+        self._positions: dict[int, tuple[TableSchema, list[int]]] = {}  # key columns' places
         self._topics: dict[int, str] = {}
         self._table_topics = TableTopics(publisher, settings.kafka)
         self._truncates = TruncateWriter(
@@ -280,7 +282,7 @@ class Streamer:
                 self._publisher.close_txn(self._txn, msg.end_lsn)
                 self._unsent = self._unsent or self._order > 0
             self._txn = None
-            if self._snapshots is not None and self._snapshots.busy:
+            if self._snapshots is not None:
                 self._snapshots.committed(self._xid)
             # Debezium's source.sequence[0]: where the last commit record ends.
             self._last_commit_lsn = msg.end_lsn.value
@@ -314,7 +316,8 @@ class Streamer:
         topic = self._topics[relation_id]
         if self._snapshots is not None:
             self._snapshots.on_truncate((table.schema, table.table))
-        deleted = self._truncates.write(table, topic, self._source(frame), self._send_to)
+        version = (int(self._commit_lsn_header), self._order)
+        deleted = self._truncates.write(table, topic, self._source(frame), self._send_to, version)
         for _ in range(deleted):
             self._count("d")
         if "t" not in self._skipped:
@@ -357,10 +360,6 @@ class Streamer:
             headers = [*headers, *extra_headers]
         self._publisher.send(self._txn, topic, key, value, headers)
         self._order += 1
-        snapshots = self._snapshots
-        if snapshots is not None and topic == snapshots.window_topic:
-            # Inside an incremental snapshot chunk's window: the streamed change wins.
-            snapshots.observe(key, self._xid)
 
     def _count(self, op: str) -> None:
         self.events += 1
@@ -411,6 +410,13 @@ class Streamer:
         topic = self._topics[relation_id]
         self._send_to(topic, key, value, headers)
         self._count(op)
+        snapshots = self._snapshots
+        if snapshots is not None and topic == snapshots.window_topic and table.key_columns:
+            # An incremental snapshot chunk of this table is asked for: the streamed change
+            # wins over its row (cdc.incremental.merge), compared by the key's identity.
+            row = after if after is not None else before
+            assert row is not None
+            snapshots.observe(key_identity(row, self._key_positions(table)), self._xid)
         if op == "d":
             # A tombstone, so compaction drops the key (a keyless table's has a null key,
             # like Debezium's; its topic is not compacted), with the delete's headers (a key
@@ -424,8 +430,19 @@ class Streamer:
             {
                 k: v.decode() if isinstance(v, bytes) else v if isinstance(v, str) else None
                 for k, v in values.items()
-            }
+            },
+            f"{Lsn(int(self._commit_lsn_header))}#{self._order}",
         )
+
+    def _key_positions(self, table: TableSchema) -> list[int]:
+        positions = self._positions.get(id(table))
+        if positions is None or positions[0] is not table:
+            names = [c.name for c in table.columns]
+            positions = self._positions[id(table)] = (
+                table,
+                [names.index(k) for k in table.key_columns],
+            )
+        return positions[1]
 
     def _update(self, frame: XLogData, msg: pgoutput.Update) -> None:
         table = self._table(msg.relation_id)

@@ -5,7 +5,10 @@ compacted topic refuses. So, for a keyed table, the reader names the rows itself
 until Kafka holds everything produced before the truncate, reads the table's topic from its
 start to its end, and for every key live there (its newest record is not a tombstone; see
 :mod:`cdc.live_keys`, on disk, so a million keys stay flat in memory) writes a ``d`` event
-(``before`` holds the key's columns) and a tombstone. They carry the truncate's transaction
+(``before`` holds the key's columns) and a tombstone. A key that already holds a record
+newer than the truncate, from a later transaction, is left alone: a truncate replayed after
+a restart must not tombstone what a later change or an incremental snapshot chunk wrote
+(compaction would then drop that record for good). They carry the truncate's transaction
 version and the next orders of that transaction, so the rows it inserted before the
 truncate are deleted and those it inserts after it win. Followers delete every row, and a
 follower rebuilt from the compacted topic never sees them.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from cdc.live_keys import scan_live_keys
+from cdc.live_keys import Version, keys_live_before
 from cdc.publisher import Publisher
 from cdc.table_topics import TableTopics
 from pgcdc.core.settings import KafkaSettings
@@ -60,13 +63,16 @@ class TruncateWriter:
         self._write_t = write_t_events
         self._tick = tick
 
-    def write(self, table: TableSchema, topic: str, source: SourceInfo, send: Send) -> int:
-        """Write the truncate of ``table`` (whose topic is ``topic``); the deletes written."""
+    def write(
+        self, table: TableSchema, topic: str, source: SourceInfo, send: Send, version: Version
+    ) -> int:
+        """Write the truncate of ``table`` (whose topic is ``topic``) at ``version`` (its
+        transaction's commit LSN and the truncate's order in it); the deletes written."""
         deleted = 0
         if table.key_columns:
             # Everything before the truncate must be in the topic before it is read.
             self._publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
-            with scan_live_keys(self._kafka, topic, tick=self._tick) as live:
+            with keys_live_before(self._kafka, topic, version, tick=self._tick) as live:
                 for key in live:
                     send(topic, key, self._encoder.encode_delete_of_key(table, key, source))
                     send(topic, key, None)

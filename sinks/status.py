@@ -1,7 +1,8 @@
 """The followers' section of ``cdc status``: each sync job's watermark and how far behind it is.
 
-A watermark is the LSN before which every committed change has been applied to the follower;
-applications wait for it to pass their own commit LSN to read their writes.
+A watermark is the LSN before which every committed change has been applied to the follower
+or dead-lettered (``cdc status`` shows the dead-letter counts beside it); applications wait
+for it to pass their own commit LSN to read their writes.
 """
 
 from __future__ import annotations

@@ -73,15 +73,16 @@ class ChangeBuilder:
             if not r["history"]:
                 doc, unchanged = _row(conv, r["after_json"], r["op"], r["unchanged"])
                 return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
-            return self._folded(r, table, key, conv)
+            return self._folded(r, table, key)
         except RecordError:
             raise
         except _DECODE_ERRORS as e:
             raise RecordError(f"cannot decode the event: {type(e).__name__}: {e}") from e
 
-    def _folded(self, r: Mapping[str, Any], table: str, key: str, conv: RowConverter) -> Change:
+    def _folded(self, r: Mapping[str, Any], table: str, key: str) -> Change:
         # The newest event left TOASTed columns out: fold the batch's older events of the key
-        # in, oldest first, so a value written earlier in the same batch is not lost.
+        # in, oldest first, so a value written earlier in the same batch is not lost. Each is
+        # decoded with its own schema (a column's type may differ between them).
         history = sorted(
             r["history"],
             key=lambda h: (VersionOrder(h["commit_lsn"], h["tx_order"]), h["offset"]),
@@ -91,6 +92,8 @@ class ChangeBuilder:
             if h["is_delete"] or h["after_json"] is None:
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
             else:
+                # A history from before schema ids were kept: the newest event's schema.
+                conv = self._converter(table, h.get("schema_id", r["schema_id"]))
                 doc, unchanged = _row(conv, h["after_json"], None, h["unchanged"])
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged))
         return fill_unchanged(changes)

@@ -38,7 +38,17 @@ from spark_jobs.transforms import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA
 # it wins and the change builder stops on it (no later change could be ordered either).
 _BEYOND = 1 << 64
 
-_HISTORY_FIELDS = ("commit_lsn", "tx_order", "offset", "is_delete", "after_json", "unchanged")
+# Each older event keeps its own schema id: it is decoded with the schema it was written
+# with (a column's type may have changed between two events of one batch).
+_HISTORY_FIELDS = (
+    "commit_lsn",
+    "tx_order",
+    "offset",
+    "is_delete",
+    "after_json",
+    "unchanged",
+    "schema_id",
+)
 _CHANGE_FIELDS = (
     "kind",
     "topic",

@@ -1,4 +1,9 @@
-"""The follower's watermark: an LSN below which every committed change is applied.
+"""The follower's watermark: an LSN below which every committed change is *settled*:
+applied to the follower, or dead-lettered (written to ``kafka.dead_letter_topic`` with the
+reason, because the follower refused it for good or it could not be read). A dead letter does
+not hold the watermark back, or one bad record would stop read-your-writes for every other
+key; ``cdc status`` shows each job's dead-letter count beside its watermark, so a reader
+waiting for a watermark can tell whether everything before it was applied.
 
 The rule, for any number of partitions:
 

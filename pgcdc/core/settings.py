@@ -165,7 +165,20 @@ class PostgresSettings(BaseModel):
     snapshot_new_tables: bool = True
     # Debezium's signal.data.collection: a "schema.table" with columns id, type, data whose
     # inserted rows are signals (execute-snapshot, stop-snapshot); added to the publication.
+    # Its grants authenticate it: only trusted roles may insert (signal_trusted_roles).
     signal_data_collection: str | None = None
+    # The key (16 characters or more) that signs signals sent through the WAL (`cdc
+    # snapshot`) and the Kafka signal topic: HMAC-SHA256, unsigned ones are refused (see
+    # docs/incremental-snapshots.md). Unset: derived from the password in postgres.dsn, so
+    # the reader and `cdc snapshot` with the same settings agree; without a password there,
+    # WAL and Kafka signals are refused.
+    signal_secret: SecretStr | None = None
+    # Roles besides the reader's own and superusers (and the members of all of these) that
+    # may insert into the signal table; the reader refuses to watch one anyone else can write.
+    signal_trusted_roles: Annotated[tuple[str, ...], NoDecode] = ()
+    # Functions (schema.name) a signal's filter may call besides pg_catalog's immutable and
+    # stable ones; e.g. "public.tenant_of". Operators resolve in pg_catalog only.
+    signal_filter_functions: Annotated[tuple[str, ...], NoDecode] = ()
     # An UPDATE that leaves a TOASTed column alone does not carry its value (pgoutput sends
     # "unchanged TOAST"). True: the reader reads the value by key, so every event holds the
     # whole row and a compacted topic alone rebuilds a follower. False: Debezium's behaviour,
@@ -212,6 +225,30 @@ class PostgresSettings(BaseModel):
         for t in v:
             if t.count(".") != 1 or not all(t.split(".")):
                 raise ValueError(f"table {t!r} must be written as schema.table")
+        return v
+
+    @field_validator("signal_secret")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError(
+                "signal_secret must be at least 16 characters (a guessable key signs anything)"
+            )
+        return v
+
+    @field_validator("signal_trusted_roles", "signal_filter_functions", mode="before")
+    @classmethod
+    def _split_names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return v
+
+    @field_validator("signal_filter_functions")
+    @classmethod
+    def _qualified_functions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for f in v:
+            if f.count(".") != 1 or not all(f.split(".")):
+                raise ValueError(f"signal_filter_functions entry {f!r} must be schema.function")
         return v
 
     @field_validator("signal_data_collection")
@@ -271,7 +308,8 @@ class KafkaSettings(BaseModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
     # Debezium's signal.kafka.topic: records keyed by topic_prefix whose value is a signal
-    # ({"type": "execute-snapshot", "data": {...}}); read by the group cdc-signals.<slot>.
+    # signed with postgres.signal_secret (sig1:<hmac>:<{"id", "type", "data", "ts"}>, see
+    # docs/incremental-snapshots.md); read by the group cdc-signals.<database>.<slot>.
     signal_topic: str | None = None
     # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL

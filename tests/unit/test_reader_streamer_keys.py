@@ -180,14 +180,14 @@ def test_a_truncate_deletes_every_live_key_between_what_came_before_and_after(
 ) -> None:
     publisher = Publisher()
 
-    def scan(bootstrap: str, topic: str, tick: Any = None) -> LiveKeys:
+    def scan(bootstrap: str, topic: str, before: Any, tick: Any = None) -> LiveKeys:
         # The topic as Kafka holds it once flushed: an older row, then this transaction's.
         store = LiveKeys()
         written = [(k, v is not None) for k, v, _ in publisher.on(topic)]
         store.load([(b'{"id":"0"}', True), *written])
         return store
 
-    monkeypatch.setattr(truncate, "scan_live_keys", scan)
+    monkeypatch.setattr(truncate, "keys_live_before", scan)
     _, s = run(
         insert("1", "a"),
         truncate_message(),

@@ -95,12 +95,23 @@ class Reader:
         return self.text()[-n:]
 
 
-def cdc(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+def cdc(p: Pipeline, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
-        [*CDC, *args], env=p.env(), cwd=ROOT, capture_output=True, text=True, timeout=120
+        [*CDC, *args], env=p.env(**env), cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
+
+
+def cdc_fails(p: Pipeline, *args: str, **env: str) -> str:
+    """``cdc ARGS`` must exit non-zero with one ``error:`` line on stderr; that line."""
+    out = subprocess.run(
+        [*CDC, *args], env=p.env(**env), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0, out.stdout
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    return lines[0]
 
 
 def chunks_done(log: str) -> list[tuple[int, str, int, int]]:

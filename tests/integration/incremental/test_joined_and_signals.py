@@ -9,12 +9,16 @@ import orjson
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from pydantic import SecretStr
 
+from cdc.incremental.auth import sign, signal_key
+from pgcdc.core.settings import PostgresSettings
 from tests.conftest import Endpoints
 from tests.integration.incremental.support import (
     Reader,
     assert_chunk_rows_not_stale,
     cdc,
+    cdc_fails,
     chunks_done,
     pipeline,
     topic,
@@ -102,8 +106,9 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
         # The reader is down: one signal each way.
         out = cdc(p, "snapshot", "by_cli", "--where", "id % 2 = 0")
         assert "execute-snapshot signal" in out.stdout
-        # A filter the server refuses drops that request only (one warning), nothing stops.
-        cdc(p, "snapshot", "by_table", "--where", "no_such_column > 1")
+        # cdc snapshot checks before it writes: a misspelled column is one line, exit 2.
+        refused = cdc_fails(p, "snapshot", "by_table", "--where", "no_such_column > 1")
+        assert "column 'no_such_column' is not a column of the table" in refused
         with psycopg.connect(p.dsn, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO cdc_signal VALUES ('s-1', 'execute-snapshot', %s)",
@@ -111,10 +116,13 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
             )
         producer = Producer({"bootstrap.servers": p.endpoints.kafka_bootstrap})
         signal = {
+            "id": "kafka-1",
             "type": "execute-snapshot",
             "data": {"data-collections": ["public.by_kafka"], "type": "INCREMENTAL"},
         }
-        producer.produce(signal_topic, key=p.name.encode(), value=orjson.dumps(signal))
+        key = signal_key(PostgresSettings(dsn=SecretStr(p.dsn)))
+        assert key is not None
+        producer.produce(signal_topic, key=p.name.encode(), value=sign(key, signal))
         assert producer.flush(30) == 0
         reader.catch_up()  # runs the three snapshots before it stops
         text = reader.text()
@@ -128,7 +136,6 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
             assert _incremental_rows(records) == rows
             assert_topic_equals_table(records, p.dsn, table)
         assert {c[1] for c in chunks_done(text)} == set(expected)
-        assert "incremental snapshot of public.by_table dropped: its chunk query failed" in text
         # Each signal ran once: the Kafka offset was committed, the WAL was acknowledged.
         reader.catch_up()
         assert reader.text().count("incremental snapshot of public.by_kafka queued") == 1

@@ -1,10 +1,10 @@
 """The Kafka signal topic (``kafka.signal_topic``, Debezium's ``signal.kafka.topic``).
 
-Records keyed by the topic prefix (as Debezium asks: other keys are ignored) carry a signal
-document (:mod:`cdc.signals`). The reader's group ``cdc-signals.<database>.<slot>`` commits
-an offset only after the caller has made the request durable (:meth:`SignalTopic.commit`),
-so a signal written while the reader is down, or read just before a crash, runs on the next
-start.
+Records keyed by the topic prefix (as Debezium asks: other keys are ignored) carry a signed
+signal (:mod:`cdc.incremental.auth`; the caller verifies it). The reader's group
+``cdc-signals.<database>.<slot>`` commits an offset only after the caller has made the
+request durable (:meth:`SignalTopic.commit`), so a signal written while the reader is down,
+or read just before a crash, runs on the next start.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from confluent_kafka.cimpl import NewTopic
 
 from cdc.kafka_clients import admin_client, consumer, create_topics
-from cdc.signals import Signal, parse_envelope
 from pgcdc.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -58,9 +57,9 @@ class SignalTopic:
             tp.partition: self._consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts
         }
 
-    def poll(self) -> list[Signal]:
-        """Signals that arrived since the last call (never waits)."""
-        out: list[Signal] = []
+    def poll(self) -> list[tuple[str, bytes]]:
+        """(source, value) of the records that arrived since the last call (never waits)."""
+        out: list[tuple[str, bytes]] = []
         for msg in self._read():
             err = msg.error()
             if err is not None:
@@ -77,9 +76,8 @@ class SignalTopic:
                 )
                 continue
             value = msg.value()
-            signal = parse_envelope(f"{self.topic}@{msg.offset()}", value) if value else None
-            if signal is not None:
-                out.append(signal)
+            if value:
+                out.append((f"kafka {self.topic}@{msg.partition()}:{msg.offset()}", value))
         return out
 
     def _read(self) -> list[Message]:

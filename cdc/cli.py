@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
-import threading
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from cdc.connection import MIN_SCRUBBED_CHARS, scrub, secrets_of
+from cdc.interrupt import Interrupt
 from pgcdc import __version__
 from pgcdc.core import kafka_config
 from pgcdc.core.errors import CdcError, ConfigError
@@ -120,16 +119,23 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from None
 
 
-def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
-    from pydantic_settings import SettingsError
+def _settings(
+    config: str | None, overrides: dict[str, Any], flag_names: dict[str, str] | None = None
+) -> Settings:
+    """The settings, or a ConfigError naming every problem and where each came from."""
+    settings = load_settings(config, overrides, flag_names=flag_names)
+    _SECRETS[:] = _secrets(settings)
+    return settings
 
-    try:
-        settings = load_settings(config, overrides)
-        _SECRETS[:] = _secrets(settings)
-        return settings
-    except SettingsError as e:  # e.g. an environment variable that is not valid JSON
-        cause = f" ({e.__cause__})" if e.__cause__ else ""
-        raise ConfigError(f"{e}{cause}") from e
+
+# Libraries that log a warning (with a traceback) for each failed request: their errors reach
+# the user as our own one line instead, unless --debug.
+_NOISY_LIBRARIES = ("opensearch", "urllib3", "elastic_transport", "redis")
+
+
+def _quiet_libraries(debug: bool) -> None:
+    for name in _NOISY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.CRITICAL)
 
 
 @app.command()
@@ -174,43 +180,37 @@ def run(
     log_json: LogJsonOpt = False,
 ) -> None:
     """Snapshot if needed, then stream changes to Kafka until stopped (SIGTERM/SIGINT)."""
-    pg: dict[str, Any] = {}
-    if snapshot_mode is not None:
-        pg["snapshot_mode"] = snapshot_mode
-    if tables is not None:
-        pg["tables"] = tables
-    if slot is not None:
-        pg["slot_name"] = slot
-    if publication is not None:
-        pg["publication_name"] = publication
-    if drop_slot_on_exit:
-        pg["drop_slot_on_exit"] = True
-    overrides = _log_overrides(log_json)
-    if pg:
-        overrides["postgres"] = pg
-    if topic_prefix is not None:
-        overrides["kafka"] = {"topic_prefix": topic_prefix}
-    if metrics_port is not None:
-        overrides["metrics_port"] = metrics_port
-    if health_port is not None:
-        overrides["health_port"] = health_port
+    flags = {
+        "postgres.snapshot_mode": ("--snapshot-mode", snapshot_mode),
+        "postgres.tables": ("--tables", tables),
+        "postgres.slot_name": ("--slot", slot),
+        "postgres.publication_name": ("--publication", publication),
+        "postgres.drop_slot_on_exit": ("--drop-slot-on-exit", True if drop_slot_on_exit else None),
+        "kafka.topic_prefix": ("--topic-prefix", topic_prefix),
+        "metrics_port": ("--metrics-port", metrics_port),
+        "health_port": ("--health-port", health_port),
+        "log_json": ("--log-json", True if log_json else None),
+    }
+    overrides: dict[str, Any] = {}
+    for name, (_flag, value) in flags.items():
+        if value is not None:
+            *sections, leaf = name.split(".")
+            node = overrides
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[leaf] = value
+    flag_names = {name: flag for name, (flag, _value) in flags.items()}
 
     def go() -> None:
         if until not in (None, "current"):
             raise ConfigError(f"--until accepts only 'current', not {until!r}")
-        settings = _settings(config, overrides)
+        interrupt = Interrupt()
+        interrupt.install()  # from here Ctrl-C stops the run (cdc.interrupt)
+        settings = _settings(config, overrides, flag_names)
         _setup_logging(settings, debug)
         from cdc.metrics import ReaderMetrics
         from cdc.pipeline import Pipeline
 
-        stop = threading.Event()
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("received signal %d; stopping", signum)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
         metrics: ReaderMetrics | None = None
         health = None
         if settings.health_port:
@@ -228,14 +228,23 @@ def run(
         from cdc.supervise import run_supervised
 
         try:
-            result = run_supervised(
-                lambda: Pipeline(
-                    settings, until_current=until == "current", stop=stop, metrics=metrics
-                ),
-                stop=stop,
-                reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
-                on_stopped=lambda: RunResult("stopped"),
-            )
+            with interrupt.armed():
+                result = run_supervised(
+                    lambda: Pipeline(
+                        settings,
+                        until_current=until == "current",
+                        interrupt=interrupt,
+                        metrics=metrics,
+                    ),
+                    stop=interrupt.stop,
+                    reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
+                    on_stopped=lambda: RunResult("stopped"),
+                )
+        except KeyboardInterrupt:
+            # Stopped while starting (connecting, waiting for a slot, creating it): as safe
+            # as a crash; the next run starts from what the slot and the state say.
+            log.info("stopped before streaming; the next run starts from the slot and state")
+            result = RunResult("stopped")
         finally:
             if health is not None:
                 health.close()
@@ -277,9 +286,13 @@ STATUS_HELP = (
     "retained WAL), the topics and each follower's watermark and lag."
     "\n\nLag in seconds is the server's pg_stat_replication.replay_lag for the reader's "
     "connection (0 when caught up, empty when no reader is connected)."
-    "\n\nExit status: 0 healthy; 3 unhealthy (the slot is missing or lost, or inactive while "
-    "retaining more WAL than postgres.retained_wal_warn_bytes, or a follower's store is "
-    "unreachable); 1 or 2 when the status itself cannot be read or the settings are wrong."
+    "\n\nA server that cannot be read (PostgreSQL, Kafka, Redis, OpenSearch) is shown with "
+    "its reason, and the rest is still shown. With --json one JSON document is printed "
+    "whatever happens (warnings on stderr)."
+    "\n\nExit status: 0 healthy; 3 unhealthy (a server cannot be read, the slot is missing "
+    "or lost, or inactive while retaining more WAL than postgres.retained_wal_warn_bytes, or "
+    "a follower's store cannot be read); 2 when the settings are wrong; 1 on an unexpected "
+    "failure."
 )
 
 
@@ -294,27 +307,41 @@ def status(
 ) -> None:
     """What ``STATUS_HELP`` says."""
 
-    def go() -> bool:
+    def go() -> dict[str, Any]:
         settings = _settings(config, _log_overrides(log_json))
         _setup_logging(settings, debug, level="WARNING")
+        _quiet_libraries(debug)
         from cdc.status import gather_status
 
         # The entry point composes the sections: the reader's package knows nothing of the
         # followers, so their section is wired in here.
         from sinks.status import status_hook
 
-        status = gather_status(settings, sections={"followers": status_hook})
-        if as_json:
-            typer.echo(scrub(json.dumps(status, indent=2), _SECRETS))
-            for warning in status["warnings"]:
-                typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
-        else:
-            from cdc.status_view import render_text
+        return gather_status(settings, sections={"followers": status_hook})
 
-            typer.echo(scrub(render_text(status), _SECRETS), nl=False)
-        return bool(status["healthy"])
+    if not as_json:
+        found = _guard(debug, go)
+        from cdc.status_view import render_text
 
-    if not _guard(debug, go):
+        typer.echo(scrub(render_text(found), _SECRETS), nl=False)
+        if not found["healthy"]:
+            raise typer.Exit(UNHEALTHY_EXIT)
+        return
+    try:
+        found = go()
+    except Exception as e:
+        # Even now a machine gets JSON: the one line, and the exit status says which kind.
+        if debug:
+            log.exception("failed")
+        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
+        code = 2 if isinstance(e, ConfigError) else 1
+        typer.echo(scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS))
+        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        raise typer.Exit(code) from None
+    typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))
+    for warning in found["warnings"]:
+        typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
+    if not found["healthy"]:
         raise typer.Exit(UNHEALTHY_EXIT)
 
 
@@ -420,10 +447,10 @@ def config_show(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt
     env, flag)."""
 
     def go() -> None:
-        from cdc.config_show import effective_rows, parse_assignments, render
+        from cdc.config_show import effective_rows, parse_assignments, render, set_flag_names
 
         overrides = parse_assignments(assign or [])
-        settings = _settings(config, overrides)
+        settings = _settings(config, overrides, set_flag_names(overrides))
         rows = effective_rows(settings, config, overrides)
         # A value shown whole is already masked (a URL without a password is no secret);
         # any other secret still found in it is scrubbed.
@@ -448,10 +475,12 @@ def config_check(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOp
 
     def go() -> bool:
         from cdc.config_check import run_checks
-        from cdc.config_show import parse_assignments
+        from cdc.config_show import parse_assignments, set_flag_names
 
-        settings = _settings(config, parse_assignments(assign or []))
+        overrides = parse_assignments(assign or [])
+        settings = _settings(config, overrides, set_flag_names(overrides))
         _setup_logging(settings, debug, level="CRITICAL")
+        _quiet_libraries(debug)
         results = run_checks(settings)
         for result in results:
             typer.echo(scrub(result.line(), _SECRETS))

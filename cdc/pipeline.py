@@ -13,6 +13,7 @@ or caught up. The state is saved at each step through :meth:`_Run.save_state`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from cdc.incremental import (
     join_tables,
     load_snapshots,
 )
+from cdc.interrupt import Interrupt, StopRequested
 from cdc.metrics import ReaderMetrics
 from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
@@ -44,7 +46,7 @@ from cdc.slots import (
     slot_info,
     wait_slot_released,
 )
-from cdc.snapshot import Snapshotter
+from cdc.snapshot import SnapshotInterrupted, Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
 from cdc.table_checks import check_tables, warn_unsnapshotted
@@ -131,10 +133,14 @@ class Pipeline:
         until_current: bool = False,
         stop: threading.Event | None = None,
         metrics: ReaderMetrics | None = None,
+        interrupt: Interrupt | None = None,
     ) -> None:
         self.settings = settings
         self.until_current = until_current
-        self.stop = stop or threading.Event()
+        self.stop = interrupt.stop if interrupt is not None else stop or threading.Event()
+        # The stretches that check self.stop themselves (the snapshot's copy, the stream);
+        # elsewhere Ctrl-C interrupts the main thread (cdc.interrupt).
+        self._graceful = interrupt.graceful if interrupt is not None else contextlib.nullcontext
         self.metrics = metrics
         self._dsn = settings.postgres.dsn.get_secret_value()
         # Set once the stream started: a later lost connection is worth a reconnect
@@ -143,6 +149,15 @@ class Pipeline:
 
     def run(self) -> RunResult:
         """Run the reader; returns when stopped, caught up (``until_current``) or done."""
+        try:
+            return self._run()
+        except (SnapshotInterrupted, StopRequested) as e:
+            if not self.stop.is_set():
+                raise
+            log.info("stopped: %s", e)
+            return RunResult("stopped")
+
+    def _run(self) -> RunResult:
         with connect(self._dsn) as admin:
             run = self._open(admin)
             try:
@@ -166,7 +181,7 @@ class Pipeline:
         check_wal_level(admin)
         database = current_database(admin)
         kafka = self.settings.kafka
-        publisher = Publisher(kafka)
+        publisher = Publisher(kafka, stop=self.stop)
         publisher.probe(timeout_s=5.0)
         if self.metrics is not None:
             publisher.latency_observer = self.metrics.on_delivery
@@ -202,7 +217,7 @@ class Pipeline:
         """Decide from the slot and the loaded state what this run does."""
         # A predecessor killed a moment ago may still hold the slot: give its walsender
         # time to notice, instead of failing with "in use".
-        info = wait_slot_released(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S)
+        info = wait_slot_released(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S, log_after_s=2.0)
         plan = plan_start(self.settings.postgres.snapshot_mode, run.slot, info, run.state)
         if plan.reason:
             log.warning(plan.reason, extra={"slot": run.slot})
@@ -224,7 +239,8 @@ class Pipeline:
 
     def _snapshot_only(self, run: _Run) -> int:
         """``initial_only``: copy the tables without a slot; return the rows copied."""
-        snap = self._snapshotter(run).run(run.tables, None, None)
+        with self._graceful():
+            snap = self._snapshotter(run).run(run.tables, None, None)
         run.save_state(Phase.SNAPSHOT_ONLY_DONE, consistent_point=snap.position)
         return snap.rows
 
@@ -269,7 +285,8 @@ class Pipeline:
                 run.slot, pg.publication_name, start, proto_version=pg.proto_version, messages=True
             )
             self.reached_streaming = True
-            streamer.run(start)
+            with self._graceful():
+                streamer.run(start)
             result.events = streamer.events
             result.acked_lsn = streamer.last_ack
             run.save_state(
@@ -348,7 +365,8 @@ class Pipeline:
             start = created.consistent_point
             run.save_state(Phase.SNAPSHOT, consistent_point=start)
             # The exported snapshot lives until the next command on repl: copy the tables now.
-            snap = self._snapshotter(run).run(run.tables, created.snapshot_name, start)
+            with self._graceful():
+                snap = self._snapshotter(run).run(run.tables, created.snapshot_name, start)
             result.snapshot_rows = snap.rows
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start

@@ -426,6 +426,82 @@ def snapshot(
     _guard(debug, go)
 
 
+topic_app = typer.Typer(
+    help="Look at a topic's newest records, or write one (the project's Kafka settings: "
+    "brokers, TLS, SASL; nothing else to install).",
+    no_args_is_help=True,
+)
+app.add_typer(topic_app, name="topic")
+
+
+@topic_app.command("tail")
+def topic_tail(
+    topic: Annotated[
+        str | None,
+        typer.Argument(help="The topic (e.g. cdc.public.orders); see --dead-letters."),
+    ] = None,
+    last: Annotated[
+        int, typer.Option("--last", "-n", help="How many of the newest records.", min=1)
+    ] = 10,
+    dead_letters: Annotated[
+        bool,
+        typer.Option("--dead-letters", help="The dead-letter topic (kafka.dead_letter_topic)."),
+    ] = False,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """The newest records of a topic, oldest first: partition, offset, time, key and headers
+    on one line, the value on the next. Says so when the topic is empty or does not exist
+    (exit 0 either way; 1 when Kafka cannot be read)."""
+
+    def go() -> None:
+        settings = _settings(config, {})
+        _setup_logging(settings, debug, level="WARNING")
+        from cdc.topics import tail
+
+        name = settings.kafka.dead_letter_topic if dead_letters else topic
+        if not name:
+            raise ConfigError("name a topic, or give --dead-letters")
+        found = tail(settings.kafka, name, last)
+        for record in found.records:
+            typer.echo(scrub(record.render(), _SECRETS))
+        note = ""
+        if dead_letters and not found.exists:
+            note = " (it is created with the first dead letter: nothing was dead-lettered)"
+        typer.echo(f"{found.summary()}{note}", err=bool(found.records))
+
+    _guard(debug, go)
+
+
+@topic_app.command("send")
+def topic_send(
+    topic: Annotated[str, typer.Argument(help="The topic to write to.")],
+    key: Annotated[str | None, typer.Option("--key", help="The record's key (text).")] = None,
+    value: Annotated[
+        str | None, typer.Option("--value", help="The record's value (else read from stdin).")
+    ] = None,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Write one record (value from --value or stdin) and wait for Kafka's acknowledgment,
+    e.g. a signal for kafka.signal_topic."""
+
+    def go() -> None:
+        import sys
+
+        settings = _settings(config, {})
+        _setup_logging(settings, debug, level="WARNING")
+        from cdc.topics import send
+
+        body = value if value is not None else sys.stdin.read().strip()
+        partition, offset = send(
+            settings.kafka, topic, key.encode() if key is not None else None, body.encode()
+        )
+        typer.echo(f"written to {topic} partition {partition} offset {offset}")
+
+    _guard(debug, go)
+
+
 config_app = typer.Typer(
     help="Show the effective settings, or check them against every service.",
     no_args_is_help=True,

@@ -21,6 +21,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -119,7 +120,7 @@ SAY_WAITING_AFTER_S = 2.0
 
 
 def cluster_metadata(
-    client: AdminClient | Consumer, bootstrap_servers: str, timeout_s: float
+    client: AdminClient | Consumer | Producer, bootstrap_servers: str, timeout_s: float
 ) -> ClusterMetadata:
     """The cluster's topics; no broker answering is one clear ConnectionFailed, a refused
     login or certificate one clear ConfigError.

@@ -285,6 +285,8 @@ class Pipeline:
                 run.slot, pg.publication_name, start, proto_version=pg.proto_version, messages=True
             )
             self.reached_streaming = True
+            if self.metrics is not None:
+                self.metrics.on_streaming(start)  # /readyz: streaming from now on
             with self._graceful():
                 streamer.run(start)
             result.events = streamer.events

@@ -272,7 +272,8 @@ class KafkaSettings(BaseModel):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
     # Debezium's signal.kafka.topic: records keyed by topic_prefix whose value is a signal
-    # ({"type": "execute-snapshot", "data": {...}}); read by the group cdc-signals.<slot>.
+    # ({"type": "execute-snapshot", "data": {...}}); read by the group
+    # cdc-signals.<database>.<slot>; the reader creates it (one partition) at start.
     signal_topic: str | None = None
     # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL

@@ -335,7 +335,9 @@ def status(
             log.exception("failed")
         line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
         code = 2 if isinstance(e, ConfigError) else 1
-        typer.echo(scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS))
+        typer.echo(
+            scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS)
+        )
         typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
         raise typer.Exit(code) from None
     typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))

@@ -417,23 +417,39 @@ class Publisher:
         self.acked_lsn()
         return len(self._acks) == 0
 
-    def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait until everything queued is acknowledged (or fail)."""
-        deadline = time.monotonic() + timeout_s
+    def flush(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:
+        """Wait until everything queued is acknowledged (or fail); with ``stop``, give way to
+        it (StopRequested). A wait over 2 s says what it waits for."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        said = False
         while True:
             self._producer.poll(0)
             self.raise_if_failed()  # also writes letters a poll asked for
             if len(self._producer) == 0 and not self._refused:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise PublishError(
                     f"{len(self._producer)} records not acknowledged by Kafka after {timeout_s}s"
                 )
-            self._raise_if_stopped("acknowledgments")
-            self._producer.flush(min(0.2, max(0.01, deadline - time.monotonic())))
+            if stop is not None:
+                self._raise_if_stopped("acknowledgments", stop)
+            if not said and now - started > 2.0:
+                said = True
+                again = "; Ctrl-C again exits at once" if self.stop and self.stop.is_set() else ""
+                log.info(
+                    "waiting up to %.0fs for Kafka to acknowledge %d records (nothing "
+                    "unacknowledged is confirmed to PostgreSQL)%s",
+                    deadline - now,
+                    len(self._producer),
+                    again,
+                )
+            self._producer.flush(min(0.2, max(0.01, deadline - now)))
 
-    def _raise_if_stopped(self, waiting_for: str) -> None:
-        if self.stop is not None and self.stop.is_set():
+    def _raise_if_stopped(self, waiting_for: str, stop: threading.Event | None = None) -> None:
+        event = stop or self.stop
+        if event is not None and event.is_set():
             raise StopRequested(
                 f"stopped while waiting for Kafka's {waiting_for} ({len(self._producer)} "
                 "records queued; nothing unacknowledged is confirmed to PostgreSQL)"

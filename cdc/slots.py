@@ -87,7 +87,7 @@ def slot_holder(conn: psycopg.Connection[Any], pid: int | None) -> str:
     """Who streams from a slot, from ``pg_stat_replication``: ``process 123 (cdc from
     127.0.0.1, since 2024-05-01 10:00:00+00)``."""
     row = conn.execute(
-        "SELECT application_name, client_addr::text, date_trunc('second', backend_start)::text "
+        "SELECT application_name, host(client_addr), date_trunc('second', backend_start)::text "
         "FROM pg_stat_replication WHERE pid = %s",
         (pid,),
     ).fetchone()

@@ -329,7 +329,7 @@ class Snapshotter:
                     while True:
                         self._raise_if_stopped()
                         try:
-                            rows = fut.result(timeout=0.2)
+                            rows = fut.result(timeout=0.05)  # a stop is seen this soon
                             break
                         except TimeoutError:
                             self._publisher.poll(0)  # keep delivery reports flowing
@@ -347,12 +347,20 @@ class Snapshotter:
             raise SnapshotInterrupted("snapshot interrupted; it restarts on the next run")
 
     def _cancel_reads(self) -> None:
-        """Ask the server to cancel the workers' running COPYs (their threads then return)."""
+        """Ask the server to cancel the workers' running COPYs (their threads then return),
+        all at once: each cancel request is a connection of its own."""
         with self._conns_lock:
             conns = list(self._worker_conns)
-        for conn in conns:
+
+        def cancel(conn: psycopg.Connection[Any]) -> None:
             with contextlib.suppress(psycopg.Error):
                 conn.cancel_safe(timeout=1.0)
+
+        threads = [threading.Thread(target=cancel, args=(c,), daemon=True) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(1.5)
 
     def _tick(self) -> None:
         """Between reads of a topic's live keys: serve deliveries, give way to a stop."""
@@ -508,5 +516,5 @@ class Snapshotter:
         finally:
             progress.close()
         self._publisher.close_txn(txn, position)
-        self._publisher.flush(timeout_s=300)
+        self._publisher.flush(timeout_s=300, stop=self._stop)
         return sum(p.rows for p in plans)

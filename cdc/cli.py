@@ -134,7 +134,10 @@ _NOISY_LIBRARIES = ("opensearch", "urllib3", "elastic_transport", "redis")
 
 
 def _quiet_libraries(debug: bool) -> None:
-    for name in _NOISY_LIBRARIES:
+    # Python warnings too (urllib3's InsecureRequestWarning with search.verify_certs = false):
+    # they go through logging, shown with --debug only.
+    logging.captureWarnings(True)
+    for name in (*_NOISY_LIBRARIES, "py.warnings"):
         logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.CRITICAL)
 
 

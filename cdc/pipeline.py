@@ -36,7 +36,7 @@ from cdc.interrupt import Interrupt, StopRequested
 from cdc.metrics import ReaderMetrics
 from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
-from cdc.replication import ReplicationConnection
+from cdc.replication import ReplicationConnection, SlotCreated
 from cdc.slots import (
     Action,
     StartPlan,
@@ -46,6 +46,7 @@ from cdc.slots import (
     slot_info,
     wait_slot_released,
 )
+from cdc.slow import open_transactions, said_if_slow
 from cdc.snapshot import SnapshotInterrupted, Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
@@ -348,6 +349,20 @@ class Pipeline:
         engine.save()
         return engine
 
+    def _create_slot(
+        self, run: _Run, repl: ReplicationConnection, *, export_snapshot: bool
+    ) -> SlotCreated:
+        """Create the slot; a creation that waits on open transactions says which."""
+
+        def waiting() -> str:
+            return (
+                f"creating replication slot {run.slot}: PostgreSQL waits for the transactions "
+                f"open now to end first; the oldest: {open_transactions(run.admin)}"
+            )
+
+        with said_if_slow(waiting, slot=run.slot):
+            return repl.create_slot(run.slot, export_snapshot=export_snapshot)
+
     def _prepare_slot(
         self, run: _Run, plan: StartPlan, repl: ReplicationConnection, result: RunResult
     ) -> Lsn:
@@ -358,12 +373,12 @@ class Pipeline:
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
-            created = repl.create_slot(run.slot, export_snapshot=False)
+            created = self._create_slot(run, repl, export_snapshot=False)
             start = created.consistent_point
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start
         if plan.action is Action.SNAPSHOT:
-            created = repl.create_slot(run.slot, export_snapshot=True)
+            created = self._create_slot(run, repl, export_snapshot=True)
             start = created.consistent_point
             run.save_state(Phase.SNAPSHOT, consistent_point=start)
             # The exported snapshot lives until the next command on repl: copy the tables now.
@@ -373,7 +388,7 @@ class Pipeline:
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start
         if plan.action is Action.NEW_SLOT:
-            created = repl.create_slot(run.slot, export_snapshot=False)
+            created = self._create_slot(run, repl, export_snapshot=False)
             start = created.consistent_point
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start

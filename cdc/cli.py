@@ -246,7 +246,7 @@ def run(
         except KeyboardInterrupt:
             # Stopped while starting (connecting, waiting for a slot, creating it): as safe
             # as a crash; the next run starts from what the slot and the state say.
-            log.info("stopped before streaming; the next run starts from the slot and state")
+            log.info("stopped; the next run starts from what the slot and the state say")
             result = RunResult("stopped")
         finally:
             if health is not None:

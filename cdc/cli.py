@@ -294,8 +294,9 @@ STATUS_HELP = (
     "whatever happens (warnings on stderr)."
     "\n\nExit status: 0 healthy; 3 unhealthy (a server cannot be read, the slot is missing "
     "or lost, or inactive while retaining more WAL than postgres.retained_wal_warn_bytes, or "
-    "a follower's store cannot be read); 2 when the settings are wrong; 1 on an unexpected "
-    "failure."
+    "a follower's store cannot be read); 2 when the settings are wrong (or a server refuses "
+    "them: a login, a certificate); 1 on an unexpected failure. A server's error is also "
+    "one line on stderr."
 )
 
 
@@ -322,13 +323,21 @@ def status(
 
         return gather_status(settings, sections={"followers": status_hook})
 
+    def outcome(found: dict[str, Any]) -> None:
+        """Each server's error as one line on stderr; the exit status."""
+        for line in (found.get("errors") or {}).values():
+            typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        if found.get("settings_wrong"):
+            raise typer.Exit(2)
+        if not found["healthy"]:
+            raise typer.Exit(UNHEALTHY_EXIT)
+
     if not as_json:
         found = _guard(debug, go)
         from cdc.status_view import render_text
 
         typer.echo(scrub(render_text(found), _SECRETS), nl=False)
-        if not found["healthy"]:
-            raise typer.Exit(UNHEALTHY_EXIT)
+        outcome(found)
         return
     try:
         found = go()
@@ -346,8 +355,7 @@ def status(
     typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))
     for warning in found["warnings"]:
         typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
-    if not found["healthy"]:
-        raise typer.Exit(UNHEALTHY_EXIT)
+    outcome(found)
 
 
 @app.command("reset-state")

@@ -215,6 +215,11 @@ def connect_error(where: str, text: str, secrets: Iterable[str] = ()) -> CdcErro
             f"in {_DSN_VARIABLE}, and that the server's pg_hba.conf admits that user from "
             "this host"
         )
+    if "certificate verify failed" in lowered or "server certificate" in lowered:
+        return ConfigError(
+            f"PostgreSQL at {where}: the server's certificate does not verify ({reason}); "
+            f"check sslrootcert (the CA file) and the host name in {_DSN_VARIABLE}"
+        )
     if "database" in lowered and "does not exist" in lowered:
         return ConfigError(
             f"PostgreSQL at {where}: {reason}; check the database name in {_DSN_VARIABLE}"

@@ -23,7 +23,7 @@ from cdc.incremental import load_snapshots
 from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds
 from cdc.slots import slot_info
 from cdc.state import StateStore
-from pgcdc.core.errors import CdcError
+from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.settings import Settings
 
 StatusSection = Callable[[Settings], dict[str, Any]]
@@ -165,8 +165,9 @@ def gather_status(
     """Everything ``cdc status`` shows, as one JSON-able mapping.
 
     A server that cannot be read leaves its parts empty and its error under ``errors``
-    (``postgres``, ``kafka``); each of ``sections`` adds one key, computed by its function
-    from the settings (or ``{"error": ...}``).
+    (``postgres``, ``kafka``), and ``settings_wrong`` says whether one refused the settings
+    themselves (a login, a certificate, a database that does not exist); each of ``sections``
+    adds one key, computed by its function from the settings (or ``{"error": ...}``).
     """
     name = settings.postgres.slot_name
     out: dict[str, Any] = {
@@ -176,12 +177,14 @@ def gather_status(
         "topics": {},
         "snapshots": [],
         "errors": {},
+        "settings_wrong": False,
     }
     try:
         out["slot"] = slot_status(settings)
         out["warnings"] = slot_warnings(out["slot"], settings.postgres.retained_wal_warn_bytes)
     except _UNREADABLE as e:
         out["errors"]["postgres"] = _line(e)
+        out["settings_wrong"] |= isinstance(e, ConfigError)
     # The state's key names the database: the server's answer, else the DSN's.
     database = out["slot"].get("database") or _dsn_database(settings)
     try:
@@ -203,6 +206,7 @@ def gather_status(
             ]
     except _UNREADABLE as e:
         out["errors"]["kafka"] = _line(e)
+        out["settings_wrong"] |= isinstance(e, ConfigError)
     for key, section in (sections or {}).items():
         try:
             out[key] = section(settings)

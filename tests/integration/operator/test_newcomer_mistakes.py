@@ -3,10 +3,10 @@ and its fix, prints no secret, and ends with the documented exit status in the d
 time; Ctrl-C acts within a second in every phase of ``cdc run``.
 
 Documented (README, "Running the pipeline"; docs/troubleshooting.md): exit 1 on an error
-(PostgreSQL or Kafka unreachable), 2 when the settings are wrong or a server refuses the login,
-3 when ``cdc status`` or ``cdc config check`` finds a problem; a refused connection stops at
-once, an unanswering Kafka after 5 s (saying so after 2 s); Ctrl-C (or SIGTERM) stops the run
-within a second in any phase, with exit status 0.
+(PostgreSQL or Kafka unreachable), 2 when the settings are wrong or a server refuses them (a
+login, a certificate), 3 when ``cdc status`` or ``cdc config check`` finds a problem; a
+refused connection stops at once, an unanswering Kafka after 5 s (saying so after 2 s);
+Ctrl-C (or SIGTERM) stops the run within a second in any phase, with exit status 0.
 """
 
 from __future__ import annotations
@@ -186,11 +186,13 @@ def test_a_wrong_password_says_the_login_was_refused(endpoints: Endpoints) -> No
     assert f'refused the login: password authentication failed for user "{user}"' in err
     assert "check the user and password in postgres.dsn (CDC_POSTGRES__DSN)" in err
     assert "pg_hba.conf" in err and "unreachable" not in err
-    # cdc status --json: JSON whatever happens, exit 3 (a server that cannot be read).
+    # cdc status --json: JSON whatever happens; exit 2, the settings (the password) are wrong.
     rc, out_json, err_json, _ = _cdc("status", "--json", env=env)
-    assert rc == 3
+    assert rc == 2
     status = json.loads(out_json)
-    assert status["healthy"] is False and "refused the login" in status["errors"]["postgres"]
+    assert status["healthy"] is False and status["settings_wrong"] is True
+    assert "refused the login" in status["errors"]["postgres"]
+    assert err_json.startswith("error: PostgreSQL at ") and "refused the login" in err_json
     for text in (out, err, out_json, err_json):
         assert PASSWORD not in text
         _clean(text)
@@ -240,6 +242,7 @@ def test_an_unreachable_kafka_is_named_with_its_reason(scratch: dict[str, str]) 
     assert rc == 3, out + err
     status = json.loads(out)
     assert status["errors"]["kafka"].startswith(f"Kafka at 127.0.0.1:{port} is unreachable")
+    assert err == f"error: {status['errors']['kafka']}\n"  # and once on stderr
     assert status["slot"]["exists"] is False  # PostgreSQL was still read
     _clean(reader.output.text + out + err)
 

@@ -286,6 +286,11 @@ def _sources_under(path: Path, layers: Layers) -> list[str]:
     return out
 
 
+def _secret_key(path: Path) -> bool:
+    """A key of a table setting that may hold a secret (``kafka.client`` ``sasl.password``)."""
+    return any(w in part.lower() for part in path for w in ("password", "secret", "token", "jaas"))
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -308,8 +313,9 @@ def describe(error: Mapping[str, Any], root: type[BaseModel], layers: Layers) ->
         where = ", ".join(_sources_under(path, layers)) or "default"
         return f"invalid settings in [{dotted}] (from {where}): {msg}"
     where = _source(path, layers)
-    value = "" if annotation is None or is_secret(annotation) else f" = {_shown(error['input'])}"
-    if annotation is not None and is_secret(annotation):
+    hidden = annotation is None or is_secret(annotation) or _secret_key(path)
+    value = "" if hidden else f" = {_shown(error['input'])}"
+    if hidden and annotation is not None:
         where += ", value not shown"
     return f"invalid setting {dotted}{value} (from {where}): {msg}"
 

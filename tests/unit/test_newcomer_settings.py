@@ -131,11 +131,16 @@ def test_a_secret_is_never_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "invalid settings in [kafka]" in text and "CDC_KAFKA__SASL_PASSWORD" in text
     assert "security_protocol is PLAINTEXT; use SASL_SSL" in text
     assert SECRET not in text
-    # An invalid secret value is not quoted either.
+    # An invalid value that may be a secret is not quoted either.
     monkeypatch.delenv("CDC_KAFKA__SASL_USERNAME")
     monkeypatch.delenv("CDC_KAFKA__SASL_PASSWORD")
-    monkeypatch.setenv("CDC_KAFKA__SSL_KEY_PASSWORD", "")  # empty: means unset
-    assert load_settings().kafka.ssl_key_password is None
+    monkeypatch.setenv("CDC_KAFKA__CLIENT", '{"sasl.password": 12345678}')
+    with pytest.raises(ConfigError) as e:
+        load_settings()
+    assert str(e.value) == (
+        "invalid setting kafka.client.sasl.password (from CDC_KAFKA__CLIENT, value not shown): "
+        "Input should be a valid string"
+    )
 
 
 def test_a_table_setting_that_is_not_json_names_its_variable(

@@ -357,7 +357,7 @@ class Pipeline:
         def waiting() -> str:
             return (
                 f"creating replication slot {run.slot}: PostgreSQL waits for the transactions "
-                f"open now to end first; the oldest: {open_transactions(run.admin)}"
+                f"open now (in any database) to end first: {open_transactions(run.admin)}"
             )
 
         with said_if_slow(waiting, slot=run.slot):

@@ -40,8 +40,11 @@ def said_if_slow(
         timer.cancel()
 
 
-_OLDEST_TRANSACTIONS = """
-SELECT pid, usename, date_trunc('second', xact_start)::text, left(query, 60)
+# A new logical slot waits for every transaction that holds a transaction id, in every
+# database of the server (the running-transactions record is server-wide).
+_OPEN_TRANSACTIONS = """
+SELECT count(*) OVER (), pid, usename, datname, date_trunc('second', xact_start)::text,
+       left(query, 60)
 FROM pg_stat_activity
 WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
 ORDER BY xact_start
@@ -50,10 +53,13 @@ LIMIT 3
 
 
 def open_transactions(conn: psycopg.Connection[Any]) -> str:
-    """The oldest transactions open on the server (the ones a new slot waits for), as text."""
-    rows = conn.execute(_OLDEST_TRANSACTIONS).fetchall()
+    """The transactions open on the server that a new slot waits for: how many, and the
+    oldest three (pid, user, database, since when, their last statement)."""
+    rows = conn.execute(_OPEN_TRANSACTIONS).fetchall()
     if not rows:
         return "none found"
-    return "; ".join(
-        f"pid {pid} ({user}, open since {since}: {query!r})" for pid, user, since, query in rows
+    listed = "; ".join(
+        f"pid {pid} ({user} on {db}, open since {since}: {query!r})"
+        for _n, pid, user, db, since, query in rows
     )
+    return f"{rows[0][0]} open; the oldest: {listed}"

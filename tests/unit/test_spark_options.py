@@ -90,7 +90,7 @@ def test_the_source_waits_little_for_a_fetch_unless_the_settings_say_otherwise(
     assert got["subscribePattern"].endswith("|" + re.escape(opts.heartbeat_topic))
 
 
-@pytest.mark.parametrize("job", ["cache_sync", "search_sync"])
+@pytest.mark.parametrize("job", ["cache_sync"])  # search_sync: the docs harness parses it
 def test_a_jobs_help_prints_without_a_jvm(job: str, tmp_path: Path) -> None:
     """``python spark_jobs/<job>.py --help`` lists the options and exits 0 without starting
     Spark: with no java on the PATH and JAVA_HOME pointing nowhere, starting a JVM fails."""

@@ -202,6 +202,15 @@ def read_to_end(reader: Consumer, topic: str, timeout_s: float) -> Iterator[Mess
     if not ends:
         return
     reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    yield from read_assigned(reader, topic, ends, timeout_s)
+
+
+def read_assigned(
+    reader: Consumer, topic: str, ends: dict[int, int], timeout_s: float
+) -> Iterator[Message]:
+    """The records of the partitions ``reader`` is assigned, each up to its offset in
+    ``ends`` (not included), in offset order per partition. ``reader`` must be created with
+    ``enable.partition.eof``."""
     done: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while len(done) < len(ends):

@@ -9,13 +9,17 @@ something was dead-lettered).
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
-from cdc.kafka_clients import client_conf, cluster_metadata, consumer, offset_bounds
+from cdc.kafka_clients import (
+    client_conf,
+    cluster_metadata,
+    consumer,
+    offset_bounds,
+    read_assigned,
+)
 from pgcdc.core.errors import PublishError
 from pgcdc.core.settings import KafkaSettings
 
@@ -108,32 +112,12 @@ def tail(kafka: KafkaSettings, topic: str, last: int, timeout_s: float = 10.0) -
             return Tail(topic, True, 0, [])
         reader.assign(starts)
         records = sorted(
-            _read_until(reader, ends, timeout_s),
+            (TopicRecord.of(m) for m in read_assigned(reader, topic, ends, timeout_s)),
             key=lambda r: (r.timestamp_ms or 0, r.partition, r.offset),
         )
         return Tail(topic, True, total, records[-last:] if last else [])
     finally:
         reader.close()
-
-
-def _read_until(reader: Consumer, ends: dict[int, int], timeout_s: float) -> Iterator[TopicRecord]:
-    done: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while len(done) < len(ends):
-        if time.monotonic() > deadline:
-            raise PublishError(f"timed out reading the newest records ({len(done)} partitions)")
-        for msg in reader.consume(1000, 0.5):
-            err = msg.error()
-            part = msg.partition()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF and part is not None:
-                    done.add(part)
-                    continue
-                raise PublishError(f"cannot read: {err.str()}")
-            yield TopicRecord.of(msg)
-            offset = msg.offset()
-            if part is not None and offset is not None and offset + 1 >= ends[part]:
-                done.add(part)
 
 
 def send(kafka: KafkaSettings, topic: str, key: bytes | None, value: bytes) -> tuple[int, int]:

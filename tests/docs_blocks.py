@@ -218,14 +218,21 @@ def commands(text: str) -> list[str]:
     return out
 
 
-def _code(command: str) -> str | None:
-    """The command without its comments; None while a quote is still open."""
+def _tokens(text: str) -> list[str] | None:
+    """A shell's words and operators, comments left out; None while a quote is still open."""
     try:
-        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex = shlex.shlex(text, posix=True, punctuation_chars=True)
         lex.whitespace_split = True
         lex.commenters = "#"
-        tokens = list(lex)
+        return list(lex)
     except ValueError:
+        return None
+
+
+def _code(command: str) -> str | None:
+    """The command without its comments; None while a quote is still open."""
+    tokens = _tokens(command)
+    if tokens is None:
         return None
     text = " ".join(tokens)
     return text + (" \\" if command.rstrip().endswith("\\") else "")
@@ -235,12 +242,8 @@ def programs(command: str) -> Iterator[str]:
     """The program of each simple command in ``command`` (after ``&&``, ``|``, ``;``, ``(``),
     quoted text and here-documents left out."""
     code = re.sub(r"(<<-?\s*['\"]?(\w+)['\"]?).*?^\2$", r"\1", command, flags=re.S | re.M)
-    try:
-        lex = shlex.shlex(code, posix=True, punctuation_chars=True)
-        lex.whitespace_split = True
-        lex.commenters = "#"
-        tokens = list(lex)
-    except ValueError:
+    tokens = _tokens(code)
+    if tokens is None:
         return
     starts = True
     for token in tokens:

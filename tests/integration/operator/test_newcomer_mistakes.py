@@ -289,6 +289,7 @@ def _stopped_in_time(reader: Reader, last_line: str = r"done: \w+") -> None:
     done_at = reader.output.when(last_line)
     assert reader.interrupted_at is not None and done_at is not None, reader.tail()
     acted = done_at - reader.interrupted_at
+    print(f"Ctrl-C: stopped {acted:.2f}s after the signal, exited after {exited:.2f}s")
     assert rc == 0, reader.tail()
     assert acted <= ACTS_WITHIN_S, f"Ctrl-C acted after {acted:.2f}s:\n{reader.tail()}"
     assert exited <= EXITS_WITHIN_S, f"exited {exited:.2f}s after Ctrl-C"

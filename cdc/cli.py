@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
-import threading
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from cdc.connection import MIN_SCRUBBED_CHARS, scrub, secrets_of
+from cdc.interrupt import Interrupt
 from pgcdc import __version__
 from pgcdc.core import kafka_config
 from pgcdc.core.errors import CdcError, ConfigError
@@ -122,16 +121,26 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
         raise typer.Exit(1) from None
 
 
-def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
-    from pydantic_settings import SettingsError
+def _settings(
+    config: str | None, overrides: dict[str, Any], flag_names: dict[str, str] | None = None
+) -> Settings:
+    """The settings, or a ConfigError naming every problem and where each came from."""
+    settings = load_settings(config, overrides, flag_names=flag_names)
+    _SECRETS[:] = _secrets(settings)
+    return settings
 
-    try:
-        settings = load_settings(config, overrides)
-        _SECRETS[:] = _secrets(settings)
-        return settings
-    except SettingsError as e:  # e.g. an environment variable that is not valid JSON
-        cause = f" ({e.__cause__})" if e.__cause__ else ""
-        raise ConfigError(f"{e}{cause}") from e
+
+# Libraries that log a warning (with a traceback) for each failed request: their errors reach
+# the user as our own one line instead, unless --debug.
+_NOISY_LIBRARIES = ("opensearch", "urllib3", "elastic_transport", "redis")
+
+
+def _quiet_libraries(debug: bool) -> None:
+    # Python warnings too (urllib3's InsecureRequestWarning with search.verify_certs = false):
+    # they go through logging, shown with --debug only.
+    logging.captureWarnings(True)
+    for name in (*_NOISY_LIBRARIES, "py.warnings"):
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.CRITICAL)
 
 
 @app.command()
@@ -176,43 +185,37 @@ def run(
     log_json: LogJsonOpt = False,
 ) -> None:
     """Snapshot if needed, then stream changes to Kafka until stopped (SIGTERM/SIGINT)."""
-    pg: dict[str, Any] = {}
-    if snapshot_mode is not None:
-        pg["snapshot_mode"] = snapshot_mode
-    if tables is not None:
-        pg["tables"] = tables
-    if slot is not None:
-        pg["slot_name"] = slot
-    if publication is not None:
-        pg["publication_name"] = publication
-    if drop_slot_on_exit:
-        pg["drop_slot_on_exit"] = True
-    overrides = _log_overrides(log_json)
-    if pg:
-        overrides["postgres"] = pg
-    if topic_prefix is not None:
-        overrides["kafka"] = {"topic_prefix": topic_prefix}
-    if metrics_port is not None:
-        overrides["metrics_port"] = metrics_port
-    if health_port is not None:
-        overrides["health_port"] = health_port
+    flags = {
+        "postgres.snapshot_mode": ("--snapshot-mode", snapshot_mode),
+        "postgres.tables": ("--tables", tables),
+        "postgres.slot_name": ("--slot", slot),
+        "postgres.publication_name": ("--publication", publication),
+        "postgres.drop_slot_on_exit": ("--drop-slot-on-exit", True if drop_slot_on_exit else None),
+        "kafka.topic_prefix": ("--topic-prefix", topic_prefix),
+        "metrics_port": ("--metrics-port", metrics_port),
+        "health_port": ("--health-port", health_port),
+        "log_json": ("--log-json", True if log_json else None),
+    }
+    overrides: dict[str, Any] = {}
+    for name, (_flag, value) in flags.items():
+        if value is not None:
+            *sections, leaf = name.split(".")
+            node = overrides
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[leaf] = value
+    flag_names = {name: flag for name, (flag, _value) in flags.items()}
 
     def go() -> None:
         if until not in (None, "current"):
             raise ConfigError(f"--until accepts only 'current', not {until!r}")
-        settings = _settings(config, overrides)
+        interrupt = Interrupt()
+        interrupt.install()  # from here Ctrl-C stops the run (cdc.interrupt)
+        settings = _settings(config, overrides, flag_names)
         _setup_logging(settings, debug)
         from cdc.metrics import ReaderMetrics
         from cdc.pipeline import Pipeline
 
-        stop = threading.Event()
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("received signal %d; stopping", signum)
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
         metrics: ReaderMetrics | None = None
         health = None
         if settings.health_port:
@@ -230,14 +233,23 @@ def run(
         from cdc.supervise import run_supervised
 
         try:
-            result = run_supervised(
-                lambda: Pipeline(
-                    settings, until_current=until == "current", stop=stop, metrics=metrics
-                ),
-                stop=stop,
-                reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
-                on_stopped=lambda: RunResult("stopped"),
-            )
+            with interrupt.armed():
+                result = run_supervised(
+                    lambda: Pipeline(
+                        settings,
+                        until_current=until == "current",
+                        interrupt=interrupt,
+                        metrics=metrics,
+                    ),
+                    stop=interrupt.stop,
+                    reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
+                    on_stopped=lambda: RunResult("stopped"),
+                )
+        except KeyboardInterrupt:
+            # Stopped while starting (connecting, waiting for a slot, creating it): as safe
+            # as a crash; the next run starts from what the slot and the state say.
+            log.info("stopped; the next run starts from what the slot and the state say")
+            result = RunResult("stopped")
         finally:
             if health is not None:
                 health.close()
@@ -279,9 +291,14 @@ STATUS_HELP = (
     "retained WAL), the topics and each follower's watermark and lag."
     "\n\nLag in seconds is the server's pg_stat_replication.replay_lag for the reader's "
     "connection (0 when caught up, empty when no reader is connected)."
-    "\n\nExit status: 0 healthy; 3 unhealthy (the slot is missing or lost, or inactive while "
-    "retaining more WAL than postgres.retained_wal_warn_bytes, or a follower's store is "
-    "unreachable); 1 or 2 when the status itself cannot be read or the settings are wrong."
+    "\n\nA server that cannot be read (PostgreSQL, Kafka, Redis, OpenSearch) is shown with "
+    "its reason, and the rest is still shown. With --json one JSON document is printed "
+    "whatever happens (warnings on stderr)."
+    "\n\nExit status: 0 healthy; 3 unhealthy (a server cannot be read, the slot is missing "
+    "or lost, or inactive while retaining more WAL than postgres.retained_wal_warn_bytes, or "
+    "a follower's store cannot be read); 2 when the settings are wrong (or a server refuses "
+    "them: a login, a certificate); 1 on an unexpected failure. A server's error is also "
+    "one line on stderr."
 )
 
 
@@ -296,28 +313,51 @@ def status(
 ) -> None:
     """What ``STATUS_HELP`` says."""
 
-    def go() -> bool:
+    def go() -> dict[str, Any]:
         settings = _settings(config, _log_overrides(log_json))
         _setup_logging(settings, debug, level="WARNING")
+        _quiet_libraries(debug)
         from cdc.status import gather_status
 
         # The entry point composes the sections: the reader's package knows nothing of the
         # followers, so their section is wired in here.
         from sinks.status import status_hook
 
-        status = gather_status(settings, sections={"followers": status_hook})
-        if as_json:
-            typer.echo(scrub(json.dumps(status, indent=2), _SECRETS))
-            for warning in status["warnings"]:
-                typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
-        else:
-            from cdc.status_view import render_text
+        return gather_status(settings, sections={"followers": status_hook})
 
-            typer.echo(scrub(render_text(status), _SECRETS), nl=False)
-        return bool(status["healthy"])
+    def outcome(found: dict[str, Any]) -> None:
+        """Each server's error as one line on stderr; the exit status."""
+        for line in (found.get("errors") or {}).values():
+            typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        if found.get("settings_wrong"):
+            raise typer.Exit(2)
+        if not found["healthy"]:
+            raise typer.Exit(UNHEALTHY_EXIT)
 
-    if not _guard(debug, go):
-        raise typer.Exit(UNHEALTHY_EXIT)
+    if not as_json:
+        found = _guard(debug, go)
+        from cdc.status_view import render_text
+
+        typer.echo(scrub(render_text(found), _SECRETS), nl=False)
+        outcome(found)
+        return
+    try:
+        found = go()
+    except Exception as e:
+        # Even now a machine gets JSON: the one line, and the exit status says which kind.
+        if debug:
+            log.exception("failed")
+        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
+        code = 2 if isinstance(e, ConfigError) else 1
+        typer.echo(
+            scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS)
+        )
+        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        raise typer.Exit(code) from None
+    typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))
+    for warning in found["warnings"]:
+        typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
+    outcome(found)
 
 
 @app.command("reset-state")
@@ -397,6 +437,115 @@ def snapshot(
     _guard(debug, go)
 
 
+topic_app = typer.Typer(
+    help="Look at a topic's newest records, or write one (the project's Kafka settings: "
+    "brokers, TLS, SASL; nothing else to install).",
+    no_args_is_help=True,
+)
+app.add_typer(topic_app, name="topic")
+
+
+@topic_app.command("tail")
+def topic_tail(
+    topic: Annotated[
+        str | None,
+        typer.Argument(help="The topic (e.g. cdc.public.orders); see --dead-letters."),
+    ] = None,
+    last: Annotated[
+        int, typer.Option("--last", "-n", help="How many of the newest records.", min=1)
+    ] = 10,
+    dead_letters: Annotated[
+        bool,
+        typer.Option("--dead-letters", help="The dead-letter topic (kafka.dead_letter_topic)."),
+    ] = False,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """The newest records of a topic, oldest first: partition, offset, time, key and headers
+    on one line, the value on the next. Says so when the topic is empty or does not exist
+    (exit 0 either way; 1 when Kafka cannot be read)."""
+
+    def go() -> None:
+        settings = _settings(config, {})
+        _setup_logging(settings, debug, level="WARNING")
+        from cdc.topics import tail
+
+        name = settings.kafka.dead_letter_topic if dead_letters else topic
+        if not name:
+            raise ConfigError("name a topic, or give --dead-letters")
+        found = tail(settings.kafka, name, last)
+        for record in found.records:
+            typer.echo(scrub(record.render(), _SECRETS))
+        note = ""
+        if dead_letters and not found.exists:
+            note = " (it is created with the first dead letter: nothing was dead-lettered)"
+        typer.echo(f"{found.summary()}{note}", err=bool(found.records))
+
+    _guard(debug, go)
+
+
+@topic_app.command("send")
+def topic_send(
+    topic: Annotated[str, typer.Argument(help="The topic to write to.")],
+    key: Annotated[str | None, typer.Option("--key", help="The record's key (text).")] = None,
+    value: Annotated[
+        str | None, typer.Option("--value", help="The record's value (else read from stdin).")
+    ] = None,
+    sign: Annotated[
+        bool,
+        typer.Option(
+            "--sign",
+            help="Sign the value (a JSON signal) with the reader's signal key, as the signal "
+            "topic requires (an id and the signing time are added when missing).",
+        ),
+    ] = False,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Write one record (value from --value or stdin) and wait for Kafka's acknowledgment,
+    e.g. a signal for kafka.signal_topic (with --sign)."""
+
+    def go() -> None:
+        import sys
+
+        settings = _settings(config, {})
+        _setup_logging(settings, debug, level="WARNING")
+        from cdc.topics import send
+
+        body = (value if value is not None else sys.stdin.read().strip()).encode()
+        if sign:
+            body = _signed(settings, body)
+        partition, offset = send(
+            settings.kafka, topic, key.encode() if key is not None else None, body
+        )
+        typer.echo(f"written to {topic} partition {partition} offset {offset}")
+
+    _guard(debug, go)
+
+
+def _signed(settings: Settings, body: bytes) -> bytes:
+    """``body`` (a JSON object) signed with the settings' signal key; exits 2 without one."""
+    import uuid
+
+    import orjson
+
+    from cdc.incremental.auth import sign, signal_key
+
+    key = signal_key(settings.postgres)
+    if key is None:
+        raise ConfigError(
+            "--sign needs a signal key: set postgres.signal_secret (or a password in postgres.dsn)"
+        )
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ConfigError(f"--sign needs a JSON object as the value: {e}") from e
+    if not isinstance(document, dict):
+        raise ConfigError("--sign needs a JSON object as the value")
+    document.setdefault("id", uuid.uuid4().hex)
+    return sign(key, document)
+
+
 config_app = typer.Typer(
     help="Show the effective settings, or check them against every service.",
     no_args_is_help=True,
@@ -418,10 +567,10 @@ def config_show(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOpt
     env, flag)."""
 
     def go() -> None:
-        from cdc.config_show import effective_rows, parse_assignments, render
+        from cdc.config_show import effective_rows, parse_assignments, render, set_flag_names
 
         overrides = parse_assignments(assign or [])
-        settings = _settings(config, overrides)
+        settings = _settings(config, overrides, set_flag_names(overrides))
         rows = effective_rows(settings, config, overrides)
         # A value shown whole is already masked (a URL without a password is no secret);
         # any other secret still found in it is scrubbed.
@@ -446,10 +595,12 @@ def config_check(config: ConfigOpt = None, assign: SetOpt = None, debug: DebugOp
 
     def go() -> bool:
         from cdc.config_check import run_checks
-        from cdc.config_show import parse_assignments
+        from cdc.config_show import parse_assignments, set_flag_names
 
-        settings = _settings(config, parse_assignments(assign or []))
+        overrides = parse_assignments(assign or [])
+        settings = _settings(config, overrides, set_flag_names(overrides))
         _setup_logging(settings, debug, level="CRITICAL")
+        _quiet_libraries(debug)
         results = run_checks(settings)
         for result in results:
             typer.echo(scrub(result.line(), _SECRETS))

@@ -17,14 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 
-from cdc.connection import connect, current_database, first_line
+from cdc.connection import connect, current_database
 from cdc.keys import KEY_COLUMNS_SETTING, matching_rule
 from cdc.publication import ensure_publication
 from cdc.slots import slot_info
-from pgcdc.core.errors import CdcError
+from pgcdc.core.errors import CdcError, root_reason
 from pgcdc.core.settings import Settings
 
 
@@ -199,8 +200,8 @@ def check_postgres(settings: Settings) -> list[CheckResult]:
     """Every PostgreSQL check; an unreachable server is one failure."""
     try:
         conn = connect(settings.postgres.dsn.get_secret_value())
-    except CdcError as e:
-        return [_fail("postgres", str(e), "check postgres.dsn, the server and pg_hba.conf")]
+    except CdcError as e:  # the line names the cause and what to check
+        return [_fail("postgres", str(e), "")]
     with conn:
         results = [_ok("postgres", "connected"), _wal_level(conn)]
         role, _superuser, role_result = _role(conn)
@@ -244,11 +245,11 @@ def check_kafka(settings: Settings) -> CheckResult:
     try:
         client = consumer(settings.kafka, "cdc-config-check")
         try:
-            md = cluster_metadata(client, settings.kafka.bootstrap_servers, timeout_s=10)
+            md = cluster_metadata(client, settings.kafka.bootstrap_servers, timeout_s=5)
         finally:
             client.close()
-    except CdcError as e:
-        return _fail("kafka", str(e), "check kafka.bootstrap_servers and the kafka.* security")
+    except CdcError as e:  # the line names the cause and what to check
+        return _fail("kafka", str(e), "")
     return _ok("kafka", f"{len(md.brokers)} broker(s) answer, {len(md.topics)} topics")
 
 
@@ -270,7 +271,12 @@ def check_redis(settings: Settings) -> CheckResult:
         finally:
             client.close()
     except (CdcError, redis.RedisError, ValueError) as e:
-        return _fail("redis", first_line(e), "check redis.url (user, password, rediss://)")
+        return _fail(
+            "redis",
+            f"Redis at {_where(settings.redis.url.get_secret_value())}: {root_reason(e)}",
+            "check redis.url (CDC_REDIS__URL: host, port, user, password, rediss://) and that "
+            "Redis runs",
+        )
     return _ok("redis", "answers PING")
 
 
@@ -294,9 +300,21 @@ def check_search(settings: Settings) -> CheckResult:
             client.close()
     except (CdcError, OpenSearchException, ValueError) as e:
         return _fail(
-            "opensearch", first_line(e), "check search.url, search.username/password and TLS"
+            "opensearch",
+            f"OpenSearch at {_where(settings.search.url.get_secret_value())}: {root_reason(e)}",
+            "check search.url (CDC_SEARCH__URL), search.username/password and TLS, and that "
+            "OpenSearch runs",
         )
     return _ok("opensearch", f"answers (version {version})")
+
+
+def _where(url: str) -> str:
+    """``host:port`` of a URL (never its credentials)."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    except ValueError:
+        return "the URL set"
 
 
 CHECKS: tuple[Callable[[Settings], CheckResult], ...] = (check_kafka, check_redis, check_search)

@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from cdc.connection import parse_dsn
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.settings import Settings
+from pgcdc.core.settings_sources import environment_values
 
 MASK = "***"
 SOURCES = ("default", "file", "env", "flag")
@@ -38,6 +39,12 @@ def parse_assignments(assignments: list[str]) -> dict[str, Any]:
             node = node.setdefault(section, {})
         node[leaf] = value
     return out
+
+
+def set_flag_names(overrides: Mapping[str, Any]) -> dict[str, str]:
+    """``{"postgres.slot_name": "--set postgres.slot_name"}``: how each was given (without
+    its value, which may be a secret)."""
+    return {name: f"--set {name}" for name, _value in _flatten(overrides)}
 
 
 def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -128,7 +135,7 @@ def effective_rows(
     """``(setting, shown value, source)`` for every setting, in the model's order."""
     layers = {
         "file": dict(_flatten(file_values(config_file))),
-        "env": dict(_flatten(Settings().model_dump(by_alias=True, exclude_unset=True))),
+        "env": dict(_flatten(environment_values(os.environ, Settings))),
         "flag": dict(_flatten(overrides)),
     }
 

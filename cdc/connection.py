@@ -23,7 +23,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from pgcdc.core.errors import CdcError, ConfigError, ConnectionFailed
+from pgcdc.core.errors import AuthenticationFailed, CdcError, ConfigError, ConnectionFailed
 from pgcdc.core.lsn import Lsn
 
 # Maps a failed connection attempt to one of our errors; the default calls it unreachable.
@@ -138,9 +138,10 @@ def connect(
     :func:`psycopg.connect`).
 
     A DSN libpq cannot parse is a ConfigError that quotes no part of it. A failed attempt
-    goes through ``on_error``; without one, an OperationalError becomes "PostgreSQL at
-    host:port/db is unreachable" (ConnectionFailed, worth retrying). Either way the DSN's
-    secrets are scrubbed from the message.
+    goes through ``on_error``; without one, an OperationalError becomes one line naming the
+    cause in libpq's words (:func:`connect_error`: a refused login, a missing database, or
+    "PostgreSQL at host:port/db is unreachable: Connection refused", worth retrying). Either
+    way the DSN's secrets are scrubbed from the message.
     """
     params = parse_dsn(dsn)
     secrets = secrets_of(params)
@@ -163,12 +164,70 @@ def connect(
                     f"cannot connect to PostgreSQL at {describe_dsn(dsn)}: {first_line(e)}", secrets
                 )
             ) from e
-        text = str(e).strip()
-        # libpq's last line says why ("Connection refused", "timeout expired", ...).
-        why = text.splitlines()[-1] if text else type(e).__name__
-        raise ConnectionFailed(
-            scrub(f"PostgreSQL at {describe_dsn(dsn)} is unreachable: {why}", secrets)
-        ) from e
+        raise connect_error(describe_dsn(dsn), str(e), secrets) from e
+
+
+# libpq's words for a login the server refused (as opposed to a server it did not reach).
+_LOGIN_REFUSED = (
+    "password authentication failed",
+    "no password supplied",
+    "authentication failed",
+    "pg_hba.conf",
+    "peer authentication failed",
+)
+_DSN_VARIABLE = "postgres.dsn (CDC_POSTGRES__DSN)"
+
+
+def libpq_reason(text: str) -> str:
+    """Why libpq could not connect, in its own words, once: ``Connection refused (is the
+    server running on that host and accepting TCP/IP connections?)``, ``timeout expired``,
+    ``password authentication failed for user "app"``.
+
+    libpq writes one line per address it tried (``connection to server at "h", port p
+    failed: <reason>``), and a hint on the next line after a tab; the reasons are kept
+    (each once), the addresses dropped (the caller names the server) and the hint put in
+    parentheses.
+    """
+    reasons: list[str] = []
+    for line in text.strip().removeprefix("connection failed:").splitlines():
+        if line.startswith(("\t", " ")) and reasons:
+            hint = line.strip()
+            reasons[-1] += f" ({hint[:1].lower()}{hint[1:]})" if hint else ""
+            continue
+        reason = line.strip()
+        if " failed: " in reason and reason.startswith("connection to server"):
+            reason = reason.split(" failed: ", 1)[1]
+        reason = re.sub(r"^(FATAL|ERROR):\s+", "", reason)
+        if reason and reason not in reasons:
+            reasons.append(reason)
+    return "; ".join(dict.fromkeys(reasons)) or "no reason given"
+
+
+def connect_error(where: str, text: str, secrets: Iterable[str] = ()) -> CdcError:
+    """The error for a connection attempt to ``where`` that libpq refused with ``text``:
+    a refused login (AuthenticationFailed), a database that does not exist (ConfigError),
+    else an unreachable server (ConnectionFailed, worth retrying); each says what to check."""
+    reason = scrub(libpq_reason(text), secrets)
+    lowered = reason.lower()
+    if any(sign in lowered for sign in _LOGIN_REFUSED):
+        return AuthenticationFailed(
+            f"PostgreSQL at {where} refused the login: {reason}; check the user and password "
+            f"in {_DSN_VARIABLE}, and that the server's pg_hba.conf admits that user from "
+            "this host"
+        )
+    if "certificate verify failed" in lowered or "server certificate" in lowered:
+        return ConfigError(
+            f"PostgreSQL at {where}: the server's certificate does not verify ({reason}); "
+            f"check sslrootcert (the CA file) and the host name in {_DSN_VARIABLE}"
+        )
+    if "database" in lowered and "does not exist" in lowered:
+        return ConfigError(
+            f"PostgreSQL at {where}: {reason}; check the database name in {_DSN_VARIABLE}"
+        )
+    return ConnectionFailed(
+        f"PostgreSQL at {where} is unreachable: {reason}; check the host and port in "
+        f"{_DSN_VARIABLE} and that the server runs"
+    )
 
 
 def current_database(conn: psycopg.Connection[Any]) -> str:

@@ -32,6 +32,14 @@ class ReaderHealth(ReaderMetrics):
         with self._lock:
             self._last_report = self._clock()
 
+    def on_streaming(self, lsn: Lsn) -> None:
+        """The stream began: ready from now on (until the loop stops reporting), whether or
+        not a change or an acknowledgment comes soon."""
+        super().on_streaming(lsn)
+        with self._lock:
+            self._acked = lsn
+        self._reported()
+
     def on_acknowledged(self, lsn: Lsn) -> None:
         """Record the slot's new flush position, and that the loop is alive."""
         super().on_acknowledged(lsn)

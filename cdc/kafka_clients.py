@@ -10,6 +10,7 @@ unverifiable broker certificate with one line (retrying cannot fix either).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -20,13 +21,14 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.cimpl import NewTopic
 
-from pgcdc.core.errors import ConfigError, ConnectionFailed, PublishError
+from pgcdc.core.errors import AuthenticationFailed, ConfigError, ConnectionFailed, PublishError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import KafkaSettings
 
@@ -46,17 +48,36 @@ _TRANSIENT = frozenset(
 )
 
 
+# The last reason librdkafka gave for not reaching each bootstrap list ("Connect to
+# ipv4#127.0.0.1:9092 failed: Connection refused"), kept for the unreachable error's line.
+_last_transport_error: dict[str, str] = {}
+_TRANSPORT_ERRORS = frozenset(
+    {KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._TIMED_OUT, KafkaError._SSL}
+)
+
+
+def transport_reason(text: str) -> str:
+    """librdkafka's reason without the broker's name in front and the state after it:
+    ``127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after
+    0ms in state CONNECT)`` is ``Connect to ipv4#127.0.0.1:1 failed: Connection refused``."""
+    text = re.sub(r"^\S+/(bootstrap|\d+): ", "", text.strip())
+    return re.sub(r" \(after \d+ms in state \w+\)$", "", text)
+
+
 def _fail_fast(bootstrap_servers: str) -> Callable[[KafkaError], None]:
     """librdkafka's ``error_cb``: a refused login or a broker certificate that does not verify
     raises ConfigError (out of the poll that serves it); other errors, which librdkafka
-    retries by itself, are only logged."""
+    retries by itself, are only logged (and a transport error kept for the line that says
+    the brokers are unreachable)."""
 
     def on_error(err: KafkaError) -> None:
         if err.code() == KafkaError._AUTHENTICATION:
-            raise ConfigError(
+            raise AuthenticationFailed(
                 f"Kafka at {bootstrap_servers} refused the login ({err.str()}); check "
                 "kafka.sasl_username, kafka.sasl_password and kafka.sasl_mechanism"
             )
+        if err.code() in _TRANSPORT_ERRORS:
+            _last_transport_error[bootstrap_servers] = transport_reason(err.str())
         if err.code() == KafkaError._SSL and "certificate verify failed" in err.str():
             raise ConfigError(
                 f"Kafka at {bootstrap_servers}: the broker's certificate does not verify "
@@ -94,20 +115,47 @@ def consumer(kafka: KafkaSettings, group_id: str, **conf: Any) -> Consumer:
     return Consumer(client_conf(kafka, **{"group.id": group_id}) | conf)
 
 
+WAIT_SLICE_S = 0.5  # a wait on librdkafka (which Python's signals cannot cut) at a time
+SAY_WAITING_AFTER_S = 2.0
+
+
 def cluster_metadata(
-    client: AdminClient | Consumer, bootstrap_servers: str, timeout_s: float
+    client: AdminClient | Consumer | Producer, bootstrap_servers: str, timeout_s: float
 ) -> ClusterMetadata:
     """The cluster's topics; no broker answering is one clear ConnectionFailed, a refused
-    login or certificate one clear ConfigError."""
-    try:
-        return client.list_topics(timeout=timeout_s)
-    except KafkaException as e:
-        # The reason a broker did not answer waits in the client's queue: serving it lets
-        # :func:`_fail_fast` name a refused login instead of a "transport failure".
-        client.poll(0)
-        raise ConnectionFailed(
-            f"Kafka at {bootstrap_servers} is unreachable: {e.args[0].str()}"
-        ) from e
+    login or certificate one clear ConfigError.
+
+    The wait is cut into slices of :data:`WAIT_SLICE_S` (so Ctrl-C acts between them), and
+    one that lasts over :data:`SAY_WAITING_AFTER_S` says what it waits for.
+    """
+    started = time.monotonic()
+    said = False
+    while True:
+        left = timeout_s - (time.monotonic() - started)
+        try:
+            return client.list_topics(timeout=max(0.01, min(WAIT_SLICE_S, left)))
+        except KafkaException as e:
+            if time.monotonic() - started < timeout_s:
+                client.poll(0)  # serve the error callback: a refused login stops here
+                if not said and time.monotonic() - started >= SAY_WAITING_AFTER_S:
+                    said = True
+                    why = _last_transport_error.get(bootstrap_servers, e.args[0].str())
+                    log.info(
+                        "waiting for Kafka at %s to answer (%s); up to %.0fs more",
+                        bootstrap_servers,
+                        why,
+                        timeout_s - (time.monotonic() - started),
+                    )
+                continue
+            # The reason a broker did not answer waits in the client's queue: serving it
+            # lets :func:`_fail_fast` name a refused login instead of a "transport failure".
+            client.poll(0)
+            why = _last_transport_error.get(bootstrap_servers, e.args[0].str())
+            raise ConnectionFailed(
+                f"Kafka at {bootstrap_servers} is unreachable: {why}; check "
+                "kafka.bootstrap_servers (CDC_KAFKA__BOOTSTRAP_SERVERS), that the brokers "
+                "run, and kafka.security_protocol"
+            ) from e
 
 
 def create_topics(admin: AdminClient, topics: Sequence[NewTopic]) -> None:
@@ -154,6 +202,15 @@ def read_to_end(reader: Consumer, topic: str, timeout_s: float) -> Iterator[Mess
     if not ends:
         return
     reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    yield from read_assigned(reader, topic, ends, timeout_s)
+
+
+def read_assigned(
+    reader: Consumer, topic: str, ends: dict[int, int], timeout_s: float
+) -> Iterator[Message]:
+    """The records of the partitions ``reader`` is assigned, each up to its offset in
+    ``ends`` (not included), in offset order per partition. ``reader`` must be created with
+    ``enable.partition.eof``."""
     done: set[int] = set()
     deadline = time.monotonic() + timeout_s
     while len(done) < len(ends):

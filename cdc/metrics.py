@@ -78,6 +78,10 @@ class ReaderMetrics:
             counter = self._event_counters[op] = self.events.labels(op)
         counter.inc()
 
+    def on_streaming(self, lsn: Lsn) -> None:
+        """The stream began at the slot's position ``lsn`` (the pipeline says so once)."""
+        self.acked_lsn.set(lsn.value)
+
     def on_acknowledged(self, lsn: Lsn) -> None:
         """Record the slot's new flush position."""
         self.acked_lsn.set(lsn.value)

@@ -13,6 +13,7 @@ or caught up. The state is saved at each step through :meth:`_Run.save_state`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,10 +30,11 @@ from cdc.incremental.queue import start_slot
 from cdc.incremental.signal_table import check_signal_table
 from cdc.incremental.signals import split_table
 from cdc.incremental.wiring import open_incremental
+from cdc.interrupt import Interrupt, StopRequested
 from cdc.metrics import ReaderMetrics
 from cdc.publication import ensure_publication
 from cdc.publisher import Publisher
-from cdc.replication import ReplicationConnection
+from cdc.replication import ReplicationConnection, SlotCreated
 from cdc.slots import (
     Action,
     StartPlan,
@@ -42,7 +44,8 @@ from cdc.slots import (
     slot_info,
     wait_slot_released,
 )
-from cdc.snapshot import Snapshotter
+from cdc.slow import open_transactions, said_if_slow
+from cdc.snapshot import SnapshotInterrupted, Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
 from cdc.table_checks import check_tables, warn_unsnapshotted
@@ -129,10 +132,14 @@ class Pipeline:
         until_current: bool = False,
         stop: threading.Event | None = None,
         metrics: ReaderMetrics | None = None,
+        interrupt: Interrupt | None = None,
     ) -> None:
         self.settings = settings
         self.until_current = until_current
-        self.stop = stop or threading.Event()
+        self.stop = interrupt.stop if interrupt is not None else stop or threading.Event()
+        # The stretches that check self.stop themselves (the snapshot's copy, the stream);
+        # elsewhere Ctrl-C interrupts the main thread (cdc.interrupt).
+        self._graceful = interrupt.graceful if interrupt is not None else contextlib.nullcontext
         self.metrics = metrics
         self._dsn = settings.postgres.dsn.get_secret_value()
         # Set once the stream started: a later lost connection is worth a reconnect
@@ -141,6 +148,15 @@ class Pipeline:
 
     def run(self) -> RunResult:
         """Run the reader; returns when stopped, caught up (``until_current``) or done."""
+        try:
+            return self._run()
+        except (SnapshotInterrupted, StopRequested) as e:
+            if not self.stop.is_set():
+                raise
+            log.info("stopped: %s", e)
+            return RunResult("stopped")
+
+    def _run(self) -> RunResult:
         with connect(self._dsn) as admin:
             run = self._open(admin)
             try:
@@ -164,7 +180,7 @@ class Pipeline:
         check_wal_level(admin)
         database = current_database(admin)
         kafka = self.settings.kafka
-        publisher = Publisher(kafka)
+        publisher = Publisher(kafka, stop=self.stop)
         publisher.probe(timeout_s=5.0)
         if self.metrics is not None:
             publisher.latency_observer = self.metrics.on_delivery
@@ -210,7 +226,7 @@ class Pipeline:
         """Decide from the slot and the loaded state what this run does."""
         # A predecessor killed a moment ago may still hold the slot: give its walsender
         # time to notice, instead of failing with "in use".
-        info = wait_slot_released(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S)
+        info = wait_slot_released(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S, log_after_s=2.0)
         plan = plan_start(self.settings.postgres.snapshot_mode, run.slot, info, run.state)
         if plan.reason:
             log.warning(plan.reason, extra={"slot": run.slot})
@@ -232,7 +248,8 @@ class Pipeline:
 
     def _snapshot_only(self, run: _Run) -> int:
         """``initial_only``: copy the tables without a slot; return the rows copied."""
-        snap = self._snapshotter(run).run(run.tables, None, None)
+        with self._graceful():
+            snap = self._snapshotter(run).run(run.tables, None, None)
         run.save_state(Phase.SNAPSHOT_ONLY_DONE, consistent_point=snap.position)
         return snap.rows
 
@@ -277,7 +294,10 @@ class Pipeline:
                 run.slot, pg.publication_name, start, proto_version=pg.proto_version, messages=True
             )
             self.reached_streaming = True
-            streamer.run(start)
+            if self.metrics is not None:
+                self.metrics.on_streaming(start)  # /readyz: streaming from now on
+            with self._graceful():
+                streamer.run(start)
             result.events = streamer.events
             result.acked_lsn = streamer.last_ack
             run.save_state(
@@ -346,6 +366,20 @@ class Pipeline:
                 extra={"slot": run.slot},
             )
 
+    def _create_slot(
+        self, run: _Run, repl: ReplicationConnection, *, export_snapshot: bool
+    ) -> SlotCreated:
+        """Create the slot; a creation that waits on open transactions says which."""
+
+        def waiting() -> str:
+            return (
+                f"creating replication slot {run.slot}: PostgreSQL waits for the transactions "
+                f"open now (in any database) to end first: {open_transactions(run.admin)}"
+            )
+
+        with said_if_slow(waiting, slot=run.slot):
+            return repl.create_slot(run.slot, export_snapshot=export_snapshot)
+
     def _prepare_slot(
         self, run: _Run, plan: StartPlan, repl: ReplicationConnection, result: RunResult
     ) -> Lsn:
@@ -360,21 +394,22 @@ class Pipeline:
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
-            created = repl.create_slot(run.slot, export_snapshot=False)
+            created = self._create_slot(run, repl, export_snapshot=False)
             start = created.consistent_point
             self._started(run, start, incremental=True)
             return start
         if plan.action is Action.SNAPSHOT:
-            created = repl.create_slot(run.slot, export_snapshot=True)
+            created = self._create_slot(run, repl, export_snapshot=True)
             start = created.consistent_point
             run.save_state(Phase.SNAPSHOT, consistent_point=start)
             # The exported snapshot lives until the next command on repl: copy the tables now.
-            snap = self._snapshotter(run).run(run.tables, created.snapshot_name, start)
+            with self._graceful():
+                snap = self._snapshotter(run).run(run.tables, created.snapshot_name, start)
             result.snapshot_rows = snap.rows
             self._started(run, start)
             return start
         if plan.action is Action.NEW_SLOT:
-            created = repl.create_slot(run.slot, export_snapshot=False)
+            created = self._create_slot(run, repl, export_snapshot=False)
             start = created.consistent_point
             self._started(run, start)
             return start

@@ -16,6 +16,7 @@ transaction is acknowledged once the letter is.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
 
 from cdc.dead_letters import RefusedRecord, fail_message, is_permanent, letter
+from cdc.interrupt import StopRequested
 from cdc.kafka_clients import (
     admin_client,
     client_conf,
@@ -125,8 +127,11 @@ class AckQueue:
 class Publisher:
     """Kafka side of the reader: topics, records, delivery tracking."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, stop: threading.Event | None = None) -> None:
         self.settings = settings
+        # Set by Ctrl-C or SIGTERM: a wait for room in the queue or for acknowledgments
+        # gives way to it (StopRequested) instead of holding the stop.
+        self.stop = stop
         self._producer = Producer(producer_config(settings))
         self._admin = admin_client(settings)
         self._known_topics: set[str] = set()
@@ -316,6 +321,7 @@ class Publisher:
                     )
                 return
             except BufferError:
+                self._raise_if_stopped("room in the producer queue")
                 self._producer.poll(0.05)
 
     def close_txn(self, txn: TxnTracker, end_lsn: Lsn) -> None:
@@ -411,19 +417,43 @@ class Publisher:
         self.acked_lsn()
         return len(self._acks) == 0
 
-    def flush(self, timeout_s: float = 60.0) -> None:
-        """Wait until everything queued is acknowledged (or fail)."""
-        deadline = time.monotonic() + timeout_s
+    def flush(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:
+        """Wait until everything queued is acknowledged (or fail); with ``stop``, give way to
+        it (StopRequested). A wait over 2 s says what it waits for."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        said = False
         while True:
             self._producer.poll(0)
             self.raise_if_failed()  # also writes letters a poll asked for
             if len(self._producer) == 0 and not self._refused:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise PublishError(
                     f"{len(self._producer)} records not acknowledged by Kafka after {timeout_s}s"
                 )
-            self._producer.flush(min(1.0, max(0.01, deadline - time.monotonic())))
+            if stop is not None:
+                self._raise_if_stopped("acknowledgments", stop)
+            if not said and now - started > 2.0:
+                said = True
+                again = "; Ctrl-C again exits at once" if self.stop and self.stop.is_set() else ""
+                log.info(
+                    "waiting up to %.0fs for Kafka to acknowledge %d records (nothing "
+                    "unacknowledged is confirmed to PostgreSQL)%s",
+                    deadline - now,
+                    len(self._producer),
+                    again,
+                )
+            self._producer.flush(min(0.2, max(0.01, deadline - now)))
+
+    def _raise_if_stopped(self, waiting_for: str, stop: threading.Event | None = None) -> None:
+        event = stop or self.stop
+        if event is not None and event.is_set():
+            raise StopRequested(
+                f"stopped while waiting for Kafka's {waiting_for} ({len(self._producer)} "
+                "records queued; nothing unacknowledged is confirmed to PostgreSQL)"
+            )
 
     def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         """A record outside any transaction (heartbeats); failures are only logged."""

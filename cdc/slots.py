@@ -83,24 +83,57 @@ def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
     )
 
 
+def slot_holder(conn: psycopg.Connection[Any], pid: int | None) -> str:
+    """Who streams from a slot, from ``pg_stat_replication``: ``process 123 (cdc from
+    127.0.0.1, since 2024-05-01 10:00:00+00)``."""
+    row = conn.execute(
+        "SELECT application_name, host(client_addr), date_trunc('second', backend_start)::text "
+        "FROM pg_stat_replication WHERE pid = %s",
+        (pid,),
+    ).fetchone()
+    if row is None:
+        return f"process {pid}"
+    app, addr, since = row
+    return f"process {pid} ({app or 'a client'} from {addr or 'a local socket'}, since {since})"
+
+
 def wait_slot_released(
-    conn: psycopg.Connection[Any], slot: str, timeout_s: float = 15.0, poll_s: float = 0.1
+    conn: psycopg.Connection[Any],
+    slot: str,
+    timeout_s: float = 15.0,
+    poll_s: float = 0.1,
+    log_after_s: float | None = None,
 ) -> SlotInfo | None:
     """The slot once no process holds it (or None if it does not exist).
 
     A walsender notices that its client is gone (closed, or killed with -9) only after a
     moment; until then the slot stays ``active``. Raises SlotError if it is still held after
-    ``timeout_s`` (then another reader really is streaming from it).
+    ``timeout_s`` (then another reader really is streaming from it). With ``log_after_s``,
+    a wait that lasts that long says what it waits for, once.
     """
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    said = log_after_s is None
     while True:
         info = slot_info(conn, slot)
         if info is None or not info.active:
             return info
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             raise SlotError(
-                f"replication slot {slot} is in use by process {info.active_pid}; "
-                "is another reader running?"
+                f"replication slot {slot} is in use by {slot_holder(conn, info.active_pid)}; "
+                "is another reader running? Stop it, or give this one its own "
+                "postgres.slot_name (CDC_POSTGRES__SLOT_NAME)"
+            )
+        if not said and log_after_s is not None and now - started >= log_after_s:
+            said = True
+            log.warning(
+                "replication slot %s is in use by %s; waiting up to %.0fs more for it to be "
+                "released (a reader stopped a moment ago releases it within seconds)",
+                slot,
+                slot_holder(conn, info.active_pid),
+                deadline - now,
+                extra={"slot": slot},
             )
         time.sleep(poll_s)
 

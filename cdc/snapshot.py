@@ -30,6 +30,7 @@ next run drops the slot that was never streamed from and starts over (see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
@@ -303,13 +304,23 @@ class Snapshotter:
             cols, sql.Identifier(plan.schema.schema, plan.schema.table), where
         )
         out: list[Row] = []
+        if self._stop.is_set() or self._cancel.is_set():  # stopped while it connected
+            return []
         with conn.cursor() as cur, cur.copy(query) as copy:
             if conn.info.encoding != "utf-8" or not plan.schema.columns:
                 # Load every column as text: exactly the text pgoutput would send.
                 copy.set_types(["text"] * len(plan.schema.columns))
                 out.extend(copy.rows())
                 return out
-            return copy_text_rows(copy)
+            return copy_text_rows(self._until_stopped(copy))
+
+    def _until_stopped(self, lines: Iterable[Buffer]) -> Iterator[Buffer]:
+        """A COPY's lines, ending early once a stop (or a failure elsewhere) is asked for:
+        the read need not run to the chunk's end, whatever the cancel request's timing."""
+        for n, line in enumerate(lines):
+            if not n & 0x3FF and (self._stop.is_set() or self._cancel.is_set()):
+                raise SnapshotInterrupted("snapshot interrupted; it restarts on the next run")
+            yield line
 
     def _chunks_in_order(
         self, plans: list[TablePlan], snapshot_name: str
@@ -326,20 +337,45 @@ class Snapshotter:
                         window.append((chunk.table_index, fut))
                     index, fut = window.popleft()
                     while True:
+                        self._raise_if_stopped()
                         try:
-                            rows = fut.result(timeout=0.2)
+                            rows = fut.result(timeout=0.05)  # a stop is seen this soon
                             break
                         except TimeoutError:
                             self._publisher.poll(0)  # keep delivery reports flowing
-                    if self._stop.is_set():
-                        raise SnapshotInterrupted(
-                            "snapshot interrupted; it restarts on the next run"
-                        )
+                    self._raise_if_stopped()
                     yield index, rows
             finally:
                 self._cancel.set()  # let queued chunks return at once
                 for _, f in window:
                     f.cancel()
+                if self._stop.is_set():
+                    self._cancel_reads()  # a chunk's COPY need not run to its end
+
+    def _raise_if_stopped(self) -> None:
+        if self._stop.is_set():
+            raise SnapshotInterrupted("snapshot interrupted; it restarts on the next run")
+
+    def _cancel_reads(self) -> None:
+        """Ask the server to cancel the workers' running COPYs (their threads then return),
+        all at once: each cancel request is a connection of its own."""
+        with self._conns_lock:
+            conns = list(self._worker_conns)
+
+        def cancel(conn: psycopg.Connection[Any]) -> None:
+            with contextlib.suppress(psycopg.Error):
+                conn.cancel_safe(timeout=1.0)
+
+        threads = [threading.Thread(target=cancel, args=(c,), daemon=True) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(1.5)
+
+    def _tick(self) -> None:
+        """Between reads of a topic's live keys: serve deliveries, give way to a stop."""
+        self._publisher.poll(0)
+        self._raise_if_stopped()
 
     def _live_keys(self, plans: list[TablePlan], topics: list[str]) -> list[LiveKeys | None]:
         """Each keyed table's live keys with their identities (None for a keyless table)."""
@@ -347,7 +383,7 @@ class Snapshotter:
             (topic, partial(self._encoder.key_identity, p.schema)) if p.schema.key_columns else None
             for p, topic in zip(plans, topics, strict=True)
         ]
-        return scan_many(self._kafka, scans, tick=lambda: self._publisher.poll(0))
+        return scan_many(self._kafka, scans, tick=self._tick)
 
     def _copy_all(self, plans: list[TablePlan], snapshot_name: str, position: Lsn) -> int:
         topics = [self._encoder.topic(p.schema) for p in plans]
@@ -451,6 +487,7 @@ class Snapshotter:
                     first_in = True
                 # A slice at a time: each value holds a few kB until it is sent.
                 for start in range(0, len(rows), KEY_BATCH):
+                    self._raise_if_stopped()
                     part = rows[start : start + KEY_BATCH]
                     records = events(index, "true").encode(part)
                     tombstones_of_old_bytes(index, records)
@@ -489,5 +526,5 @@ class Snapshotter:
         finally:
             progress.close()
         self._publisher.close_txn(txn, position)
-        self._publisher.flush(timeout_s=300)
+        self._publisher.flush(timeout_s=300, stop=self._stop)
         return sum(p.rows for p in plans)

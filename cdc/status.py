@@ -18,14 +18,14 @@ from dataclasses import asdict
 from typing import Any
 
 import psycopg
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
-from cdc.connection import connect, current_database, current_wal_lsn
+from cdc.connection import connect, current_database, current_wal_lsn, parse_dsn
 from cdc.incremental import load_snapshots
 from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds, read_to_end
 from cdc.slots import slot_info
 from cdc.state import StateStore
-from pgcdc.core.errors import CdcError
+from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.settings import Settings
 
 StatusSection = Callable[[Settings], dict[str, Any]]
@@ -106,13 +106,14 @@ def slot_warnings(slot: dict[str, Any], retained_wal_warn_bytes: int) -> list[st
 def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[str]:
     """What makes the reader unhealthy (``cdc status`` exits 3 when any), one line each.
 
-    A missing or lost slot; an inactive slot that retains more WAL than the threshold (the
-    reader is down and the server's disk fills); a follower whose store cannot be read.
+    A server that cannot be read (PostgreSQL, Kafka); a missing or lost slot; an inactive slot
+    that retains more WAL than the threshold (the reader is down and the server's disk fills);
+    a follower whose store cannot be read.
     """
     slot = status["slot"]
     name = slot["slot"]
-    out: list[str] = []
-    if not slot["exists"]:
+    out: list[str] = list((status.get("errors") or {}).values())  # each names its server
+    if slot.get("exists") is False:
         out.append(f"replication slot {name} does not exist (has the reader ever run?)")
     elif slot.get("wal_status") == "lost":
         out.append(f"replication slot {name} is lost")
@@ -123,7 +124,7 @@ def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[st
         )
     for job, follower in (status.get("followers") or {}).items():
         if "error" in follower:
-            out.append(f"follower {job} is unreachable: {follower['error']}")
+            out.append(f"follower {job}: {follower['error']}")
     return out
 
 
@@ -176,40 +177,81 @@ def dead_letter_counts(settings: Settings, timeout_s: float = 30.0) -> dict[str,
 
 _JOB = re.compile(rb'"job":"([^"]*)"')
 
+# What a part of the status may fail with when its server cannot be read: the part shows
+# the error and the rest is still gathered (anything else is a bug, and propagates).
+_UNREADABLE = (CdcError, psycopg.Error, KafkaException, OSError)
+
 
 def gather_status(
     settings: Settings, sections: Mapping[str, StatusSection] | None = None
 ) -> dict[str, Any]:
     """Everything ``cdc status`` shows, as one JSON-able mapping.
 
-    ``sections`` adds one key per entry, computed by its function from the settings.
+    A server that cannot be read leaves its parts empty and its error under ``errors``
+    (``postgres``, ``kafka``), and ``settings_wrong`` says whether one refused the settings
+    themselves (a login, a certificate, a database that does not exist); each of ``sections``
+    adds one key, computed by its function from the settings (or ``{"error": ...}``).
     """
-    slot = slot_status(settings)
-    store = StateStore(settings.kafka, settings.kafka.topic_prefix)
-    topics = topic_status(settings)
-    state = store.load(slot["database"], settings.postgres.slot_name)
+    name = settings.postgres.slot_name
     out: dict[str, Any] = {
-        "slot": slot,
-        "warnings": slot_warnings(slot, settings.postgres.retained_wal_warn_bytes),
-        "state": None
-        if state is None
-        else {
-            "phase": state.phase.value,
-            "acked_lsn": str(state.acked_lsn) if state.acked_lsn else None,
-        },
-        "topics": topics,
-        # Incremental snapshots queued or running (cdc.incremental), in their order.
-        "snapshots": [
-            asdict(snap)
-            for snap in load_snapshots(store, slot["database"], settings.postgres.slot_name).queue
-        ],
+        "slot": {"slot": name, "exists": None},
+        "warnings": [],
+        "state": None,
+        "topics": {},
+        "snapshots": [],
+        "errors": {},
+        "settings_wrong": False,
     }
     try:
+        out["slot"] = slot_status(settings)
+        out["warnings"] = slot_warnings(out["slot"], settings.postgres.retained_wal_warn_bytes)
+    except _UNREADABLE as e:
+        out["errors"]["postgres"] = _line(e)
+        out["settings_wrong"] |= isinstance(e, ConfigError)
+    # The state's key names the database: the server's answer, else the DSN's.
+    database = out["slot"].get("database") or _dsn_database(settings)
+    try:
+        out["topics"] = topic_status(settings)
+        store = StateStore(settings.kafka, settings.kafka.topic_prefix)
+        state = store.load(database, name) if database else None
+        out["state"] = (
+            None
+            if state is None
+            else {
+                "phase": state.phase.value,
+                "acked_lsn": str(state.acked_lsn) if state.acked_lsn else None,
+            }
+        )
+        # Incremental snapshots queued or running (cdc.incremental), in their order.
+        if database:
+            out["snapshots"] = [
+                asdict(snap) for snap in load_snapshots(store, database, name).queue
+            ]
+    except _UNREADABLE as e:
+        out["errors"]["kafka"] = _line(e)
+        out["settings_wrong"] |= isinstance(e, ConfigError)
+    try:
         out["dead_letters"] = dead_letter_counts(settings)
-    except CdcError as e:
-        out["dead_letters"] = {"error": str(e).splitlines()[0]}
-    for name, section in (sections or {}).items():
-        out[name] = section(settings)
+    except _UNREADABLE as e:
+        out["dead_letters"] = {"error": _line(e)}
+    for key, section in (sections or {}).items():
+        try:
+            out[key] = section(settings)
+        except _UNREADABLE as e:
+            out[key] = {"error": _line(e)}
     out["problems"] = problems(out, settings.postgres.retained_wal_warn_bytes)
     out["healthy"] = not out["problems"]
     return out
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _dsn_database(settings: Settings) -> str | None:
+    try:
+        params = parse_dsn(settings.postgres.dsn.get_secret_value())
+    except CdcError:
+        return None
+    return str(params.get("dbname") or params.get("user") or "") or None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from pgcdc.core.contract import CACHE_JOB, JOBS
-from pgcdc.core.errors import CdcError
+from pgcdc.core.errors import CdcError, root_reason
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 
@@ -32,6 +33,17 @@ def _watermark(settings: Settings, job: str) -> int | None:
         return search.read_watermark(job)
     finally:
         search.close()
+
+
+def _store(settings: Settings, job: str) -> str:
+    """``Redis at host:port`` or ``OpenSearch at host:port``: the job's store, no credentials."""
+    url = (settings.redis.url if job == CACHE_JOB else settings.search.url).get_secret_value()
+    try:
+        parts = urlsplit(url)
+        where = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    except ValueError:
+        where = "its URL"
+    return f"{'Redis' if job == CACHE_JOB else 'OpenSearch'} at {where}"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -88,7 +100,7 @@ def follower_status(settings: Settings, current_lsn: Lsn | None = None) -> dict[
         try:
             w = _watermark(settings, job)
         except (CdcError, OSError) as e:
-            out[job] = {"error": str(e).splitlines()[0]}
+            out[job] = {"error": f"{_store(settings, job)} cannot be read: {root_reason(e)}"}
             continue
         behind = None
         if w is not None and current_lsn is not None:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
 from spark_jobs.apply_loop import ApplyBatch, SinkFactory
-from spark_jobs.options import parse_args
+from spark_jobs.options import parse_args, parser
 from spark_jobs.source import kafka_stream, settings_env_from_conf, spark_session, submitted_conf
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,16 @@ def query_ready(
 
 def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> int:
     """Run the sync job ``job`` with the sink ``make_sink`` builds; the exit status."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in given or "--help" in given:
+        parser(job).parse_args(["--help"])  # prints the options and exits 0: no JVM needed
     health_port, argv = split_health_port(argv)
     settings_env_from_conf(submitted_conf())  # --conf spark.cdc.redis.url=... and the like
-    settings, opts = parse_args(job, argv)
+    try:
+        settings, opts = parse_args(job, argv)
+    except ConfigError as e:  # one line, as the reader's: a variable no setting has, a value
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, json_logs=settings.log_json)
     spark = spark_session(settings, f"cdc-{opts.name}")
     spark.sparkContext.setLogLevel("WARN")

@@ -30,6 +30,28 @@ class JobOptions:
 
 def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, JobOptions]:
     """Command-line options over the shared settings (``CDC_*`` env, ``--config`` file)."""
+    a = parser(job).parse_args(argv)
+    settings = load_settings(a.config)
+    topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
+    opts = JobOptions(
+        name=a.name,
+        heartbeat_topic=None if a.no_heartbeats else heartbeat_topic(settings.kafka),
+        topics=topics,
+        topic_pattern=None
+        if topics
+        else (a.topic_pattern or table_topic_pattern(settings.kafka.topic_prefix)),
+        starting_offsets=a.starting_offsets or settings.spark.starting_offsets,
+        checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
+        available_now=a.available_now,
+        trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
+        max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+        min_partitions=a.min_partitions or settings.spark.min_partitions,
+    )
+    return settings, opts
+
+
+def parser(job: str) -> argparse.ArgumentParser:
+    """The job's options (``--help`` prints them without starting Spark)."""
     p = argparse.ArgumentParser(
         prog=f"spark_jobs/{job}.py",
         description=f"{job}: keep a follower in sync with the CDC topics (Structured Streaming).",
@@ -63,21 +85,9 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         help="tasks per micro-batch when above the topics' partition count (the batch is "
         "then spread by key hash, one shuffle); default: a task per Kafka partition",
     )
-    a = p.parse_args(argv)
-    settings = load_settings(a.config)
-    topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
-    opts = JobOptions(
-        name=a.name,
-        heartbeat_topic=None if a.no_heartbeats else heartbeat_topic(settings.kafka),
-        topics=topics,
-        topic_pattern=None
-        if topics
-        else (a.topic_pattern or table_topic_pattern(settings.kafka.topic_prefix)),
-        starting_offsets=a.starting_offsets or settings.spark.starting_offsets,
-        checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
-        available_now=a.available_now,
-        trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
-        max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
-        min_partitions=a.min_partitions or settings.spark.min_partitions,
+    p.add_argument(
+        "--health-port",
+        type=int,
+        help="serve /healthz, /readyz and /metrics on this port (see docs/production.md)",
     )
-    return settings, opts
+    return p

@@ -41,6 +41,8 @@ SLOW_MODULES: dict[str, float] = {
     "tests/e2e/test_demo.py": 150,
     "tests/integration/security/": 150,
     "tests/integration/real_databases/test_reader_robustness_failures.py": 120,
+    "tests/integration/operator/test_newcomer_mistakes.py": 120,
+    "tests/integration/test_docs_run.py": 110,
 }
 
 

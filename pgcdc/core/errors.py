@@ -13,6 +13,11 @@ class ConfigError(CdcError):
     """Settings are missing, malformed or inconsistent. Never retried."""
 
 
+class AuthenticationFailed(ConfigError):
+    """A server refused the login (user, password, or not admitted). Never retried: the
+    settings (or the server's access rules) must change."""
+
+
 class ConnectionFailed(CdcError):
     """A server could not be reached. Worth retrying."""
 
@@ -45,3 +50,25 @@ class SinkError(CdcError):
 
 class RetryableSinkError(SinkError):
     retryable = True
+
+
+def root_reason(e: BaseException) -> str:
+    """The innermost operating-system reason behind an error, as the system words it
+    ("Connection refused", "timed out", "Name or service not known"), else the error's
+    first line. HTTP and Redis clients wrap these several layers deep."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        err = todo.pop(0)
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, TimeoutError) or type(err).__name__ == "timeout":
+            return "timed out"
+        if isinstance(err, OSError) and err.strerror:
+            return err.strerror
+        todo += [x for x in (err.__cause__, err.__context__) if x is not None]
+        todo += [a for a in err.args if isinstance(a, BaseException)]
+        todo += [a for a in vars(err).values() if isinstance(a, BaseException)]
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -3,7 +3,9 @@
 Sources, highest priority first: explicit overrides (CLI flags), ``CDC_*`` environment
 variables (``__`` separates sections, e.g. ``CDC_POSTGRES__DSN``), a TOML config file
 (``--config`` or ``CDC_CONFIG``), then defaults that point at the local stack
-(``scripts/stack``, ports from ``pgcdc.core.ports``). Only entry points call :func:`load_settings`.
+(``scripts/stack``, ports from ``pgcdc.core.ports``). Only entry points call :func:`load_settings`;
+it refuses a ``CDC_*`` variable that is no setting and reports every invalid value at once,
+each with where it came from (:mod:`pgcdc.core.settings_sources`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Annotated, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import (
-    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -309,7 +310,8 @@ class KafkaSettings(BaseModel):
     dead_letter_topic: str = DEFAULT_DEAD_LETTER_TOPIC
     # Debezium's signal.kafka.topic: records keyed by topic_prefix whose value is a signal
     # signed with postgres.signal_secret (sig1:<hmac>:<{"id", "type", "data", "ts"}>, see
-    # docs/incremental-snapshots.md); read by the group cdc-signals.<database>.<slot>.
+    # docs/incremental-snapshots.md; `cdc topic send --sign` signs one); read by the group
+    # cdc-signals.<database>.<slot>; the reader creates it (one partition) at start.
     signal_topic: str | None = None
     # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL
@@ -493,22 +495,15 @@ class SparkSettings(BaseModel):
 class Settings(BaseSettings):
     """Every setting of the reader and the followers."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="CDC_",
-        env_nested_delimiter="__",
-        frozen=True,
-        extra="forbid",
-    )
+    # The values come from load_settings, which reads the file, the CDC_* environment and the
+    # flags itself (pgcdc.core.settings_sources); the model reads no source of its own.
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
 
     postgres: PostgresSettings = PostgresSettings()
     kafka: KafkaSettings = KafkaSettings()
-    # The alias keeps the file's [schema] section; "cdc_schema" is how the environment
-    # source finds CDC_SCHEMA__* (it does not prefix an alias).
-    schema_: SchemaSettings = Field(
-        default=SchemaSettings(),
-        alias="schema",
-        validation_alias=AliasChoices("schema", "cdc_schema"),
-    )
+    # The alias keeps the file's [schema] section (and CDC_SCHEMA__*); "schema" would shadow
+    # a BaseModel attribute.
+    schema_: SchemaSettings = Field(default=SchemaSettings(), alias="schema")
     redis: RedisSettings = RedisSettings()
     search: SearchSettings = SearchSettings()
     # A factory, so the checkpoint folder resolves against the directory at load time.
@@ -531,7 +526,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings
+        return (init_settings,)
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -547,25 +542,45 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 def load_settings(
     config_file: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    flag_names: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Build and validate the settings; raise :class:`ConfigError` with one clear line."""
-    path = config_file or os.environ.get("CDC_CONFIG")
-    file_values: dict[str, Any] = {}
+    """Build and validate the settings; raise :class:`ConfigError` naming every problem.
+
+    ``overrides`` are the flags' values (nested like the file); ``flag_names`` says which
+    flag set each dotted setting (``{"postgres.slot_name": "--slot"}``), for the messages.
+    Every problem is reported at once, each with where its value came from (the variable,
+    the file and line, the flag); a ``CDC_*`` variable that is not a setting is one too.
+    """
+    from pgcdc.core import settings_sources as sources
+
+    env = os.environ if environ is None else environ
+    layers = sources.Layers(flags=dict(overrides or {}), flag_names=dict(flag_names or {}))
+    path = config_file or env.get("CDC_CONFIG")
     if path:
         p = Path(path)
         try:
-            file_values = tomllib.loads(p.read_text())
+            layers.file_text = p.read_text()
         except FileNotFoundError as e:
             raise ConfigError(f"config file {p} does not exist") from e
+        except OSError as e:
+            raise ConfigError(f"config file {p} cannot be read: {e.strerror}") from e
+        try:
+            layers.file = tomllib.loads(layers.file_text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+        layers.file_path = str(p)
+    # Environment variables beat the file, and flags beat both.
+    sources.read_environment(env, Settings, layers)
+    merged = _deep_merge(_deep_merge(layers.file, layers.env), layers.flags)
+    problems = list(layers.problems)
+    settings: Settings | None = None
     try:
-        # Environment variables beat the file: read them through a bare Settings and
-        # merge only what the environment actually set.
-        env_only = Settings().model_dump(by_alias=True, exclude_unset=True)
-        merged = _deep_merge(_deep_merge(file_values, env_only), dict(overrides or {}))
-        return Settings(**merged)
+        # Validation only: the environment was read above (model_validate reads no source).
+        settings = Settings.model_validate(merged)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"invalid setting {where}: {err['msg']}") from e
+        problems += [sources.describe(err, Settings, layers) for err in e.errors()]
+    if problems or settings is None:
+        raise ConfigError(sources.report(problems))
+    return settings

@@ -313,7 +313,11 @@ def render() -> str:
         "`CDC_CONFIG`; the part before the dot is the `[section]`), an environment variable "
         "(`CDC_<SECTION>__<NAME>`; tables and lists as JSON), and for some a command-line flag. "
         "Flags beat the environment, which beats the file, which beats the defaults; the "
-        "defaults point at the local stack (`scripts/stack`). Secrets are never printed.",
+        "defaults point at the local stack (`scripts/stack`). Secrets are never printed. A "
+        "`CDC_*` variable that names no setting (`CDC_POSTGRES_DSN`, one underscore) stops "
+        "every command with its name and the closest valid one, and every invalid value is "
+        "reported at once with where it came from (the variable, the file and line, the "
+        "flag).",
         "",
         "The last column names the Debezium PostgreSQL connector (or Kafka Connect) property a "
         "setting corresponds to, for those coming from Debezium.",

@@ -370,8 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "down":
             cluster.stop()
         elif a.cmd == "status":
+            if not _listening(SPARK_MASTER_PORT):
+                print(
+                    f"no Spark master is running at {cluster.master_url} (start one: "
+                    ".venv/bin/python -m pgcdc.stack.spark_cluster up)"
+                )
+                return 1
             alive = cluster.alive_workers()
-            print(f"spark master {cluster.master_url}: {alive} workers alive")
+            print(f"spark master {cluster.master_url}: {alive} of {a.workers} workers alive")
             return 0 if alive >= a.workers else 1
         else:
             print(executor_env())

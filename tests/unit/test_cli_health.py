@@ -62,6 +62,18 @@ def test_the_reader_is_ready_while_its_loop_reports() -> None:
     assert health.lag_bytes._value.get() == 0  # still the Prometheus gauge
 
 
+def test_the_reader_is_ready_as_soon_as_it_streams() -> None:
+    """Streaming, not a first change or acknowledgment, is what /readyz reports (before,
+    a reader with nothing to stream stayed 503 until the first change arrived)."""
+    now = [100.0]
+    health = ReaderHealth(ready_s=30, clock=lambda: now[0])
+    assert not health.ready()[0]
+    health.on_streaming(Lsn(0x16B3748))
+    ok, why = health.ready()
+    assert ok and why.startswith("streaming") and "0/16B3748" in why
+    assert health.acked_lsn._value.get() == 0x16B3748
+
+
 class _FakeQuery:
     def __init__(self, active: bool, busy: bool, progress: dict[str, object] | None) -> None:
         self.isActive = active

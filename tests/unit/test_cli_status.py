@@ -66,7 +66,7 @@ def test_a_streaming_slot_is_healthy() -> None:
         (_slot(exists=False), None, "does not exist"),
         (_slot(wal_status="lost"), None, "is lost"),
         (_slot(active=False, retained_wal_bytes=2 * GIB), None, "inactive and retains 2.0 GiB"),
-        (_slot(), {"search_sync": {"error": "connection refused"}}, "search_sync is unreachable"),
+        (_slot(), {"search_sync": {"error": "connection refused"}}, "search_sync: connection"),
     ],
 )
 def test_what_makes_the_reader_unhealthy(

@@ -88,3 +88,32 @@ def test_the_source_waits_little_for_a_fetch_unless_the_settings_say_otherwise(
     assert "subscribe" not in got
     assert opts.heartbeat_topic is not None
     assert got["subscribePattern"].endswith("|" + re.escape(opts.heartbeat_topic))
+
+
+@pytest.mark.parametrize("job", ["cache_sync"])  # search_sync: the docs harness parses it
+def test_a_jobs_help_prints_without_a_jvm(job: str, tmp_path: Path) -> None:
+    """``python spark_jobs/<job>.py --help`` lists the options and exits 0 without starting
+    Spark: with no java on the PATH and JAVA_HOME pointing nowhere, starting a JVM fails."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env["PATH"] = "/usr/bin:/bin"
+    env["JAVA_HOME"] = str(tmp_path / "no-java")
+    done = subprocess.run(
+        [sys.executable, f"spark_jobs/{job}.py", "--help"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: spark_jobs/{job}.py")
+    for option in ("--available-now", "--health-port", "--checkpoint", "--topics"):
+        assert option in done.stdout
+    assert "JAVA_HOME" not in done.stderr and "Java gateway" not in done.stderr

@@ -63,3 +63,22 @@ def test_clusters_start_only_when_named(tmp_path: Path, monkeypatch: pytest.Monk
     everything = {s.name for s in cli._services([], secure=True, clusters=True)}
     assert set(ports.CLUSTER_SERVICES) <= everything
     assert RedisClusterService(_paths(tmp_path)).url == ports.REDIS_CLUSTER_URL
+
+
+def test_spark_cluster_status_says_when_no_master_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A port nothing listens on stands for the master's: status says none runs (it said
+    "0 workers alive", as if a master had answered)."""
+    import socket
+
+    from pgcdc.stack import spark_cluster
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    monkeypatch.setattr(spark_cluster, "SPARK_MASTER_PORT", free)
+    assert spark_cluster.main(["status"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("no Spark master is running at spark://127.0.0.1:")
+    assert "python -m pgcdc.stack.spark_cluster up" in out and "workers alive" not in out

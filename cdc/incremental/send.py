@@ -120,6 +120,11 @@ def resolve_table(
             f"table {listed} is not in publication {publication}, so the reader does not "
             "capture it: add it to the publication (or postgres.tables) first"
         )
+    if len(parts) == 1:
+        raise ConfigError(
+            f"table {name!r} does not exist: no captured table and no public.{parts[0]} has "
+            "that name (write it as schema.table)"
+        )
     raise ConfigError(f"table {name!r} does not exist")
 
 

@@ -123,21 +123,38 @@ def _containers(stack: ExitStack) -> Endpoints:
 
 @pytest.fixture(scope="session")
 def endpoints() -> Iterator[Endpoints]:
-    """The real servers for this test session."""
-    if use_containers():
-        with ExitStack() as stack:
-            yield _containers(stack)
-    else:
-        yield _native_stack()
+    """The real servers for this test session.
+
+    ``CDC_TEST_POSTGRES=<major>`` (e.g. 17, 18) swaps PostgreSQL for a server of that major
+    started beside the others on a free port (:mod:`tests.pg_majors`); the rest stays.
+    """
+    from dataclasses import replace
+
+    from tests.pg_majors import session_server
+
+    with ExitStack() as stack:
+        found = _containers(stack) if use_containers() else _native_stack()
+        server = stack.enter_context(session_server())
+        if server is not None:
+            found = replace(
+                found,
+                postgres_dsn=server.dsn("cdc"),
+                via=f"{found.via}, PostgreSQL {server.runtime.major} on port {server.port}",
+            )
+        yield found
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     """Where this session's servers come from (the Docker tests check it in a sub-session)."""
+    from tests.pg_majors import ENV
+
+    major = os.environ.get(ENV)
+    chosen = f"; PostgreSQL {major} ({ENV})" if major else ""
     if use_containers():
         from tests.containers import IMAGES
 
-        return f"servers: testcontainers ({', '.join(IMAGES.values())})"
-    return "servers: the native stack (scripts/stack)"
+        return f"servers: testcontainers ({', '.join(IMAGES.values())}){chosen}"
+    return f"servers: the native stack (scripts/stack){chosen}"
 
 
 # --- per-test isolated resources -------------------------------------------------------------

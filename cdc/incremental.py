@@ -62,7 +62,7 @@ import psycopg
 from psycopg import sql
 
 from cdc import pgoutput
-from cdc.connection import connect
+from cdc.connection import connect, in_recovery
 from cdc.observer import NullObserver, StreamObserver
 from cdc.publication import captured_tables
 from cdc.publisher import Publisher, TxnTracker
@@ -307,6 +307,8 @@ class IncrementalSnapshots:
         self.signal_table: Table | None = tuple(sig.split(".", 1)) if sig else None  # type: ignore[assignment]
         self._conn = connect(dsn, application_name="cdc-snapshot")
         self._worker_conn = connect(dsn, application_name="cdc-snapshot-chunks")
+        # A standby (the reader may read from one, PostgreSQL 16+) cannot write watermarks.
+        self.on_standby = in_recovery(self._conn)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-chunk")
         self._signal_topic = (
             SignalTopic(settings.kafka, settings.kafka.signal_topic, database, pg.slot_name)
@@ -365,6 +367,17 @@ class IncrementalSnapshots:
         self.save()
 
     def _queue(self, snap: TableSnapshot) -> None:
+        if self.on_standby:
+            log.error(
+                "incremental snapshot of %s (%s) not taken: the reader reads from a standby, "
+                "which cannot write the snapshot's watermarks into the WAL; take it with a "
+                "reader on the primary, or snapshot again with --snapshot-mode when_needed "
+                "and a new slot",
+                snap.name,
+                snap.via,
+                extra={"table": snap.name},
+            )
+            return
         if any(
             s.schema == snap.schema
             and s.table == snap.table

@@ -32,7 +32,7 @@ from cdc.incremental import (
     load_snapshots,
 )
 from cdc.metrics import ReaderMetrics
-from cdc.publication import ensure_publication
+from cdc.publication import ensure_publication, publishes_generated, warn_generated_left_out
 from cdc.publisher import Publisher
 from cdc.replication import ReplicationConnection
 from cdc.slots import (
@@ -40,6 +40,7 @@ from cdc.slots import (
     StartPlan,
     check_wal_level,
     drop_slot,
+    failover_wanted,
     plan_start,
     slot_info,
     wait_slot_released,
@@ -49,7 +50,7 @@ from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
 from cdc.table_checks import check_tables, warn_unsnapshotted
 from cdc.table_topics import TableTopics
-from pgcdc.core.errors import SlotError
+from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import InitialSnapshot, Settings
 from schemas.envelope import EventEncoder
@@ -180,15 +181,24 @@ class Pipeline:
             # The signal table's inserts reach the reader through the publication.
             listed = (*listed, pg.signal_data_collection)
         tables = ensure_publication(
-            admin, pg.publication_name, listed, pg.publication_autocreate_mode
+            admin,
+            pg.publication_name,
+            listed,
+            pg.publication_autocreate_mode,
+            generated=pg.publish_generated_columns,
         )
+        warn_generated_left_out(admin, pg.publication_name, tables)
         run = _Run(
             admin=admin,
             slot=slot,
             database=database,
             publisher=publisher,
             store=store,
-            catalog=SchemaCatalog(admin, pg.message_key_columns),
+            catalog=SchemaCatalog(
+                admin,
+                pg.message_key_columns,
+                generated=publishes_generated(admin, pg.publication_name),
+            ),
             encoder=EventEncoder(self.settings.schema_, kafka.topic_prefix, database),
             table_topics=TableTopics(publisher, kafka),
             tables=tables,
@@ -310,6 +320,13 @@ class Pipeline:
         )
         pg = self.settings.postgres
         if plan.action is Action.SNAPSHOT and pg.initial_snapshot is InitialSnapshot.INCREMENTAL:
+            if engine.on_standby:
+                engine.close()
+                raise ConfigError(
+                    "postgres.initial_snapshot = incremental writes watermarks into the WAL, "
+                    "which a standby cannot: use initial_snapshot = exported (the default) on "
+                    "a standby, or read from the primary"
+                )
             state.captured = list(run.tables)
             for table in run.tables:
                 if table != engine.signal_table:
@@ -335,16 +352,20 @@ class Pipeline:
         """Create (snapshotting if planned) or find the slot; return where streaming starts."""
         if plan.drop_existing_slot:
             drop_slot(run.admin, run.slot)
+        failover = failover_wanted(run.admin, self.settings.postgres.slot_failover)
+        if plan.action is Action.STREAM:
+            return self._resume_slot(run, repl, failover)
         incremental = self.settings.postgres.initial_snapshot is InitialSnapshot.INCREMENTAL
+        create = bool(failover)
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
-            created = repl.create_slot(run.slot, export_snapshot=False)
+            created = repl.create_slot(run.slot, export_snapshot=False, failover=create)
             start = created.consistent_point
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start
         if plan.action is Action.SNAPSHOT:
-            created = repl.create_slot(run.slot, export_snapshot=True)
+            created = repl.create_slot(run.slot, export_snapshot=True, failover=create)
             start = created.consistent_point
             run.save_state(Phase.SNAPSHOT, consistent_point=start)
             # The exported snapshot lives until the next command on repl: copy the tables now.
@@ -352,18 +373,19 @@ class Pipeline:
             result.snapshot_rows = snap.rows
             run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
             return start
-        if plan.action is Action.NEW_SLOT:
-            created = repl.create_slot(run.slot, export_snapshot=False)
-            start = created.consistent_point
-            run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
-            return start
-        return self._resume_slot(run)
+        created = repl.create_slot(run.slot, export_snapshot=False, failover=create)
+        start = created.consistent_point
+        run.save_state(Phase.STREAMING, consistent_point=start, acked_lsn=start)
+        return start
 
-    def _resume_slot(self, run: _Run) -> Lsn:
-        """The existing slot's confirmed position (state is written if it was lost)."""
+    def _resume_slot(self, run: _Run, repl: ReplicationConnection, failover: bool | None) -> Lsn:
+        """The existing slot's confirmed position (state is written if it was lost); its
+        ``failover`` property is set to ``postgres.slot_failover`` where it exists."""
         info = slot_info(run.admin, run.slot)
         if info is None:
             raise SlotError(f"replication slot {run.slot} disappeared at startup")
+        if failover is not None and info.failover is not None and info.failover != failover:
+            repl.set_failover(run.slot, failover)
         start = info.confirmed_flush_lsn or Lsn(0)
         if run.state is None:
             run.save_state(Phase.STREAMING, acked_lsn=start)

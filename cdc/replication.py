@@ -195,23 +195,42 @@ class ReplicationConnection:
         systemid, timeline, xlogpos, dbname = rows[0]
         return str(systemid), int(timeline), Lsn.parse(str(xlogpos)), dbname
 
-    def create_slot(self, slot: str, *, export_snapshot: bool) -> SlotCreated:
+    def create_slot(
+        self, slot: str, *, export_snapshot: bool, failover: bool = False
+    ) -> SlotCreated:
         """Create a permanent pgoutput slot. With ``export_snapshot`` the returned snapshot
         can be imported (SET TRANSACTION SNAPSHOT) until the next command on THIS
-        connection, so read the tables before calling anything else here."""
+        connection, so read the tables before calling anything else here. ``failover``
+        (PostgreSQL 17+, on a primary) makes it a failover slot, which standbys with
+        ``sync_replication_slots`` keep a copy of."""
         _check_name("slot", slot)
         mode = "export" if export_snapshot else "nothing"
+        options = f"SNAPSHOT '{mode}'" + (", FAILOVER true" if failover else "")
         rows = self._command(
-            f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT '{mode}')",
+            f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput ({options})",
             f"cannot create replication slot {slot!r} on {self._where}",
         )
         name, consistent_point, snapshot_name, _plugin = rows[0]
         created = SlotCreated(str(name), Lsn.parse(str(consistent_point)), snapshot_name)
         log.info(
             "created replication slot",
-            extra={"slot": slot, "lsn": str(created.consistent_point), "snapshot": snapshot_name},
+            extra={
+                "slot": slot,
+                "lsn": str(created.consistent_point),
+                "snapshot": snapshot_name,
+                "failover": failover,
+            },
         )
         return created
+
+    def set_failover(self, slot: str, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT … (FAILOVER …) (PostgreSQL 17+; the slot must be idle)."""
+        _check_name("slot", slot)
+        self._command(
+            f"ALTER_REPLICATION_SLOT {slot} (FAILOVER {'true' if failover else 'false'})",
+            f"cannot change replication slot {slot!r} on {self._where}",
+        )
+        log.info("replication slot altered", extra={"slot": slot, "failover": failover})
 
     def drop_slot(self, slot: str) -> None:
         """Drop a slot (waiting if another session is just releasing it)."""

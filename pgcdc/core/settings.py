@@ -178,6 +178,15 @@ class PostgresSettings(BaseModel):
     # never reached the stream is not retried: a wrong host or password shows at once.
     reconnect_timeout_s: float = Field(default=300.0, ge=0)
     proto_version: int = Field(default=1, ge=1, le=4)
+    # PostgreSQL 17+: the slot is a failover slot (failover = true), which a standby with
+    # sync_replication_slots = on keeps a copy of, so that after a failover the reader resumes
+    # on the promoted standby with no new snapshot. An existing slot is altered to match at
+    # start. Ignored before 17 and on a standby (where a slot cannot be a failover slot).
+    slot_failover: bool = True
+    # PostgreSQL 18+: the publication the reader creates publishes stored generated columns
+    # (publish_generated_columns = stored), so records (snapshot and stream) carry them. An
+    # existing publication keeps its own choice; the reader reads it and says what it leaves out.
+    publish_generated_columns: bool = True
     # `cdc status` warns when the slot holds back more WAL than this (bytes).
     retained_wal_warn_bytes: int = Field(default=1024**3, ge=1)
     # Debezium's message.key.columns: the Kafka key of tables without a usable key (or another

@@ -147,6 +147,7 @@ DEBEZIUM = {
     "postgres.complete_unchanged_toast": "`unavailable.value.placeholder` (false: "
     "Debezium's behaviour)",
     "postgres.status_interval_s": "`status.update.interval.ms`",
+    "postgres.slot_failover": "`slot.failover`",
     "postgres.message_key_columns": "`message.key.columns`",
     "postgres.skipped_operations": "`skipped.operations`",
     "postgres.publication_autocreate_mode": "`publication.autocreate.mode`",

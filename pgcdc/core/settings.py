@@ -83,6 +83,13 @@ class TimePrecision(StrEnum):
     CONNECT = "connect"
 
 
+class HeaderFormat(StrEnum):
+    """How the key-change headers (``__debezium.newkey``/``__debezium.oldkey``) are written."""
+
+    SIMPLE = "simple"  # Kafka Connect's default SimpleHeaderConverter: {"id":5}
+    JSON = "json"  # JsonConverter, as Debezium Server writes them: the record key itself
+
+
 class ValueFormat(StrEnum):
     JSON = "json"
     AVRO = "avro"
@@ -362,6 +369,11 @@ class SchemaSettings(BaseModel):
     # is dropped, design guarantee 6), or left out of the events as Debezium's default does.
     include_unknown_datatypes: bool = True
     provide_transaction_metadata: bool = False
+    # The __debezium.newkey/__debezium.oldkey headers of a key change: "simple" as Debezium in
+    # Kafka Connect writes them with Connect's default header converter (SimpleHeaderConverter
+    # reads them back; a sink connector with default settings needs that), or "json" as
+    # Debezium Server writes them (the key's JsonConverter bytes, the same as the record key).
+    header_format: HeaderFormat = HeaderFormat.SIMPLE
     registry_url: str | None = None
     # The registry's basic auth as "user:password" (Confluent's basic.auth.user.info), and
     # its TLS: the CA to trust (default: the system's) and, for mutual TLS, a certificate and key.

@@ -172,6 +172,8 @@ DEBEZIUM = {
     "kafka.ssl_key_password": "`ssl.key.password`",
     "kafka.client": "`producer.*`, `consumer.*`, `admin.*` (Connect worker)",
     "schema.value_format": "`value.converter`",
+    "schema.header_format": "Kafka Connect's `header.converter` (Debezium Server: "
+    "`debezium.format.header`)",
     "schema.schemas_enable": "`value.converter.schemas.enable`",
     "schema.decimal_handling_mode": "`decimal.handling.mode`",
     "schema.binary_handling_mode": "`binary.handling.mode`",

@@ -30,6 +30,40 @@ ENV = "CDC_TEST_POSTGRES"
 # The newest major the default run covers besides the stack's, and the whole matrix.
 NEWEST = 18
 MATRIX = (15, 17, 18)
+# What `make test-matrix` runs on each major: the reader's suite, the real-database cases,
+# the Debezium parity module, the failover test.
+READER_SUITE = (
+    "tests/integration/test_reader_compaction.py",
+    "tests/integration/test_reader_crash.py",
+    "tests/integration/test_reader_errors.py",
+    "tests/integration/test_reader_heartbeat.py",
+    "tests/integration/test_reader_memory.py",
+    "tests/integration/test_reader_robustness.py",
+    "tests/integration/test_reader_stream.py",
+    "tests/integration/test_reader_toast.py",
+    "tests/integration/test_replication.py",
+    "tests/integration/test_snapshot_records.py",
+    "tests/integration/test_type_oracle.py",
+    "tests/integration/test_generated_columns.py",
+    "tests/integration/test_standby_reader.py",
+)
+MAJOR_SUITE = (
+    *READER_SUITE,
+    "tests/integration/real_databases",
+    "tests/integration/debezium_parity",
+    "tests/e2e/test_failover.py",
+)
+# The part of the reader's suite `make test` repeats on the newest major (scripts/test's
+# newest phase): what a major can change (the replication protocol and its messages, every
+# type's text, TOAST and key changes, DDL mid-stream, generated columns).
+NEWEST_SUBSET = (
+    "tests/integration/test_replication.py",
+    "tests/integration/test_type_oracle.py",
+    "tests/integration/test_snapshot_records.py",
+    "tests/integration/test_reader_toast.py",
+    "tests/integration/test_reader_robustness.py",
+    "tests/integration/test_generated_columns.py",
+)
 USER = PASSWORD = DATABASE = "cdc"
 
 BASE_SETTINGS = {
@@ -52,16 +86,32 @@ HBA = [
 ]
 
 
-def chosen_major() -> int | None:
-    """The major ``CDC_TEST_POSTGRES`` asks for, or None for the stack's own server."""
+def requested_major() -> int | None:
+    """The major ``CDC_TEST_POSTGRES`` names, or None when it is unset."""
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return None
     try:
-        major = int(raw)
+        return int(raw)
     except ValueError:
         raise pytest.UsageError(f"{ENV}={raw!r} is not a PostgreSQL major (15, 17, 18)") from None
-    return None if major == stack_major() else major
+
+
+def chosen_major() -> int | None:
+    """The major ``CDC_TEST_POSTGRES`` asks for, or None for the stack's own server."""
+    major = requested_major()
+    return None if major is None or major == stack_major() else major
+
+
+def feature_major(since: int, feature: str) -> int:
+    """The major a test of a feature of PostgreSQL ``since``+ runs on: the requested one
+    (skipped when older: a matrix leg of an older major), else the newest."""
+    major = requested_major()
+    if major is None:
+        return NEWEST
+    if major < since:
+        pytest.skip(f"PostgreSQL {major} has no {feature} (since {since})")
+    return major
 
 
 def stack_major() -> int | None:

@@ -50,7 +50,7 @@ from tests.integration.real_databases.support import (
     assert_followers_equal,
     cleanup,
 )
-from tests.pg_majors import NEWEST, chosen_major, server, standby_of
+from tests.pg_majors import feature_major, server, standby_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
@@ -60,8 +60,7 @@ AFTER_PROMOTION = 300  # changes the writers commit on the promoted standby
 
 
 def failover_major() -> int:
-    chosen = chosen_major()
-    return chosen if chosen is not None and chosen >= 17 else NEWEST
+    return feature_major(17, "failover slots")
 
 
 class Writers:

@@ -29,14 +29,13 @@ from tests.integration.reader_support import (
     read_topic,
     slot_row,
 )
-from tests.pg_majors import NEWEST, chosen_major, server, standby_of
+from tests.pg_majors import feature_major, server, standby_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def standby_major() -> int:
-    chosen = chosen_major()
-    return chosen if chosen is not None and chosen >= 16 else NEWEST
+    return feature_major(16, "logical decoding on a standby")
 
 
 @pytest.fixture

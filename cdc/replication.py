@@ -248,10 +248,11 @@ class ReplicationConnection:
         *,
         proto_version: int = 1,
         messages: bool = False,
-        streaming: bool = False,
+        streaming: bool | str = False,
     ) -> None:
         """START_REPLICATION on ``slot`` from ``start_lsn`` (the server starts from the slot's
-        confirmed position if that is later). Streaming needs ``proto_version >= 2``."""
+        confirmed position if that is later). Streaming (True: ``on``; or ``parallel``,
+        protocol 4) needs ``proto_version >= 2``."""
         _check_name("slot", slot)
         _check_name("publication", publication)
         if streaming and proto_version < 2:
@@ -260,7 +261,10 @@ class ReplicationConnection:
         if messages:
             options.append("messages 'true'")
         if streaming:
-            options.append("streaming 'on'")
+            mode = "on" if streaming is True else str(streaming)
+            if mode not in ("on", "parallel"):
+                raise ConfigError(f"streaming {mode!r}: use on or parallel")
+            options.append(f"streaming '{mode}'")
         sql = f"START_REPLICATION SLOT {slot} LOGICAL {start_lsn} ({', '.join(options)})"
         action = f"cannot start replication from slot {slot!r} on {self._where}"
         cur = self._execute(sql, action)

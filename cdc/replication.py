@@ -45,6 +45,7 @@ _DUPLICATE_OBJECT: Final = "42710"
 _OBJECT_IN_USE: Final = "55006"
 _INVALID_PARAMETER_VALUE: Final = "22023"
 _FEATURE_NOT_SUPPORTED: Final = "0A000"
+_OBJECT_NOT_IN_PREREQUISITE_STATE: Final = "55000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,22 @@ class ReplicationConnection:
             on_error=lambda e: classify(e, action),
         )
         self._pgconn = self._conn.pgconn
+        # PostgreSQL 18's pgoutput skips a publication that does not exist at a change's
+        # place in the WAL with a WARNING and goes on: nothing of its tables is sent, and a
+        # reader that went on would acknowledge past their changes. read() stops instead.
+        self._skipped_publication: str | None = None
+        self._conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A NoticeResponse from the walsender (libpq hands it over while reading COPY data)."""
+        message = diag.message_primary or ""
+        if diag.sqlstate == _OBJECT_NOT_IN_PREREQUISITE_STATE and "publication" in message:
+            self._skipped_publication = message
+        log.warning(
+            "the server says: %s",
+            message,
+            extra={"severity": diag.severity, "detail": diag.message_detail},
+        )
 
     # ----------------------------------------------------------------- commands
 
@@ -306,6 +323,8 @@ class ReplicationConnection:
                 nbytes, buf = pgconn.get_copy_data(1)
             except psycopg.Error as e:
                 raise self._lost(e) from e
+            if self._skipped_publication is not None:
+                raise self._publication_skipped()
             if nbytes > 0:
                 frame = self._parse(buf)
                 if frame is not None:
@@ -390,6 +409,18 @@ class ReplicationConnection:
                     f"replication connection to {self._where}: socket not writable for "
                     f"{self.status_interval_s}s"
                 )
+
+    def _publication_skipped(self) -> SlotError:
+        """Stop on PostgreSQL 18's skipped publication (what 17 and before raise as an error),
+        before anything after it is acknowledged."""
+        self._streaming = False
+        return SlotError(
+            f"replication stream from {self._where}: {self._skipped_publication} (it does not "
+            "exist at this point in the WAL, so the server would skip its tables' changes); "
+            "nothing after it is acknowledged. Create the publication again and restart; "
+            "changes made while it did not exist cannot be streamed: to recover them, take a "
+            "new snapshot (`cdc reset-state --drop-slot`, then `cdc run`)"
+        )
 
     def _lost(self, e: psycopg.Error) -> CdcError:
         self._streaming = False

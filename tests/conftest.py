@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +37,9 @@ class Endpoints:
     redis_url: str
     search_url: str
     via: str  # "native" or "testcontainers"
+    # Restarts the PostgreSQL of postgres_dsn when the tests run one of their own (a major
+    # CDC_TEST_POSTGRES chose); None: it is the stack's (scripts/stack down/up postgres).
+    restart_postgres: Callable[[], None] | None = field(default=None, compare=False)
 
     def postgres_dsn_for(self, dbname: str) -> str:
         base, _, _ = self.postgres_dsn.rpartition("/")
@@ -136,10 +139,16 @@ def endpoints() -> Iterator[Endpoints]:
         found = _containers(stack) if use_containers() else _native_stack()
         server = stack.enter_context(session_server())
         if server is not None:
+
+            def restart() -> None:
+                server.stop()
+                server.start()
+
             found = replace(
                 found,
                 postgres_dsn=server.dsn("cdc"),
                 via=f"{found.via}, PostgreSQL {server.runtime.major} on port {server.port}",
+                restart_postgres=restart,
             )
         yield found
 

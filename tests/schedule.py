@@ -41,6 +41,8 @@ SLOW_MODULES: dict[str, float] = {
     "tests/e2e/test_demo.py": 150,
     "tests/integration/security/": 150,
     "tests/integration/real_databases/test_reader_robustness_failures.py": 120,
+    "tests/e2e/test_failover.py": 240,
+    "tests/integration/debezium_parity/test_connect_sink.py": 100,
 }
 
 

@@ -41,11 +41,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pgcdc.stack import common
+from pgcdc.stack import common, versions
 
 # The Debian suite that ships each major (16 is in none of the suites a Debian mirror carries
 # today: bookworm has 15, trixie 17, testing and unstable 18; see docs/own-postgres.md).
-SUITES: dict[int, str] = {17: "trixie", 18: "testing"}
+SUITES: dict[int, str] = versions.POSTGRES_ROOT_SUITES
 # Bump when what goes into a root changes: a new folder is built beside the old one.
 RECIPE = 1
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

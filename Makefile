@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= --durations=15
 
-.PHONY: install stack demo test unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
+.PHONY: install stack demo test test-newest test-matrix unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
 
 install: $(VENV)/.installed
 
@@ -24,8 +24,10 @@ stack: install
 demo: stack
 	$(PY) scripts/demo.py
 
-# scripts/test runs the suite in two phases: the tests that restart a shared server alone, then
-# the rest on CDC_TEST_WORKERS parallel workers (default 2; tests/schedule.py says how).
+# scripts/test runs the suite in three phases: the tests that restart a shared server alone,
+# the part of the reader's suite a PostgreSQL major can change on the newest major (18, a
+# server of its own: tests/pg_majors.py), then the rest on CDC_TEST_WORKERS parallel workers
+# (default 2; tests/schedule.py says how).
 # The servers: the native stack, or with CDC_TEST_DOCKER=1 containers (testcontainers) from
 # the project's images (built if missing, never pulled); CDC_TEST_NATIVE=1 forces the native
 # stack. The Docker tests (marker docker: the compose stack end to end, and the followers'
@@ -43,6 +45,32 @@ test: install
 		fi; \
 	fi
 	$(PY) scripts/test $(PYTEST_ARGS)
+
+# PostgreSQL majors (docs/own-postgres.md#postgresql-versions). CDC_TEST_POSTGRES=<major>
+# points the tests at a server of that major started beside the stack (15: the stack's own);
+# 17 and 18 run from Debian roots built once into .cache/pgroots. The suites are named in
+# tests/pg_majors.py.
+PG_MAJORS ?= 15 17 18
+PG_NEWEST := $(shell $(PY) -c 'from tests.pg_majors import NEWEST; print(NEWEST)' 2>/dev/null || echo 18)
+
+# The newest major's part of `make test` alone.
+test-newest: install
+	scripts/stack up
+	CDC_TEST_POSTGRES=$(PG_NEWEST) $(PY) scripts/test $(PYTEST_ARGS) \
+		$$($(PY) -c 'from tests.pg_majors import NEWEST_SUBSET; print(*NEWEST_SUBSET)')
+
+# The reader's suite, the real-database cases, the Debezium parity module and the failover
+# test on every major (PG_MAJORS="17" for one), each through scripts/test; a line per major at
+# the end.
+test-matrix: install
+	scripts/stack up
+	@suite="$$($(PY) -c 'from tests.pg_majors import MAJOR_SUITE; print(*MAJOR_SUITE)')"; \
+	status=0; summary=""; for m in $(PG_MAJORS); do \
+		echo "=== PostgreSQL $$m"; \
+		CDC_TEST_POSTGRES=$$m $(PY) scripts/test $(PYTEST_ARGS) $$suite; rc=$$?; \
+		summary="$$summary\nPostgreSQL $$m: $$( [ $$rc -eq 0 ] && echo passed || echo "FAILED ($$rc)" )"; \
+		[ $$rc -eq 0 ] || status=$$rc; \
+	done; printf "$$summary\n"; exit $$status
 
 unit: install
 	$(VENV)/bin/pytest -m unit $(PYTEST_ARGS)

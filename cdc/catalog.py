@@ -4,8 +4,9 @@
 following array element types, domains down to their base and enum labels;
 ``table_from_relation`` turns a pgoutput Relation message's columns into a TableSchema;
 :class:`SchemaCatalog` is what the reader uses: tables by name for the snapshot and by
-Relation message for the stream, with one key rule for both (:mod:`cdc.keys`). Generated columns
-are left out: pgoutput does not send them.
+Relation message for the stream, with one key rule for both (:mod:`cdc.keys`). Stored
+generated columns are in only where the publication publishes them (PostgreSQL 18's
+``publish_generated_columns = stored``): pgoutput sends them then, and only then.
 """
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ WHERE {where}
 """
 
 # Defaults and declared array dimensions feed the value schema (schemas.column_defaults).
+# Stored generated columns ('s') only when the publication publishes them (the second
+# parameter); virtual ones ('v', PostgreSQL 18) never: they are not in the WAL. A generated
+# column's expression is no default.
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid::int8, a.atttypmod, NOT a.attnotnull,
-       pg_get_expr(d.adbin, d.adrelid), a.attndims
+       CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END, a.attndims
 FROM pg_attribute a
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+  AND (a.attgenerated = '' OR (%s AND a.attgenerated = 's'))
 ORDER BY a.attnum
 """
 
@@ -111,13 +116,14 @@ def load_table(
     schema: str = "public",
     types: dict[int, PgType] | None = None,
     rules: Sequence[KeyColumns] = (),
+    generated: bool = False,
 ) -> TableSchema:
     """A table's columns, key columns (:func:`cdc.keys.key_columns` with ``rules``) and
-    replica identity, by name or relation OID.
+    replica identity, by name or relation OID; stored generated columns with ``generated``.
 
     ``types`` is a cache of PgTypes; it is filled with any type loaded here.
     """
-    cols, facts = _describe(conn, table, schema)
+    cols, facts = _describe(conn, table, schema, generated)
     keys = key_columns(facts, rules)
     cache = types if types is not None else {}
     need = {int(c[1]) for c in cols} - cache.keys()
@@ -139,7 +145,7 @@ def load_table(
 
 
 def _describe(
-    conn: psycopg.Connection[Any], table: str | int, schema: str
+    conn: psycopg.Connection[Any], table: str | int, schema: str, generated: bool = False
 ) -> tuple[list[tuple[Any, ...]], KeyFacts]:
     """The table's columns (name, type OID, typmod, nullable) and its key facts."""
     if isinstance(table, int):
@@ -153,7 +159,7 @@ def _describe(
             f"table {table if isinstance(table, int) else f'{schema}.{table}'} not found"
         )
     relid, nsp, relname, replident = rel
-    cols = conn.execute(_COLUMNS_SQL, (relid,)).fetchall()
+    cols = conn.execute(_COLUMNS_SQL, (relid, generated)).fetchall()
     primary: tuple[str, ...] = ()
     index: tuple[str, ...] = ()
     for is_primary, is_identity, names in conn.execute(_KEY_INDEXES_SQL, (relid,)).fetchall():
@@ -246,9 +252,14 @@ class SchemaCatalog:
         rules: Sequence[KeyColumns] = (),
         known_keys: KnownKeys | None = None,
         on_learned: Callable[[KnownKeys], None] | None = None,
+        *,
+        generated: bool = False,
     ) -> None:
         self.conn = conn
         self.rules = tuple(rules)
+        # Whether the publication publishes stored generated columns (the snapshot reads
+        # exactly the columns the stream carries).
+        self.generated = generated
         self._types: dict[int, PgType] = {}
         self._keyless = KeylessWarnings()
         self.known_keys: KnownKeys = dict(known_keys or {})
@@ -256,7 +267,7 @@ class SchemaCatalog:
 
     def load_table_in(self, conn: psycopg.Connection[Any], schema: str, table: str) -> TableSchema:
         """The table as ``conn`` sees it (e.g. inside the snapshot's transaction)."""
-        loaded = load_table(conn, table, schema, rules=self.rules)
+        loaded = load_table(conn, table, schema, rules=self.rules, generated=self.generated)
         if not loaded.key_columns:
             self._keyless.note(loaded.schema, loaded.table)
         elif loaded.replica_identity == "f" and conn is self.conn:
@@ -293,7 +304,7 @@ class SchemaCatalog:
         ri = rel.replica_identity
         now_cols: list[tuple[Any, ...]] = []
         try:
-            now_cols, now = _describe(self.conn, rel.relation_id, rel.namespace)
+            now_cols, now = _describe(self.conn, rel.relation_id, rel.namespace, self.generated)
         except SchemaError:
             log.warning(
                 "table of a Relation message no longer exists",

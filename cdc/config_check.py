@@ -2,7 +2,12 @@
 
 PostgreSQL: ``wal_level``, the role's ``REPLICATION`` (or superuser) and ``SELECT`` on the
 captured tables, each captured table's replica identity and key, the publication as
-``postgres.publication_autocreate_mode`` would make or use it, and the slot. Then Kafka,
+``postgres.publication_autocreate_mode`` would make or use it (and the stored generated
+columns it leaves out), and the slot. On PostgreSQL 17+, for a failover slot: the primary's
+``synchronized_standby_slots`` and, on each standby ``postgres.dsn`` lists (a multi-host DSN,
+which must pick the primary with ``target_session_attrs``), ``sync_replication_slots``,
+``hot_standby_feedback``, ``primary_slot_name``, the ``dbname`` of ``primary_conninfo`` and
+whether the slot's synchronized copy is ready. Then Kafka,
 Redis and OpenSearch answer (with the configured TLS and credentials). Each result is one
 line; a failure says how to fix it.
 
@@ -20,11 +25,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from cdc.connection import connect, current_database
+from cdc.connection import connect, current_database, in_recovery
 from cdc.keys import KEY_COLUMNS_SETTING, matching_rule
-from cdc.publication import ensure_publication
-from cdc.slots import slot_info
+from cdc.publication import (
+    GENERATED_COLUMNS_SINCE,
+    ensure_publication,
+    generated_columns,
+    publishes_generated,
+)
+from cdc.slots import FAILOVER_SLOTS_SINCE, slot_info
 from pgcdc.core.errors import CdcError, root_reason
 from pgcdc.core.settings import Settings
 
@@ -90,22 +101,49 @@ def _role(conn: psycopg.Connection[Any]) -> tuple[str, bool, CheckResult]:
 
 def _publication(
     conn: psycopg.Connection[Any], settings: Settings
-) -> tuple[list[str], CheckResult]:
+) -> tuple[list[str], list[CheckResult]]:
     """The tables a run would capture, and whether it may create or use the publication."""
     pg = settings.postgres
     name = pg.publication_name
     try:
         with conn.transaction(force_rollback=True):
-            captured = ensure_publication(conn, name, pg.tables, pg.publication_autocreate_mode)
+            captured = ensure_publication(
+                conn,
+                name,
+                pg.tables,
+                pg.publication_autocreate_mode,
+                generated=pg.publish_generated_columns,
+            )
+            left_out = [] if publishes_generated(conn, name) else generated_columns(conn, captured)
     except CdcError as e:
         fix = "see docs/own-postgres.md"
-        return list(pg.tables), _fail("postgres", str(e), fix)
+        return list(pg.tables), [_fail("postgres", str(e), fix)]
     tables = [f"{s}.{t}" for s, t in captured]
     mode = pg.publication_autocreate_mode
     how = f"publication_autocreate_mode={mode.value}" if mode is not None else "default mode"
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     state = "exists" if exists else "would be created"
-    return tables, _ok("postgres", f"publication {name} {state} ({how}), {len(tables)} tables")
+    out = [_ok("postgres", f"publication {name} {state} ({how}), {len(tables)} tables")]
+    if left_out:
+        what = f"stored generated columns {', '.join(left_out)} are not published"
+        if conn.info.server_version >= GENERATED_COLUMNS_SINCE and pg.publish_generated_columns:
+            out.append(
+                _fail(
+                    "postgres",
+                    f"{what} (the publication has publish_generated_columns = none)",
+                    f"ALTER PUBLICATION {name} SET (publish_generated_columns = stored), then "
+                    "`cdc snapshot <table>`",
+                )
+            )
+        else:
+            out.append(
+                _ok(
+                    "postgres",
+                    f"{what}: no record carries them (PostgreSQL 18 can publish them; before, "
+                    "see docs/own-postgres.md#generated-columns)",
+                )
+            )
+    return tables, out
 
 
 _TABLE_FACTS = """
@@ -196,21 +234,202 @@ def _slot(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     return _ok("postgres", f"slot {name} exists ({state}, wal_status = {info.wal_status})")
 
 
+def _hosts(dsn: str) -> list[tuple[str, str]]:
+    """(host, port) of every server a multi-host DSN lists, in order."""
+    params = conninfo_to_dict(dsn)
+    hosts = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    return list(zip(hosts, ports, strict=False))
+
+
+def _multi_host(dsn: str) -> list[CheckResult]:
+    """A DSN naming several servers must pick the primary (or the reader may stream from a
+    standby that cannot take its slot, or follow the wrong server after a failover)."""
+    hosts = _hosts(dsn)
+    if len(hosts) < 2:
+        return []
+    attrs = str(conninfo_to_dict(dsn).get("target_session_attrs") or "any")
+    if attrs in ("read-write", "primary"):
+        return [
+            _ok(
+                "postgres", f"postgres.dsn lists {len(hosts)} servers, target_session_attrs={attrs}"
+            )
+        ]
+    return [
+        _fail(
+            "postgres",
+            f"postgres.dsn lists {len(hosts)} servers with target_session_attrs={attrs}: the "
+            "reader may connect to a standby",
+            "add target_session_attrs=read-write (or primary) to postgres.dsn",
+        )
+    ]
+
+
+def _setting(conn: psycopg.Connection[Any], name: str) -> str | None:
+    """A server setting, or None where this role may not read it."""
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    return str(row[0]) if row else None
+
+
+def _failover(conn: psycopg.Connection[Any], settings: Settings) -> list[CheckResult]:
+    """PostgreSQL 17+: the slot is a failover slot, and the standbys that should keep a copy
+    of it are set up for that (``synchronized_standby_slots`` here, the standby side in
+    :func:`_standby`)."""
+    pg = settings.postgres
+    if not pg.slot_failover or conn.info.server_version < FAILOVER_SLOTS_SINCE:
+        return []
+    if in_recovery(conn):
+        return [_ok("postgres", "connected to a standby: its slot cannot be a failover slot")]
+    out: list[CheckResult] = []
+    info = slot_info(conn, pg.slot_name)
+    if info is not None and info.failover is False:
+        out.append(
+            _ok(
+                "postgres",
+                f"slot {pg.slot_name} is not a failover slot yet; the next run makes it one",
+            )
+        )
+    physical = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' ORDER BY 1"
+        ).fetchall()
+    ]
+    listed = [s.strip() for s in (_setting(conn, "synchronized_standby_slots") or "").split(",")]
+    listed = [s for s in listed if s]
+    if not physical:
+        out.append(
+            _ok(
+                "postgres",
+                "no physical replication slot: no standby keeps a copy of the failover slot "
+                "(a standby needs primary_slot_name, see docs/own-postgres.md)",
+            )
+        )
+        return out
+    missing = [s for s in listed if s not in physical]
+    if not listed or missing:
+        names = ", ".join(physical)
+        out.append(
+            _fail(
+                "postgres",
+                "synchronized_standby_slots "
+                + (f"names unknown slots {', '.join(missing)}" if missing else "is empty")
+                + f" (physical slots: {names}): the reader may receive changes a standby has "
+                "not, which a failover to that standby loses while the followers keep them",
+                f"ALTER SYSTEM SET synchronized_standby_slots = '{names}'; SELECT pg_reload_conf()",
+            )
+        )
+    else:
+        out.append(_ok("postgres", f"synchronized_standby_slots = {', '.join(listed)}"))
+    return out
+
+
+def _standby(dsn: str, host: str, port: str, settings: Settings, listed: str) -> list[CheckResult]:
+    """A standby of a multi-host DSN: what keeps a synchronized copy of the reader's slot."""
+    where = f"standby {host}:{port}"
+    try:
+        conn = connect(make_conninfo(dsn, host=host, port=port, target_session_attrs="any"))
+    except CdcError as e:
+        return [
+            _fail("postgres", f"{where}: {e}", "check that server, or drop it from postgres.dsn")
+        ]
+    out: list[CheckResult] = []
+    with conn:
+        if not in_recovery(conn):
+            return []
+        if conn.info.server_version < FAILOVER_SLOTS_SINCE:
+            return [_ok("postgres", f"{where}: PostgreSQL before 17 keeps no copy of slots")]
+        wanted = {
+            "sync_replication_slots": "on",
+            "hot_standby_feedback": "on",
+            "wal_level": "logical",
+        }
+        for name, value in wanted.items():
+            have = _setting(conn, name)
+            if have != value:
+                out.append(
+                    _fail(
+                        "postgres",
+                        f"{where}: {name} = {have}, a failover slot copy needs {value}",
+                        f"on the standby: ALTER SYSTEM SET {name} = {value}"
+                        + ("; restart it" if name == "wal_level" else "; SELECT pg_reload_conf()"),
+                    )
+                )
+        slot_name = _setting(conn, "primary_slot_name") or ""
+        if not slot_name or slot_name not in [s.strip() for s in listed.split(",")]:
+            out.append(
+                _fail(
+                    "postgres",
+                    f"{where}: primary_slot_name = {slot_name or '(none)'}, not listed in the "
+                    f"primary's synchronized_standby_slots ({listed or 'empty'})",
+                    "give the standby a physical slot (primary_slot_name) and list it in the "
+                    "primary's synchronized_standby_slots",
+                )
+            )
+        conninfo = _setting(conn, "primary_conninfo")
+        if conninfo is not None and "dbname" not in conninfo_to_dict(conninfo):
+            out.append(
+                _fail(
+                    "postgres",
+                    f"{where}: primary_conninfo names no dbname, which slot synchronization needs",
+                    "add dbname=<any database> to the standby's primary_conninfo",
+                )
+            )
+        info = slot_info(conn, settings.postgres.slot_name)
+        if info is None or info.temporary or not info.synced:
+            out.append(
+                _fail(
+                    "postgres",
+                    f"{where}: no synchronized copy of slot {settings.postgres.slot_name} ready"
+                    + (" (still temporary)" if info is not None and info.temporary else ""),
+                    "run the reader on the primary (a failover slot, postgres.slot_failover); "
+                    "the copy is ready once the slot has moved past the standby's oldest "
+                    "transaction",
+                )
+            )
+        else:
+            out.append(
+                _ok(
+                    "postgres",
+                    f"{where}: slot {info.slot_name} is synchronized (confirmed_flush_lsn "
+                    f"{info.confirmed_flush_lsn})",
+                )
+            )
+    if all(r.ok for r in out):
+        out.insert(0, _ok("postgres", f"{where}: sync_replication_slots, hot_standby_feedback on"))
+    return out
+
+
 def check_postgres(settings: Settings) -> list[CheckResult]:
     """Every PostgreSQL check; an unreachable server is one failure."""
+    dsn = settings.postgres.dsn.get_secret_value()
     try:
-        conn = connect(settings.postgres.dsn.get_secret_value())
+        conn = connect(dsn)
     except CdcError as e:  # the line names the cause and what to check
         return [_fail("postgres", str(e), "")]
     with conn:
-        results = [_ok("postgres", "connected"), _wal_level(conn)]
+        here = (conn.info.host, str(conn.info.port))
+        results = [_ok("postgres", "connected"), *_multi_host(dsn), _wal_level(conn)]
         role, _superuser, role_result = _role(conn)
         results.append(role_result)
         tables, publication = _publication(conn, settings)
-        results.append(publication)
+        results += publication
         results += _tables(conn, settings, role, tables)
         results.append(_slot(conn, settings))
         results.append(_signals(conn, settings))
+        failover = _failover(conn, settings)
+        results += failover
+        listed = _setting(conn, "synchronized_standby_slots") if failover else None
+    if failover:
+        for host, port in _hosts(dsn):
+            if (host, port) != here:
+                results += _standby(dsn, host, port, settings, listed or "")
     return results
 
 

@@ -236,9 +236,21 @@ def current_database(conn: psycopg.Connection[Any]) -> str:
     return str(row[0]) if row else ""
 
 
+# The WAL position a reader can stream up to: a standby's is what it has replayed.
+CURRENT_WAL_LSN: Final = (
+    "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+)
+
+
 def current_wal_lsn(conn: psycopg.Connection[Any]) -> Lsn:
-    """The server's current WAL write position."""
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    if row is None:
+    """The server's current WAL write position (on a standby: the position it replayed)."""
+    row = conn.execute(f"SELECT ({CURRENT_WAL_LSN})::text").fetchone()
+    if row is None or row[0] is None:
         raise ConnectionFailed("the server did not report its WAL position")
     return Lsn.parse(row[0])
+
+
+def in_recovery(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server is a standby."""
+    row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import SchemaCatalog
-from cdc.connection import connect, current_database, current_wal_lsn
+from cdc.connection import connect, current_database, current_wal_lsn, in_recovery
 from cdc.incremental import SnapshotsState, join_tables, load_snapshots, save_snapshots
 from cdc.incremental.engine import IncrementalSnapshots
 from cdc.incremental.queue import start_slot
@@ -32,7 +32,7 @@ from cdc.incremental.signals import split_table
 from cdc.incremental.wiring import open_incremental
 from cdc.interrupt import Interrupt, StopRequested
 from cdc.metrics import ReaderMetrics
-from cdc.publication import ensure_publication
+from cdc.publication import ensure_publication, publishes_generated, warn_generated_left_out
 from cdc.publisher import Publisher
 from cdc.replication import ReplicationConnection, SlotCreated
 from cdc.slots import (
@@ -40,6 +40,7 @@ from cdc.slots import (
     StartPlan,
     check_wal_level,
     drop_slot,
+    failover_wanted,
     plan_start,
     slot_info,
     wait_slot_released,
@@ -50,7 +51,7 @@ from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
 from cdc.table_checks import check_tables, warn_unsnapshotted
 from cdc.table_topics import TableTopics
-from pgcdc.core.errors import SlotError
+from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import InitialSnapshot, Settings
 from schemas.envelope import EventEncoder
@@ -194,8 +195,13 @@ class Pipeline:
             # The signal table's inserts reach the reader through the publication.
             listed = (*listed, pg.signal_data_collection)
         tables = ensure_publication(
-            admin, pg.publication_name, listed, pg.publication_autocreate_mode
+            admin,
+            pg.publication_name,
+            listed,
+            pg.publication_autocreate_mode,
+            generated=pg.publish_generated_columns,
         )
+        warn_generated_left_out(admin, pg.publication_name, tables)
         run = _Run(
             admin=admin,
             slot=slot,
@@ -207,6 +213,7 @@ class Pipeline:
                 pg.message_key_columns,
                 store.load_known_keys(database, slot),
                 on_learned=lambda keys: store.save_known_keys(database, slot, keys),
+                generated=publishes_generated(admin, pg.publication_name),
             ),
             encoder=EventEncoder(self.settings.schema_, kafka.topic_prefix, database),
             table_topics=TableTopics(publisher, kafka),
@@ -367,7 +374,7 @@ class Pipeline:
             )
 
     def _create_slot(
-        self, run: _Run, repl: ReplicationConnection, *, export_snapshot: bool
+        self, run: _Run, repl: ReplicationConnection, *, export_snapshot: bool, failover: bool
     ) -> SlotCreated:
         """Create the slot; a creation that waits on open transactions says which."""
 
@@ -378,7 +385,7 @@ class Pipeline:
             )
 
         with said_if_slow(waiting, slot=run.slot):
-            return repl.create_slot(run.slot, export_snapshot=export_snapshot)
+            return repl.create_slot(run.slot, export_snapshot=export_snapshot, failover=failover)
 
     def _prepare_slot(
         self, run: _Run, plan: StartPlan, repl: ReplicationConnection, result: RunResult
@@ -386,7 +393,17 @@ class Pipeline:
         """Create (snapshotting if planned) or find the slot; return where streaming starts."""
         if plan.drop_existing_slot:
             drop_slot(run.admin, run.slot)
+        failover = failover_wanted(run.admin, self.settings.postgres.slot_failover)
+        if plan.action is Action.STREAM:
+            return self._resume_slot(run, repl, failover)
         incremental = self.settings.postgres.initial_snapshot is InitialSnapshot.INCREMENTAL
+        create = bool(failover)
+        if plan.action is Action.SNAPSHOT and incremental and in_recovery(run.admin):
+            raise ConfigError(
+                "postgres.initial_snapshot = incremental writes watermarks into the WAL, "
+                "which a standby cannot: use initial_snapshot = exported (the default) on "
+                "a standby, or read from the primary"
+            )
         if plan.action is Action.SNAPSHOT:
             # Before the slot exists: a stop from here on finds a snapshot to start over, not
             # an older state's STREAMING (a slot dropped and recreated by when_needed).
@@ -394,12 +411,12 @@ class Pipeline:
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
-            created = self._create_slot(run, repl, export_snapshot=False)
+            created = self._create_slot(run, repl, export_snapshot=False, failover=create)
             start = created.consistent_point
             self._started(run, start, incremental=True)
             return start
         if plan.action is Action.SNAPSHOT:
-            created = self._create_slot(run, repl, export_snapshot=True)
+            created = self._create_slot(run, repl, export_snapshot=True, failover=create)
             start = created.consistent_point
             run.save_state(Phase.SNAPSHOT, consistent_point=start)
             # The exported snapshot lives until the next command on repl: copy the tables now.
@@ -408,18 +425,19 @@ class Pipeline:
             result.snapshot_rows = snap.rows
             self._started(run, start)
             return start
-        if plan.action is Action.NEW_SLOT:
-            created = self._create_slot(run, repl, export_snapshot=False)
-            start = created.consistent_point
-            self._started(run, start)
-            return start
-        return self._resume_slot(run)
+        created = self._create_slot(run, repl, export_snapshot=False, failover=create)
+        start = created.consistent_point
+        self._started(run, start)
+        return start
 
-    def _resume_slot(self, run: _Run) -> Lsn:
-        """The existing slot's confirmed position (state is written if it was lost)."""
+    def _resume_slot(self, run: _Run, repl: ReplicationConnection, failover: bool | None) -> Lsn:
+        """The existing slot's confirmed position (state is written if it was lost); its
+        ``failover`` property is set to ``postgres.slot_failover`` where it exists."""
         info = slot_info(run.admin, run.slot)
         if info is None:
             raise SlotError(f"replication slot {run.slot} disappeared at startup")
+        if failover is not None and info.failover is not None and info.failover != failover:
+            repl.set_failover(run.slot, failover)
         start = info.confirmed_flush_lsn or Lsn(0)
         if run.state is None:
             run.save_state(Phase.STREAMING, acked_lsn=start)

@@ -57,14 +57,80 @@ def _table_list(tables: Sequence[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
 
 
-def _create(name: str, tables: Sequence[str], mode: PublicationAutocreate) -> sql.Composed:
-    """The CREATE PUBLICATION that ``mode`` makes (disabled: the one its owner should run)."""
+# PostgreSQL 18's publish_generated_columns: stored generated columns in the stream.
+GENERATED_COLUMNS_SINCE = 180000
+
+
+def _create(
+    name: str, tables: Sequence[str], mode: PublicationAutocreate, generated: bool = False
+) -> sql.Composed:
+    """The CREATE PUBLICATION that ``mode`` makes (disabled: the one its owner should run);
+    ``generated``: with ``publish_generated_columns = stored``."""
     head = sql.SQL("CREATE PUBLICATION {}").format(sql.Identifier(name))
+    what: sql.Composable
     if mode is Mode.NO_TABLES:
-        return head + sql.SQL("")
-    if tables:
-        return head + sql.SQL(" FOR TABLE ") + _table_list(tables)
-    return head + sql.SQL(" FOR ALL TABLES")
+        what = sql.SQL("")
+    elif tables:
+        what = sql.SQL(" FOR TABLE ") + _table_list(tables)
+    else:
+        what = sql.SQL(" FOR ALL TABLES")
+    options = sql.SQL(" WITH (publish_generated_columns = stored)" if generated else "")
+    return head + what + options
+
+
+def publishes_generated(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Whether the publication carries stored generated columns (PostgreSQL 18+'s
+    ``publish_generated_columns = stored``; never before 18)."""
+    row = conn.execute(
+        "SELECT to_jsonb(p) ->> 'pubgencols' FROM pg_publication p WHERE pubname = %s", (name,)
+    ).fetchone()
+    return row is not None and row[0] == "s"
+
+
+def generated_columns(
+    conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]]
+) -> list[str]:
+    """``schema.table.column`` of every stored generated column of ``tables``."""
+    if not tables:
+        return []
+    rows = conn.execute(
+        "SELECT n.nspname || '.' || c.relname || '.' || a.attname FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE a.attgenerated = 's' AND NOT a.attisdropped AND (n.nspname, c.relname) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY 1",
+        ([s for s, _ in tables], [t for _, t in tables]),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def warn_generated_left_out(
+    conn: psycopg.Connection[Any], name: str, tables: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The stored generated columns the publication leaves out, logged once with the way to
+    carry them (PostgreSQL 18+) or the way before 18 (docs/own-postgres.md)."""
+    if publishes_generated(conn, name):
+        return []
+    columns = generated_columns(conn, tables)
+    if not columns:
+        return []
+    if conn.info.server_version >= GENERATED_COLUMNS_SINCE:
+        how = (
+            f"run `ALTER PUBLICATION {name} SET (publish_generated_columns = stored)`, then "
+            "`cdc snapshot <table>` for their current values"
+        )
+    else:
+        how = (
+            "PostgreSQL 18 publishes them (publish_generated_columns); before 18 make each a "
+            "plain column kept by a trigger (docs/own-postgres.md#generated-columns)"
+        )
+    log.warning(
+        "stored generated columns %s are not published by %s, so no record carries them: %s",
+        ", ".join(columns),
+        name,
+        how,
+        extra={"publication": name},
+    )
+    return columns
 
 
 def _alter(name: str, tables: Sequence[str]) -> sql.Composed:
@@ -90,9 +156,13 @@ def ensure_publication(
     name: str,
     tables: tuple[str, ...],
     mode: PublicationAutocreate | None = None,
+    generated: bool = False,
 ) -> list[tuple[str, str]]:
     """Create or align the publication as ``mode`` allows (see the module docstring); return
-    the captured tables as (schema, table)."""
+    the captured tables as (schema, table). ``generated`` (``postgres.publish_generated_columns``)
+    creates it with stored generated columns on PostgreSQL 18+; an existing publication keeps
+    its own choice."""
+    generated = generated and conn.info.server_version >= GENERATED_COLUMNS_SINCE
     _check_listed_tables_exist(conn, tables)
     explicit = mode is not None
     mode = mode or (Mode.FILTERED if tables else Mode.ALL_TABLES)
@@ -107,7 +177,7 @@ def ensure_publication(
         "SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)
     ).fetchone()
     if row is None:
-        create = _create(name, tables, mode)
+        create = _create(name, tables, mode, generated)
         if mode is Mode.DISABLED:
             raise ConfigError(
                 f"publication {name} does not exist and {SETTING}=disabled: have a superuser "

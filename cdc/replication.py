@@ -45,6 +45,7 @@ _DUPLICATE_OBJECT: Final = "42710"
 _OBJECT_IN_USE: Final = "55006"
 _INVALID_PARAMETER_VALUE: Final = "22023"
 _FEATURE_NOT_SUPPORTED: Final = "0A000"
+_OBJECT_NOT_IN_PREREQUISITE_STATE: Final = "55000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,22 @@ class ReplicationConnection:
             on_error=lambda e: classify(e, action),
         )
         self._pgconn = self._conn.pgconn
+        # PostgreSQL 18's pgoutput skips a publication that does not exist at a change's
+        # place in the WAL with a WARNING and goes on: nothing of its tables is sent, and a
+        # reader that went on would acknowledge past their changes. read() stops instead.
+        self._skipped_publication: str | None = None
+        self._conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A NoticeResponse from the walsender (libpq hands it over while reading COPY data)."""
+        message = diag.message_primary or ""
+        if diag.sqlstate == _OBJECT_NOT_IN_PREREQUISITE_STATE and "publication" in message:
+            self._skipped_publication = message
+        log.warning(
+            "the server says: %s",
+            message,
+            extra={"severity": diag.severity, "detail": diag.message_detail},
+        )
 
     # ----------------------------------------------------------------- commands
 
@@ -195,23 +212,42 @@ class ReplicationConnection:
         systemid, timeline, xlogpos, dbname = rows[0]
         return str(systemid), int(timeline), Lsn.parse(str(xlogpos)), dbname
 
-    def create_slot(self, slot: str, *, export_snapshot: bool) -> SlotCreated:
+    def create_slot(
+        self, slot: str, *, export_snapshot: bool, failover: bool = False
+    ) -> SlotCreated:
         """Create a permanent pgoutput slot. With ``export_snapshot`` the returned snapshot
         can be imported (SET TRANSACTION SNAPSHOT) until the next command on THIS
-        connection, so read the tables before calling anything else here."""
+        connection, so read the tables before calling anything else here. ``failover``
+        (PostgreSQL 17+, on a primary) makes it a failover slot, which standbys with
+        ``sync_replication_slots`` keep a copy of."""
         _check_name("slot", slot)
         mode = "export" if export_snapshot else "nothing"
+        options = f"SNAPSHOT '{mode}'" + (", FAILOVER true" if failover else "")
         rows = self._command(
-            f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT '{mode}')",
+            f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput ({options})",
             f"cannot create replication slot {slot!r} on {self._where}",
         )
         name, consistent_point, snapshot_name, _plugin = rows[0]
         created = SlotCreated(str(name), Lsn.parse(str(consistent_point)), snapshot_name)
         log.info(
             "created replication slot",
-            extra={"slot": slot, "lsn": str(created.consistent_point), "snapshot": snapshot_name},
+            extra={
+                "slot": slot,
+                "lsn": str(created.consistent_point),
+                "snapshot": snapshot_name,
+                "failover": failover,
+            },
         )
         return created
+
+    def set_failover(self, slot: str, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT … (FAILOVER …) (PostgreSQL 17+; the slot must be idle)."""
+        _check_name("slot", slot)
+        self._command(
+            f"ALTER_REPLICATION_SLOT {slot} (FAILOVER {'true' if failover else 'false'})",
+            f"cannot change replication slot {slot!r} on {self._where}",
+        )
+        log.info("replication slot altered", extra={"slot": slot, "failover": failover})
 
     def drop_slot(self, slot: str) -> None:
         """Drop a slot (waiting if another session is just releasing it)."""
@@ -229,10 +265,11 @@ class ReplicationConnection:
         *,
         proto_version: int = 1,
         messages: bool = False,
-        streaming: bool = False,
+        streaming: bool | str = False,
     ) -> None:
         """START_REPLICATION on ``slot`` from ``start_lsn`` (the server starts from the slot's
-        confirmed position if that is later). Streaming needs ``proto_version >= 2``."""
+        confirmed position if that is later). Streaming (True: ``on``; or ``parallel``,
+        protocol 4) needs ``proto_version >= 2``."""
         _check_name("slot", slot)
         _check_name("publication", publication)
         if streaming and proto_version < 2:
@@ -241,7 +278,10 @@ class ReplicationConnection:
         if messages:
             options.append("messages 'true'")
         if streaming:
-            options.append("streaming 'on'")
+            mode = "on" if streaming is True else str(streaming)
+            if mode not in ("on", "parallel"):
+                raise ConfigError(f"streaming {mode!r}: use on or parallel")
+            options.append(f"streaming '{mode}'")
         sql = f"START_REPLICATION SLOT {slot} LOGICAL {start_lsn} ({', '.join(options)})"
         action = f"cannot start replication from slot {slot!r} on {self._where}"
         cur = self._execute(sql, action)
@@ -283,6 +323,8 @@ class ReplicationConnection:
                 nbytes, buf = pgconn.get_copy_data(1)
             except psycopg.Error as e:
                 raise self._lost(e) from e
+            if self._skipped_publication is not None:
+                raise self._publication_skipped()
             if nbytes > 0:
                 frame = self._parse(buf)
                 if frame is not None:
@@ -367,6 +409,18 @@ class ReplicationConnection:
                     f"replication connection to {self._where}: socket not writable for "
                     f"{self.status_interval_s}s"
                 )
+
+    def _publication_skipped(self) -> SlotError:
+        """Stop on PostgreSQL 18's skipped publication (what 17 and before raise as an error),
+        before anything after it is acknowledged."""
+        self._streaming = False
+        return SlotError(
+            f"replication stream from {self._where}: {self._skipped_publication} (it does not "
+            "exist at this point in the WAL, so the server would skip its tables' changes); "
+            "nothing after it is acknowledged. Create the publication again and restart; "
+            "changes made while it did not exist cannot be streamed: to recover them, take a "
+            "new snapshot (`cdc reset-state --drop-slot`, then `cdc run`)"
+        )
 
     def _lost(self, e: psycopg.Error) -> CdcError:
         self._streaming = False

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from cdc.connection import in_recovery
 from cdc.state import Phase, ReaderState
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
@@ -39,6 +40,11 @@ class SlotInfo:
     # the slot still needed (max_slot_wal_keep_size), so it can never stream again.
     wal_status: str | None = None
     safe_wal_size: int | None = None  # bytes left before the slot is lost (None: no limit)
+    # PostgreSQL 17+ (None before): a failover slot, and (on a standby) a synchronized copy
+    # of the primary's; a synchronized copy stays temporary until it is safe to use.
+    failover: bool | None = None
+    synced: bool | None = None
+    temporary: bool = False
 
     @property
     def lost(self) -> bool:
@@ -62,10 +68,12 @@ def _lsn(text: str | None) -> Lsn | None:
 
 def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
     """The slot as the server sees it, or None if it does not exist."""
+    # failover and synced are PostgreSQL 17's: read through to_jsonb to run on any version.
     row = conn.execute(
         "SELECT slot_name, plugin, database, active, active_pid, "
-        "confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size "
-        "FROM pg_replication_slots WHERE slot_name = %s",
+        "confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size, "
+        "(to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool, temporary "
+        "FROM pg_replication_slots s WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     if row is None:
@@ -80,6 +88,9 @@ def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
         _lsn(row[6]),
         row[7],
         None if row[8] is None else int(row[8]),
+        row[9],
+        row[10],
+        bool(row[11]),
     )
 
 
@@ -95,6 +106,18 @@ def slot_holder(conn: psycopg.Connection[Any], pid: int | None) -> str:
         return f"process {pid}"
     app, addr, since = row
     return f"process {pid} ({app or 'a client'} from {addr or 'a local socket'}, since {since})"
+
+
+FAILOVER_SLOTS_SINCE = 170000  # server_version_num of PostgreSQL 17
+
+
+def failover_wanted(conn: psycopg.Connection[Any], setting: bool) -> bool | None:
+    """What the slot's ``failover`` property should be: the setting on a PostgreSQL 17+
+    primary, None where the property does not exist (before 17) or cannot be set (on a
+    standby)."""
+    if conn.info.server_version < FAILOVER_SLOTS_SINCE or in_recovery(conn):
+        return None
+    return setting
 
 
 def wait_slot_released(

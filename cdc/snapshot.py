@@ -47,7 +47,7 @@ import psycopg
 from psycopg import sql
 from psycopg.abc import Buffer
 
-from cdc.connection import connect
+from cdc.connection import CURRENT_WAL_LSN, connect
 from cdc.live_keys import LiveKeys, scan_many
 from cdc.publisher import Publisher
 from cdc.snapshot_progress import SnapshotProgress
@@ -220,7 +220,7 @@ class Snapshotter:
                 if snapshot_name is None:
                     lead.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     row = lead.execute(
-                        "SELECT pg_export_snapshot(), pg_current_wal_lsn()::text"
+                        f"SELECT pg_export_snapshot(), ({CURRENT_WAL_LSN})::text"
                     ).fetchone()
                     assert row is not None
                     snapshot_name, position = row[0], Lsn.parse(row[1])

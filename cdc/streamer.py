@@ -482,11 +482,15 @@ class Streamer:
         if self._complete_toast:
             new = self._fill_unchanged_toast(table, new)
         rid = msg.relation_id
+        assert msg.old is not None  # a key change is seen through the old row
+        encoder = self._encoder
+        new_header = encoder.key_header(table, new, new_key)
+        old_header = encoder.key_header(table, msg.old, old_key)
         self._change(
-            frame, rid, "d", msg.old, None, key=old_key, headers=[("__debezium.newkey", new_key)]
+            frame, rid, "d", msg.old, None, key=old_key, headers=[("__debezium.newkey", new_header)]
         )
         self._change(
-            frame, rid, "c", None, new, key=new_key, headers=[("__debezium.oldkey", old_key)]
+            frame, rid, "c", None, new, key=new_key, headers=[("__debezium.oldkey", old_header)]
         )
 
     def _fill_unchanged_toast(self, table: TableSchema, row: Row) -> Row:

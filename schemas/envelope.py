@@ -17,10 +17,11 @@ import orjson
 import pgcdc
 from pgcdc.core.contract import truncate_topic
 from pgcdc.core.errors import SchemaError
-from pgcdc.core.settings import SchemaSettings
+from pgcdc.core.settings import HeaderFormat, SchemaSettings
 from pgcdc.core.values import RawValue
 from schemas.debezium import CONNECTOR, OPS, SNAPSHOT_VALUES
 from schemas.formats import EventFormat, JsonFormat, Row, format_for, json_default
+from schemas.headers import simple_header
 from schemas.model import SourceInfo, TableSchema, TransactionInfo
 from schemas.plan import FAST_PATH_ERRORS, EncodePlan
 from schemas.rowfuncs import KeyColumnNull
@@ -178,6 +179,18 @@ class EventEncoder:
         if not plan.key_indexes:
             return None
         return plan.key(row)
+
+    def key_header(
+        self, table: TableSchema, row: Sequence[RawValue], key: bytes | None
+    ) -> bytes | None:
+        """A key-change header's value (``__debezium.newkey``/``oldkey``) for the key of
+        ``row``, whose record key is ``key``, as ``schema.header_format`` says: the text
+        Kafka Connect's SimpleHeaderConverter writes, or the record key itself (json)."""
+        if key is None or self.settings.header_format is HeaderFormat.JSON:
+            return key
+        plan = self.plan(table)
+        assert plan.key_schema is not None
+        return simple_header(plan.key_schema, plan.key(row))
 
     def encode_key(self, table: TableSchema, row: Sequence[RawValue]) -> bytes | None:
         """The record key; ``row`` is aligned with ``table.columns``."""

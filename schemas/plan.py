@@ -78,7 +78,8 @@ class EncodePlan:
     def __init__(self, table: TableSchema, settings: SchemaSettings, prefix: str) -> None:
         self.table = table
         self.topic = table_topic(prefix, table.schema, table.table)
-        self.codecs: tuple[Codec, ...] = tuple(codec_for(c, settings) for c in table.columns)
+        where = f"{table.schema}.{table.table}"
+        self.codecs: tuple[Codec, ...] = tuple(codec_for(c, settings, where) for c in table.columns)
         self.names = tuple(c.name for c in table.columns)
         self.converters = tuple(c.convert for c in self.codecs)
         self.placeholders = tuple(c.placeholder for c in self.codecs)

@@ -10,6 +10,7 @@ passes through as its text, with the type name in the schema: nothing is ever dr
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pgcdc.core.contract import (
@@ -64,6 +65,8 @@ from schemas.convert import (
 )
 from schemas.model import Column, PgType
 from schemas.pgtext import ARRAY_DELIMITER, BOX_ARRAY_DELIMITER, parse_array, parse_time
+
+log = logging.getLogger(__name__)
 
 # The length Debezium gives a bit varying without one (the JDBC driver's column size).
 UNBOUNDED_BITS_LENGTH = 2147483647
@@ -256,10 +259,16 @@ def resolve_domain(pg_type: PgType, typmod: int) -> tuple[PgType, int]:
     return t, typmod
 
 
-def codec_for(column: Column, settings: SchemaSettings) -> Codec:
-    """The Connect schema and the converter for one column."""
+def codec_for(column: Column, settings: SchemaSettings, table: str = "") -> Codec:
+    """The Connect schema and the converter for one column (of ``table``, for messages)."""
     return type_codec(
-        column.name, column.type, column.type_modifier, column.optional, settings, column.dims
+        column.name,
+        column.type,
+        column.type_modifier,
+        column.optional,
+        settings,
+        column.dims,
+        table=table,
     )
 
 
@@ -270,6 +279,7 @@ def type_codec(
     optional: bool,
     settings: SchemaSettings,
     dims: int = 0,
+    table: str = "",
 ) -> Codec:
     """The codec of a value of ``pg_type`` (a column, or an array's element); ``dims`` is
     an array column's declared number of dimensions."""
@@ -354,7 +364,8 @@ def type_codec(
     if t.name == "tsvector":
         return Codec(_named_string("io.debezium.data.Tsvector", optional), None, ph)
     if t.element is not None:
-        return _array_codec(col, t.element, typmod, optional, settings, max(1, dims))
+        where = f"{table}.{col}" if table else col
+        return _array_codec(col, t.element, typmod, optional, settings, max(1, dims), where)
     # Anything else passes through as its text, with the type's name in the schema.
     schema = connect_schema("string", optional, parameters={SOURCE_TYPE_PARAMETER: t.name})
     return Codec(schema, None, ph)
@@ -374,6 +385,56 @@ def array_delimiter(element: PgType) -> str:
     return BOX_ARRAY_DELIMITER if element.name == "box" else ARRAY_DELIMITER
 
 
+def array_ndims(items: list[Any]) -> int:
+    """The dimensions of a parsed array value (PostgreSQL's are rectangular, so the first
+    element of each level says; ``{}`` has none)."""
+    n = 0
+    while isinstance(items, list):
+        if not items:
+            return n + 1 if n else 0
+        n += 1
+        items = items[0]
+    return n
+
+
+def fit_dims(items: list[Any], have: int, depth: int) -> list[Any]:
+    """THE RULE for an array whose dimensions differ from its column's declaration (which
+    PostgreSQL does not enforce): the value is written at the declared depth, its innermost
+    dimensions kept. A value with more dimensions has its outer ones merged, in PostgreSQL's
+    (row-major) element order; one with fewer gets outer dimensions of length 1. ``{}``
+    stays empty. So a value keeps its shape exactly when the column declares it."""
+    if not items:
+        return items
+    while have > depth:
+        items = [v for sub in items for v in sub]
+        have -= 1
+    while have < depth:
+        items = [items]
+        have += 1
+    return items
+
+
+_reshaped_warned: set[tuple[str, int, int]] = set()
+
+
+def _warn_reshaped(where: str, have: int, depth: int) -> None:
+    if (where, have, depth) in _reshaped_warned:
+        return
+    _reshaped_warned.add((where, have, depth))
+    log.warning(
+        "column %s is declared with %d array dimension(s) but holds a %d-dimensional value: "
+        "it is written with %d dimension(s) (%s); to keep the shape, declare the column's "
+        "dimensions (ALTER TABLE … ALTER COLUMN … TYPE <type>%s, which rewrites nothing)",
+        where,
+        depth,
+        have,
+        depth,
+        "outer dimensions merged" if have > depth else "outer dimensions of length 1 added",
+        "[]" * have,
+        extra={"column": where},
+    )
+
+
 def _array_codec(
     col: str,
     element: PgType,
@@ -381,39 +442,29 @@ def _array_codec(
     optional: bool,
     settings: SchemaSettings,
     depth: int,
+    where: str = "",
 ) -> Codec:
-    """An array column: ``depth`` nested Connect arrays (its declared dimensions)."""
+    """An array column: ``depth`` nested Connect arrays (its declared dimensions); a value
+    of other dimensions is fitted to them by :func:`fit_dims`."""
     # Debezium's enum arrays say their items are never null; every other array's may be.
     items_optional = resolve_domain(element, typmod)[0].kind != "e"
     el = type_codec(col, element, typmod, items_optional, settings)
     conv = el.convert
 
-    def element_value(v: Any) -> Any:
-        return v if v is None or conv is None else conv(v)
-
-    def flat(items: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for v in items:
-            if isinstance(v, list):
-                out.extend(flat(v))
-            else:
-                out.append(element_value(v))
-        return out
-
-    def shaped(items: list[Any], level: int) -> list[Any]:
-        # PostgreSQL does not enforce the declared dimensions: a value with more is
-        # flattened at the innermost level, one with fewer is wrapped, so every value fits
-        # the schema.
+    def leaves(items: list[Any], level: int) -> list[Any]:
         if level == 1:
-            return flat(items)
-        return [
-            v if v is None else shaped(v if isinstance(v, list) else [v], level - 1) for v in items
-        ]
+            return items if conv is None else [v if v is None else conv(v) for v in items]
+        return [leaves(v, level - 1) for v in items]
 
     delimiter = array_delimiter(element)
 
     def convert(text: str) -> list[Any]:
-        return shaped(parse_array(text, delimiter), depth)
+        items = parse_array(text, delimiter)
+        have = array_ndims(items)
+        if have != depth and have:
+            _warn_reshaped(where or col, have, depth)
+            items = fit_dims(items, have, depth)
+        return leaves(items, depth) if items else items
 
     # Debezium's one-element array where the element is text; elsewhere (numbers, bytes,
     # structs) an array of the placeholder would read as a value: null, named by the

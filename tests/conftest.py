@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,6 +37,9 @@ class Endpoints:
     redis_url: str
     search_url: str
     via: str  # "native" or "testcontainers"
+    # Restarts the PostgreSQL of postgres_dsn when the tests run one of their own (a major
+    # CDC_TEST_POSTGRES chose); None: it is the stack's (scripts/stack down/up postgres).
+    restart_postgres: Callable[[], None] | None = field(default=None, compare=False)
 
     def postgres_dsn_for(self, dbname: str) -> str:
         base, _, _ = self.postgres_dsn.rpartition("/")
@@ -123,21 +126,44 @@ def _containers(stack: ExitStack) -> Endpoints:
 
 @pytest.fixture(scope="session")
 def endpoints() -> Iterator[Endpoints]:
-    """The real servers for this test session."""
-    if use_containers():
-        with ExitStack() as stack:
-            yield _containers(stack)
-    else:
-        yield _native_stack()
+    """The real servers for this test session.
+
+    ``CDC_TEST_POSTGRES=<major>`` (e.g. 17, 18) swaps PostgreSQL for a server of that major
+    started beside the others on a free port (:mod:`tests.pg_majors`); the rest stays.
+    """
+    from dataclasses import replace
+
+    from tests.pg_majors import session_server
+
+    with ExitStack() as stack:
+        found = _containers(stack) if use_containers() else _native_stack()
+        server = stack.enter_context(session_server())
+        if server is not None:
+
+            def restart() -> None:
+                server.stop()
+                server.start()
+
+            found = replace(
+                found,
+                postgres_dsn=server.dsn("cdc"),
+                via=f"{found.via}, PostgreSQL {server.runtime.major} on port {server.port}",
+                restart_postgres=restart,
+            )
+        yield found
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     """Where this session's servers come from (the Docker tests check it in a sub-session)."""
+    from tests.pg_majors import ENV
+
+    major = os.environ.get(ENV)
+    chosen = f"; PostgreSQL {major} ({ENV})" if major else ""
     if use_containers():
         from tests.containers import IMAGES
 
-        return f"servers: testcontainers ({', '.join(IMAGES.values())})"
-    return "servers: the native stack (scripts/stack)"
+        return f"servers: testcontainers ({', '.join(IMAGES.values())}){chosen}"
+    return f"servers: the native stack (scripts/stack){chosen}"
 
 
 # --- per-test isolated resources -------------------------------------------------------------

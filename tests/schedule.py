@@ -43,6 +43,8 @@ SLOW_MODULES: dict[str, float] = {
     "tests/integration/real_databases/test_reader_robustness_failures.py": 120,
     "tests/integration/operator/test_newcomer_mistakes.py": 120,
     "tests/integration/test_docs_run.py": 110,
+    "tests/e2e/test_failover.py": 240,
+    "tests/integration/debezium_parity/test_connect_sink.py": 100,
 }
 
 

@@ -43,6 +43,8 @@ class EngineConfig:
     snapshot_new_tables: bool = True
     signal_table: Table | None = None
     filter_functions: tuple[str, ...] = ()
+    # The reader reads from a standby (PostgreSQL 16+): it cannot write watermarks.
+    on_standby: bool = False
 
 
 class Requests:
@@ -112,6 +114,11 @@ class Requests:
             )
             return False
 
+        if self.config.on_standby:
+            return refuse(
+                "the reader reads from a standby, which cannot write the snapshot's watermarks "
+                "into the WAL: take it with a reader on the primary"
+            )
         if table not in self.captured(refresh=table not in (self._captured or ())):
             return refuse(f"it is not in publication {self.config.publication}")
         if ranges is not None and not ranges:
@@ -163,6 +170,17 @@ class Requests:
             return
         if not self.config.snapshot_new_tables:
             warn_not_snapshotted(name, when)
+            return
+        if self.config.on_standby:
+            log.error(
+                "table %s joined the captured tables %s, but its rows are not snapshotted: the "
+                "reader reads from a standby, which cannot write the snapshot's watermarks into "
+                "the WAL (cdc snapshot %s from a reader on the primary copies them)",
+                name,
+                when,
+                name,
+                extra={"table": name},
+            )
             return
         log.warning(
             "table %s joined the captured tables %s: its changes from now on are captured and "

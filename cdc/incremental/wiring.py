@@ -8,7 +8,7 @@ import sys
 
 import psycopg
 
-from cdc.connection import connect
+from cdc.connection import connect, in_recovery
 from cdc.incremental.auth import Verifier, signal_key
 from cdc.incremental.channels import SignalIntake
 from cdc.incremental.cursor import ChunkPublisher
@@ -126,6 +126,7 @@ def open_incremental(
         snapshot_new_tables=pg.snapshot_new_tables,
         signal_table=signal_table,
         filter_functions=pg.signal_filter_functions,
+        on_standby=in_recovery(catalog.conn),
     )
 
     def save(s: SnapshotsState) -> None:

@@ -84,6 +84,13 @@ class TimePrecision(StrEnum):
     CONNECT = "connect"
 
 
+class HeaderFormat(StrEnum):
+    """How the key-change headers (``__debezium.newkey``/``__debezium.oldkey``) are written."""
+
+    SIMPLE = "simple"  # Kafka Connect's default SimpleHeaderConverter: {"id":5}
+    JSON = "json"  # JsonConverter, as Debezium Server writes them: the record key itself
+
+
 class ValueFormat(StrEnum):
     JSON = "json"
     AVRO = "avro"
@@ -192,6 +199,15 @@ class PostgresSettings(BaseModel):
     # never reached the stream is not retried: a wrong host or password shows at once.
     reconnect_timeout_s: float = Field(default=300.0, ge=0)
     proto_version: int = Field(default=1, ge=1, le=4)
+    # PostgreSQL 17+: the slot is a failover slot (failover = true), which a standby with
+    # sync_replication_slots = on keeps a copy of, so that after a failover the reader resumes
+    # on the promoted standby with no new snapshot. An existing slot is altered to match at
+    # start. Ignored before 17 and on a standby (where a slot cannot be a failover slot).
+    slot_failover: bool = True
+    # PostgreSQL 18+: the publication the reader creates publishes stored generated columns
+    # (publish_generated_columns = stored), so records (snapshot and stream) carry them. An
+    # existing publication keeps its own choice; the reader reads it and says what it leaves out.
+    publish_generated_columns: bool = True
     # `cdc status` warns when the slot holds back more WAL than this (bytes).
     retained_wal_warn_bytes: int = Field(default=1024**3, ge=1)
     # Debezium's message.key.columns: the Kafka key of tables without a usable key (or another
@@ -393,6 +409,11 @@ class SchemaSettings(BaseModel):
     # is dropped, design guarantee 6), or left out of the events as Debezium's default does.
     include_unknown_datatypes: bool = True
     provide_transaction_metadata: bool = False
+    # The __debezium.newkey/__debezium.oldkey headers of a key change: "simple" as Debezium in
+    # Kafka Connect writes them with Connect's default header converter (SimpleHeaderConverter
+    # reads them back; a sink connector with default settings needs that), or "json" as
+    # Debezium Server writes them (the key's JsonConverter bytes, the same as the record key).
+    header_format: HeaderFormat = HeaderFormat.SIMPLE
     registry_url: str | None = None
     # The registry's basic auth as "user:password" (Confluent's basic.auth.user.info), and
     # its TLS: the CA to trust (default: the system's) and, for mutual TLS, a certificate and key.

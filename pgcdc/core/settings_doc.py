@@ -147,6 +147,7 @@ DEBEZIUM = {
     "postgres.complete_unchanged_toast": "`unavailable.value.placeholder` (false: "
     "Debezium's behaviour)",
     "postgres.status_interval_s": "`status.update.interval.ms`",
+    "postgres.slot_failover": "`slot.failover`",
     "postgres.message_key_columns": "`message.key.columns`",
     "postgres.skipped_operations": "`skipped.operations`",
     "postgres.publication_autocreate_mode": "`publication.autocreate.mode`",
@@ -171,6 +172,8 @@ DEBEZIUM = {
     "kafka.ssl_key_password": "`ssl.key.password`",
     "kafka.client": "`producer.*`, `consumer.*`, `admin.*` (Connect worker)",
     "schema.value_format": "`value.converter`",
+    "schema.header_format": "Kafka Connect's `header.converter` (Debezium Server: "
+    "`debezium.format.header`)",
     "schema.schemas_enable": "`value.converter.schemas.enable`",
     "schema.decimal_handling_mode": "`decimal.handling.mode`",
     "schema.binary_handling_mode": "`binary.handling.mode`",

@@ -57,7 +57,13 @@ accepts TLS on its usual port (sslmode=verify-full). `env --secure` prints the s
 that reach the secured endpoints.
 
 PostgreSQL's binaries are found for the installed version (/usr/lib/postgresql/<N>/bin,
-pg_config --bindir, PATH; PG_BINDIR overrides). As root, PostgreSQL runs as the postgres
+pg_config --bindir, PATH; PG_BINDIR overrides). `up --postgres 17` (or 18) runs that major
+instead, on the same port with the same roles: one the machine has installed from its
+binaries, one it lacks from a Debian root (17 from Debian 13, 18 from Debian testing; built
+once into .cache/pgroots/ from the machine's Debian mirror, about 40 MB, and run with chroot,
+so it needs root). The choice is kept until `up --postgres` chooses again (`up --postgres 15`
+goes back); `--port` moves the server, for a second stack beside another (with its own
+STACK_DIR). Stop the running one first: `scripts/stack down postgres`. As root, PostgreSQL runs as the postgres
 user and OpenSearch as cdcstack; otherwise both run as you, and missing packages are
 installed through sudo (or the exact command is printed).
 
@@ -116,16 +122,52 @@ def _lock() -> Iterator[None]:
         yield
 
 
-def cmd_up(names: list[str], secure: bool = False) -> int:
+def _choose_postgres(major: int | None, port: int | None) -> None:
+    """Record ``up --postgres/--port``; refuse while another choice's server runs."""
+    from pgcdc.stack import postgres
+
+    paths = common.paths()
+    current = postgres.load_choice(paths)
+    wanted = postgres.Choice(
+        current.major if major is None else major, current.port if port is None else port
+    )
+    if major is not None and major == _installed_default():
+        wanted = postgres.Choice(None, wanted.port)  # the installed one: the plain layout
+    if wanted == current:
+        return
+    running = postgres.Postgres(paths)
+    if running.pid() is not None:
+        was = f"PostgreSQL {current.major or 'installed'} on {HOST}:{current.port}"
+        raise common.StackError(
+            f"{was} is running; stop it first (scripts/stack down postgres), then up again"
+        )
+    postgres.save_choice(paths, wanted)
+
+
+def _installed_default() -> int | None:
+    from pgcdc.stack import pgbin
+
+    found = pgbin.find()
+    return pgbin.version(found) if found is not None else None
+
+
+def cmd_up(
+    names: list[str],
+    secure: bool = False,
+    postgres_major: int | None = None,
+    postgres_port: int | None = None,
+) -> int:
     t0 = time.monotonic()
     if os.geteuid() == 0 and os.environ.get("SUDO_USER"):
         common.say(
             "running through sudo: .stack/ will belong to root. scripts/stack also runs as "
             f"{os.environ['SUDO_USER']} and uses sudo only to install missing packages"
         )
-    services = _services(names, secure=secure)
     with _lock():  # also keeps two first-time callers from running apt-get at once
-        prereqs.ensure([prereqs.BASE, *(s.packages for s in services)])
+        if postgres_major is not None or postgres_port is not None:
+            _choose_postgres(postgres_major, postgres_port)
+        services = _services(names, secure=secure)
+        prereqs.ensure([prereqs.BASE, *(s.required_packages() for s in services)])
         common.paths().logs.mkdir(parents=True, exist_ok=True)
         common.reserve_ports(ALL_PORTS)
         started = [s for s in services if s.start()]
@@ -168,7 +210,12 @@ def cmd_env(secure: bool = False) -> int:
         for k, v in secured.env_vars(common.paths()).items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
+    from pgcdc.stack import postgres
+
+    choice = postgres.load_choice(common.paths())
     for k, v in env_vars().items():
+        if k == "CDC_POSTGRES__DSN":
+            v = v.replace(f":{PORTS['postgres']}/", f":{choice.port}/")
         print(f"export {k}={v}")
     return 0
 
@@ -203,6 +250,19 @@ def main(argv: list[str] | None = None) -> int:
                 default=1,
                 help="3: also start kafka-cluster (three KRaft brokers) beside the single one",
             )
+            p.add_argument(
+                "--postgres",
+                type=int,
+                metavar="MAJOR",
+                help="the PostgreSQL major to run (15, 17, 18; default: the last chosen, "
+                "else the installed one); kept until chosen again",
+            )
+            p.add_argument(
+                "--port",
+                type=int,
+                metavar="PORT",
+                help=f"PostgreSQL's port (default {PORTS['postgres']}); kept until chosen again",
+            )
         if name != "down":  # down with no service named stops them all anyway
             p.add_argument(
                 "--secure",
@@ -224,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not names:  # the default services, plus the cluster
                     names = [*SERVICES, *(SECURE_SERVICES if args.secure else ())]
                 names.append("kafka-cluster")
-            return cmd_up(names, args.secure)
+            return cmd_up(names, args.secure, args.postgres, args.port)
         if args.cmd == "down":
             return cmd_down(args.services)
         if args.cmd == "status":

@@ -32,6 +32,24 @@ def _debian_versions() -> dict[int, Path]:
     return found
 
 
+def installed() -> dict[int, Path]:
+    """Every installed server by major: ``PG_BINDIR``, the Debian folders, ``pg_config``,
+    ``PATH`` (the first found of a major wins)."""
+    found: dict[int, Path] = {}
+    explicit = os.environ.get("PG_BINDIR")
+    for cand in (
+        Path(explicit) if explicit else None,
+        *(_debian_versions()[v] for v in sorted(_debian_versions(), reverse=True)),
+        _pg_config_bindir(),
+        _which_dir("postgres"),
+    ):
+        if cand is not None and _has_server(cand):
+            major = version(cand)
+            if major is not None:
+                found.setdefault(major, cand)
+    return found
+
+
 def _pg_config_bindir() -> Path | None:
     exe = shutil.which("pg_config")
     if exe is None:

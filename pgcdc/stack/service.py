@@ -47,6 +47,10 @@ class Service(ABC):
         """This service's state folder under STACK_DIR."""
         return self.paths.stack / self.name
 
+    def required_packages(self) -> dict[str, str]:
+        """The apt packages this service needs as configured (default: :attr:`packages`)."""
+        return dict(self.packages)
+
     def pid(self) -> int | None:
         """The recorded pid if that process is alive and still looks like ours."""
         pid = common.read_pid(self.pidfile)

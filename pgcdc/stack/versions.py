@@ -15,6 +15,10 @@ DEBIAN_SUITE = "bookworm"
 # Debian bookworm's PostgreSQL (package postgresql-15); the image takes PG_MAJOR as a build
 # argument, so another suite's major builds from the same Dockerfile (trixie: 17).
 POSTGRES_MAJOR = 15
+# Other PostgreSQL majors, each from the Debian suite that ships it (pgcdc/stack/pgroot.py
+# runs them natively from a root of that suite; 16 is in none of the suites a Debian mirror
+# carries): `scripts/stack up --postgres 17`, the tests' CDC_TEST_POSTGRES.
+POSTGRES_ROOT_SUITES: dict[int, str] = {17: "trixie", 18: "testing"}
 # Debian bookworm's redis-server is 7.0; the image is tagged with the major.
 REDIS_MAJOR = 7
 # The JDK Kafka, OpenSearch and Spark run on (Debian's openjdk-<N>-jre-headless).

@@ -165,3 +165,55 @@ def cache_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
 
 def search_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
     return compare.search_state(p.dsn, p.endpoints.search_url, p.index_prefix, table)
+
+
+def run_jobs_in_session(spark: Any, p: Pipeline, timeout: float = 600) -> None:
+    """Both jobs with ``--available-now`` as queries of this process's Spark session (the
+    session fixture, shared by the tests): what ``run_jobs_available_now`` runs through
+    spark-submit, without a JVM started per job."""
+    from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, heartbeat_topic, table_topic_pattern
+    from pgcdc.core.settings import Settings
+    from spark_jobs.apply_loop import ApplyBatch
+    from spark_jobs.cache_sync import cache_sink
+    from spark_jobs.options import JobOptions
+    from spark_jobs.search_sync import search_sink
+    from spark_jobs.source import kafka_stream
+
+    ep = p.endpoints
+    settings = Settings(
+        kafka={  # type: ignore[arg-type]
+            "bootstrap_servers": ep.kafka_bootstrap,
+            "topic_prefix": p.name,
+            "dead_letter_topic": f"{p.name}.dlq",
+        },
+        redis={"url": ep.redis_url, "key_prefix": p.key_prefix},  # type: ignore[arg-type]
+        search={"url": ep.search_url, "index_prefix": p.index_prefix},  # type: ignore[arg-type]
+        spark={"checkpoint_dir": str(p.checkpoint_dir)},  # type: ignore[arg-type]
+    )
+    queries = []
+    for job, make_sink in ((CACHE_JOB, cache_sink), (SEARCH_JOB, search_sink)):
+        opts = JobOptions(
+            name=job,
+            heartbeat_topic=heartbeat_topic(settings.kafka),
+            topics=(),
+            topic_pattern=table_topic_pattern(p.name),
+            starting_offsets="earliest",
+            checkpoint=f"{p.checkpoint_dir}/{job}",
+            available_now=True,
+            trigger_interval=settings.spark.trigger_interval,
+            max_offsets_per_trigger=None,
+        )
+        batch = ApplyBatch(settings, opts, make_sink)
+        query = (
+            batch.events(kafka_stream(spark, settings, opts))
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", opts.checkpoint)
+            .trigger(availableNow=True)
+            .queryName(f"{job}_{p.name}")
+            .start()
+        )
+        batch.last_progress = lambda q=query: q.lastProgress
+        queries.append((job, query))
+    for job, query in queries:
+        assert query.awaitTermination(timeout), f"{job} did not finish in {timeout}s"
+        assert query.exception() is None, f"{job} failed: {query.exception()}"

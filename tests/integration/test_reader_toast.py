@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
 import psycopg
 import pytest
 
@@ -57,12 +56,12 @@ def test_pk_change_keeps_unchanged_toast_value(reader: ReaderEnv, identity: str)
             for r in events
             if r.payload is not None and r.payload["op"] == "d" and r.key_id == old_id
         )
-        # Debezium's key-change headers: each event names the other key.
+        # Debezium's key-change headers: each event names the other key, as Kafka
+        # Connect's default header converter writes it (schema.header_format=simple).
         new_key = dict(delete.headers)["__debezium.newkey"]
         old_key = dict(creates[new_id].headers)["__debezium.oldkey"]
-        assert orjson.loads(new_key)["payload"] == {"id": new_id}
-        assert orjson.loads(old_key)["payload"] == {"id": old_id}
-        assert old_key == delete.key and new_key == creates[new_id].key
+        assert new_key == f'{{"id":{new_id}}}'.encode()
+        assert old_key == f'{{"id":{old_id}}}'.encode()
     update = next(r for r in events if r.payload is not None and r.payload["op"] == "u")
     # FULL: filled from the complete old row. Default identity: read by key, so the event
     # holds the whole row and a compacted topic alone can rebuild a follower.

@@ -180,6 +180,30 @@ def _multi_dim_arrays(d: Difference) -> bool:
     )
 
 
+# What Java's Object.toString gives for an array: Debezium writes it for each inner array of
+# a value with more dimensions than its column declares.
+_JAVA_ARRAY_IDENTITY = re.compile(r"^\[+L[\w.$]+;@[0-9a-f]+$")
+
+
+def _arrays_beyond_declared_dimensions(d: Difference) -> bool:
+    schema = _our_column_schema(d)
+    where = column_of(d.path)
+    if schema is None or where is None or d.debezium_event is None:
+        return False
+    if schema.get("type") != "array" or schema.get("items", {}).get("type") == "array":
+        return False
+    image = d.debezium_event.payload.get(where[0]) if d.debezium_event.payload else None
+    theirs = image.get(where[1]) if isinstance(image, dict) else None
+    # Debezium's value holds Java array identities instead of elements; ours, the elements
+    # of the merged outer dimensions (docs/debezium.md#arrays-and-their-dimensions).
+    return (
+        isinstance(theirs, list)
+        and any(isinstance(v, str) and _JAVA_ARRAY_IDENTITY.match(v) for v in theirs)
+        and len(d.path) == 5
+        and d.path[-1].startswith("[")
+    )
+
+
 def _bit_arrays(d: Difference) -> bool:
     schema = _our_column_schema(d)
     return (
@@ -288,6 +312,14 @@ ALLOWED: tuple[Departure, ...] = (
         "int[][] and other arrays declared with 2+ dimensions: Debezium writes a flat array "
         "schema and nulls (the values are lost); ours nests the schema and keeps the values.",
         _multi_dim_arrays,
+    ),
+    Departure(
+        "arrays-beyond-declared-dimensions",
+        "A value with more dimensions than its column declares (PostgreSQL does not enforce "
+        "the declaration), e.g. {{a,b},{c,d}} in a text[] column: Debezium writes the Java "
+        "identity of each inner array ('[Ljava.lang.String;@…'), the values are lost; ours "
+        "merges the outer dimensions: [a, b, c, d].",
+        _arrays_beyond_declared_dimensions,
     ),
     Departure(
         "bit-arrays",

@@ -143,6 +143,9 @@ def our_reader(env: BenchEnv, plan: Plan) -> ReaderEnv:
         # Debezium's TOAST behaviour: the placeholder, never a read by key.
         "CDC_POSTGRES__COMPLETE_UNCHANGED_TOAST": "false",
         "CDC_POSTGRES__SKIPPED_OPERATIONS": "none",  # Debezium is set the same way
+        # Debezium Server writes its headers with JsonConverter (debezium.format.header=json);
+        # our default is Kafka Connect's SimpleHeaderConverter form (the Connect sink test).
+        "CDC_SCHEMA__HEADER_FORMAT": "json",
         **plan.ours,
     }
     return ReaderEnv(env.dsn, env.bootstrap, names.prefix, names.slot, extra)

@@ -221,6 +221,17 @@ TABLES: tuple[ParityTable, ...] = (
         ('CREATE TABLE "CamelCase" ("Key" text PRIMARY KEY, "Value" int)',),
         ("""INSERT INTO "CamelCase" VALUES ('A', 1), ('b', 2)""",),
     ),
+    ParityTable(
+        "public",
+        "array_shapes",
+        # Values whose dimensions differ from the declaration (PostgreSQL does not enforce
+        # it): 2-D in a 1-D column and 1-D in a 2-D one, beside ones that match.
+        ("CREATE TABLE array_shapes (id int PRIMARY KEY, flat text[], nested int[][])",),
+        (
+            "INSERT INTO array_shapes VALUES (1, '{{a,b},{c,d}}', '{{1,2},{3,4}}'), "
+            "(2, '{x,y}', '{5,6}')",
+        ),
+    ),
     ParityTable("public", "parity_done", ("CREATE TABLE parity_done (id int PRIMARY KEY)",)),
 )
 
@@ -291,6 +302,7 @@ CHANGES: tuple[tuple[str, ...], ...] = (
         "INSERT INTO truncated VALUES (5, 'five')",
     ),
     ("TRUNCATE keyless", "INSERT INTO keyless VALUES (7, 'after truncate')"),
+    ("INSERT INTO array_shapes VALUES (3, '{{{p,q}},{{r,s}}}', '{7}')",),
     (
         """INSERT INTO "Mixed Schema"."Odd Name-1" VALUES (2, 'b', 2, 'e', 'ü')""",
         """UPDATE "Mixed Schema"."Odd Name-1" SET "Mixed Col" = 'A' WHERE "Id" = 1""",

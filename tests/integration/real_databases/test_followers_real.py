@@ -249,7 +249,12 @@ def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_
                 _wait_produced(p, topics, base, reader, log, f"kill {i}: the reader to produce")
                 if i in (7, 15):  # a service restart while the reader streams
                     service = "kafka" if i == 7 else "postgres"
-                    restarts[service] = crash.restart_service(service)
+                    if service == "postgres" and endpoints.restart_postgres is not None:
+                        began = time.monotonic()  # the server of the major under test
+                        endpoints.restart_postgres()
+                        restarts[service] = time.monotonic() - began
+                    else:
+                        restarts[service] = crash.restart_service(service)
                     mark = _produced(p, topics)
                     # The reader goes on, or exits and is started again (a supervisor's job).
                     if reader.poll() is not None:

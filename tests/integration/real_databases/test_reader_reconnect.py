@@ -75,8 +75,7 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
             what="the first half in Kafka",
         )
 
-        # -l: the restarted postmaster must not inherit pg_ctl's captured stdout.
-        server.pg_ctl("restart", "-m", "fast", "-w", "-t", "60", "-l", str(server.log))
+        server.restart()
         with server.connect("app") as conn:
             for i in range(ROWS // 2, ROWS):
                 conn.execute("INSERT INTO items VALUES (%s, 'after the restart')", (i,))

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL 15 server of a test's own, for what the shared stack must not see.
+"""A throwaway PostgreSQL server of a test's own, for what the shared stack must not see.
 
 Started with initdb and pg_ctl (as the ``postgres`` OS user when the tests run as root, like
 ``pgcdc.stack.postgres``), on a free 127.0.0.1 port, ``wal_level = logical``, a superuser
@@ -27,6 +27,8 @@ import pytest
 
 from pgcdc.core.lsn import Lsn
 from pgcdc.stack.common import StackError, chown, run
+from pgcdc.stack.pgserver import PgServer
+from tests.pg_majors import chosen_major
 
 # PostgreSQL 15's binaries as Debian installs them (PG_BINDIR names others).
 BIN = Path(os.environ.get("PG_BINDIR") or "/usr/lib/postgresql/15/bin")
@@ -91,6 +93,11 @@ class ThrowawayServer:
     def pg_ctl(self, *args: str, check: bool = True) -> None:
         _run_as_postgres([str(BIN / "pg_ctl"), "-D", str(self.data), *args], self.env, check)
 
+    def restart(self) -> None:
+        """A fast shutdown, then a start (``pg_ctl restart -m fast``)."""
+        # -l: the restarted postmaster must not inherit pg_ctl's captured stdout.
+        self.pg_ctl("restart", "-m", "fast", "-w", "-t", "60", "-l", str(self.log))
+
     def stop(self) -> None:
         """Fast shutdown, else immediate (a walsender whose client stopped reading can hold
         a fast shutdown for ever)."""
@@ -98,6 +105,35 @@ class ThrowawayServer:
             self.pg_ctl("stop", "-m", "fast", "-w", "-t", "30")
         except StackError:
             self.pg_ctl("stop", "-m", "immediate", "-w", "-t", "30", check=False)
+
+
+@dataclass
+class MajorThrowawayServer(ThrowawayServer):
+    """A throwaway server of the major ``CDC_TEST_POSTGRES`` chooses (tests.pg_majors)."""
+
+    server: PgServer | None = None
+
+    @property
+    def data(self) -> Path:
+        assert self.server is not None
+        return self.server.data
+
+    @property
+    def log(self) -> Path:
+        assert self.server is not None
+        return self.server.log
+
+    def pg_ctl(self, *args: str, check: bool = True) -> None:
+        raise NotImplementedError("use restart() or stop()")
+
+    def restart(self) -> None:
+        assert self.server is not None
+        self.server.stop()
+        self.server.start()
+
+    def stop(self) -> None:
+        assert self.server is not None
+        self.server.stop()
 
 
 def _as_root() -> bool:
@@ -139,7 +175,16 @@ def throwaway_server(
     ``wal_start``: move the WAL position there first (``pg_resetwal -l``); the server's
     ``pg_current_wal_lsn()`` is then at least ``wal_start``. ``env`` goes to the server
     process; ``conf`` adds ``postgresql.conf`` settings (values as written in the file).
+
+    The major is the installed one, or the one ``CDC_TEST_POSTGRES`` chooses (a matrix run);
+    a server that needs ``env`` (a host folder such as ``LOCPATH``) stays on the installed
+    one, since a Debian root's server does not see the host's files.
     """
+    major = chosen_major()
+    if major is not None and not env:
+        with _major_server(major, wal_start, conf) as server:
+            yield server
+        return
     if not (BIN / "initdb").exists():
         pytest.skip(f"PostgreSQL 15 binaries not found in {BIN}")
     home = Path(tempfile.mkdtemp(prefix="cdc-throwaway-"))
@@ -194,6 +239,34 @@ def throwaway_server(
         yield server
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _major_server(
+    major: int, wal_start: Lsn | None, conf: Mapping[str, str] | None
+) -> Iterator[MajorThrowawayServer]:
+    """:func:`throwaway_server` on ``major``, made with :mod:`tests.pg_majors`'s layout."""
+    from tests.pg_majors import BASE_SETTINGS, HBA, _home, _layout, _runtime, _stop_quietly
+
+    home = _home(f"cdc-throwaway-pg{major}-")
+    srv: PgServer | None = None
+    try:
+        runtime = _runtime(major, home)
+        data, sockdir = _layout(runtime, home)
+        srv = PgServer(runtime, data, free_port(), sockdir, home / "server.log")
+        srv.initdb(superuser="cdc", password=PASSWORD)
+        if wal_start is not None:
+            runtime.run("pg_resetwal", "-l", wal_file_name(wal_start), "-D", runtime.path(data))
+        srv.configure({**BASE_SETTINGS, **(conf or {})}, HBA)
+        srv.start()
+        server = MajorThrowawayServer(home, srv.port, {}, srv)
+        if wal_start is not None:
+            at = server.current_lsn()
+            assert at >= wal_start, f"pg_resetwal left the server at {at}, not {wal_start}"
+        yield server
+    finally:
+        _stop_quietly(srv)
         shutil.rmtree(home, ignore_errors=True)
 
 

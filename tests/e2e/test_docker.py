@@ -230,6 +230,7 @@ def test_followers_e2e_on_testcontainers(prepared: dict[str, float]) -> None:
     """tests/e2e/test_followers.py's convergence with its servers as testcontainers."""
     env = {k: v for k, v in os.environ.items() if k != "CDC_TEST_NATIVE"}
     env["CDC_TEST_DOCKER"] = "1"
+    env["CDC_TEST_FOLLOWERS_CHANGES"] = "5000"
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x",

@@ -31,9 +31,10 @@ demo: stack
 # The servers: the native stack, or with CDC_TEST_DOCKER=1 containers (testcontainers) from
 # the project's images (built if missing, never pulled); CDC_TEST_NATIVE=1 forces the native
 # stack. The Docker tests (marker docker: the compose stack end to end, and the followers'
-# e2e tests on testcontainers) run last; their images are prepared in the background from
-# the start, at the lowest CPU priority (not with CDC_TEST_NATIVE=1: then those tests prepare
-# them when they start; CDC_TEST_DOCKER=0: neither, they skip).
+# e2e tests on testcontainers) are the first modules of the parallel phase; their images are
+# prepared in the background from the start, at the lowest CPU priority, while the exclusive
+# tests run (not with CDC_TEST_NATIVE=1: then those tests prepare them when they start;
+# CDC_TEST_DOCKER=0: neither, they skip).
 test: install
 	@if [ "$${CDC_TEST_NATIVE:-}" != 1 ] && [ "$${CDC_TEST_DOCKER:-}" = 1 ]; then \
 		echo "CDC_TEST_DOCKER=1: the tests use testcontainers (the project's images), not the native stack"; \

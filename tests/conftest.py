@@ -71,8 +71,7 @@ def unique(prefix: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests by module for parallel workers, the slow modules first and the Docker
-    tests last, since their images are prepared in the background meanwhile
+    """Group tests by module for parallel workers, the slow modules first
     (``tests/schedule.py`` says why)."""
     from tests import schedule
 
@@ -82,9 +81,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         item.add_marker(pytest.mark.xdist_group(schedule.group_of(module_of(item))))
     weights = {id(item): schedule.weight(module_of(item)) for item in items}
-    items.sort(  # stable: the rest keep their order
-        key=lambda item: (item.get_closest_marker("docker") is not None, -weights[id(item)])
-    )
+    items.sort(key=lambda item: -weights[id(item)])  # stable: the rest keep their order
 
 
 def use_containers() -> bool:

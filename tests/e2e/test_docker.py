@@ -7,8 +7,8 @@
   changed live while the reader's process is killed mid-stream (its restart policy brings
   it back); both followers end equal to PostgreSQL; ``docker compose down -v`` leaves no
   container, network or volume.
-- **testcontainers.** The followers' end-to-end tests run again with ``CDC_TEST_DOCKER=1``,
-  their servers being containers of the same images.
+- **testcontainers**: tests/e2e/test_docker_testcontainers.py (a module of its own, so that
+  a parallel run gives the two to two workers).
 
 A Docker engine is started when none answers and the machine allows it (root); the images
 are prepared once (``make test`` starts that in the background, this waits for it), then
@@ -19,12 +19,7 @@ figures (preparation steps, time to healthy, convergence after the kill) are pri
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,47 +30,18 @@ import pytest
 
 from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
-from tests.conftest import ROOT
+from tests.e2e.docker_prepared import FIGURES, prepare_images
 
 # The first test may wait for the images' preparation (from scratch: installing the engine,
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-FIGURES: dict[str, Any] = {}
 SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "search-sync", "cache-sync")
-
-
-def _why_not() -> str | None:
-    """Why this machine cannot run the Docker tests, or None when it can."""
-    if os.environ.get("CDC_TEST_DOCKER") == "0":
-        return "CDC_TEST_DOCKER=0"
-    if docker.engine_answers():
-        return None
-    if os.geteuid() != 0:
-        return "no Docker engine answers, and starting one needs root"
-    if shutil.which("dockerd") is None and shutil.which("apt-get") is None:
-        return "no Docker engine answers, no dockerd, and no apt-get to install docker.io"
-    return None
 
 
 @pytest.fixture(scope="module")
 def prepared() -> dict[str, float]:
-    """The engine, Compose v2, the base image and the images (waits for make test's
-    background preparation, then finds them present)."""
-    reason = _why_not()
-    if reason is not None:
-        pytest.skip(reason)
-    t0 = time.monotonic()
-    took = docker.prepare(common.paths())
-    FIGURES["prepare (this session)"] = {k: round(v, 1) for k, v in took.items()}
-    FIGURES["prepare wall (incl. waiting for the background)"] = round(time.monotonic() - t0, 1)
-    # Built again from this checkout, reusing the build cache: only what changed is redone.
-    rebuilt = docker.build_images()
-    FIGURES["rebuild on the cache (s)"] = {k: round(v, 1) for k, v in rebuilt.items()}
-    log = docker.background_log(common.paths())
-    if log.exists():
-        FIGURES["background log"] = str(log)
-    return took
+    return prepare_images(rebuild=True)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -218,29 +184,3 @@ def test_down_leaves_nothing(stack: ComposeStack) -> None:
     assert any(_leftovers(stack.project).values())
     stack.compose("down", "-v", "--remove-orphans", timeout=600)
     assert _leftovers(stack.project) == {"containers": [], "volumes": [], "networks": []}
-
-
-# The followers' convergence (the 55k-change workload through reader, Kafka, both jobs) and
-# the poison record: what the fixtures must serve. The kill and rebuild cases test the
-# pipeline, not the fixtures, and run natively.
-TESTCONTAINERS_SUBSET = "converge or poison"
-
-
-def test_followers_e2e_on_testcontainers(prepared: dict[str, float]) -> None:
-    """tests/e2e/test_followers.py's convergence with its servers as testcontainers."""
-    env = {k: v for k, v in os.environ.items() if k != "CDC_TEST_NATIVE"}
-    env["CDC_TEST_DOCKER"] = "1"
-    env["CDC_TEST_FOLLOWERS_CHANGES"] = "5000"
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x",
-         "tests/e2e/test_followers.py", "-k", TESTCONTAINERS_SUBSET],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False,
-    )  # fmt: skip
-    FIGURES["testcontainers run (s)"] = round(time.monotonic() - t0, 1)
-    print("figures:", json.dumps(FIGURES, indent=2))
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    # The session said where its servers came from (tests/conftest.py's report header).
-    assert "servers: testcontainers" in proc.stdout, proc.stdout[:2000]
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed is not None and int(passed.group(1)) >= 2, proc.stdout[-2000:]

@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-PYTEST_ARGS ?= --durations=15
+PYTEST_ARGS ?= --durations=40
 
 .PHONY: install stack demo test test-newest test-matrix unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
 

@@ -514,36 +514,15 @@ def topic_send(
 
         body = (value if value is not None else sys.stdin.read().strip()).encode()
         if sign:
-            body = _signed(settings, body)
+            from cdc.incremental.auth import sign_value
+
+            body = sign_value(settings.postgres, body)
         partition, offset = send(
             settings.kafka, topic, key.encode() if key is not None else None, body
         )
         typer.echo(f"written to {topic} partition {partition} offset {offset}")
 
     _guard(debug, go)
-
-
-def _signed(settings: Settings, body: bytes) -> bytes:
-    """``body`` (a JSON object) signed with the settings' signal key; exits 2 without one."""
-    import uuid
-
-    import orjson
-
-    from cdc.incremental.auth import sign, signal_key
-
-    key = signal_key(settings.postgres)
-    if key is None:
-        raise ConfigError(
-            "--sign needs a signal key: set postgres.signal_secret (or a password in postgres.dsn)"
-        )
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise ConfigError(f"--sign needs a JSON object as the value: {e}") from e
-    if not isinstance(document, dict):
-        raise ConfigError("--sign needs a JSON object as the value")
-    document.setdefault("id", uuid.uuid4().hex)
-    return sign(key, document)
 
 
 config_app = typer.Typer(

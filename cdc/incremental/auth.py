@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import orjson
 
 from cdc.connection import parse_dsn
+from pgcdc.core.errors import ConfigError
 from pgcdc.core.settings import PostgresSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,24 @@ def sign(key: bytes, document: dict[str, Any], now: float | None = None) -> byte
     payload = orjson.dumps(doc)
     digest = hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
     return MAGIC + digest + b":" + payload
+
+
+def sign_value(pg: PostgresSettings, body: bytes) -> bytes:
+    """``body`` (a JSON signal) signed with the key of ``pg``, an id added when it has none
+    (``cdc topic send --sign``); ConfigError without a key or a JSON object."""
+    key = signal_key(pg)
+    if key is None:
+        raise ConfigError(
+            "--sign needs a signal key: set postgres.signal_secret (or a password in postgres.dsn)"
+        )
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ConfigError(f"--sign needs a JSON object as the value: {e}") from e
+    if not isinstance(document, dict):
+        raise ConfigError("--sign needs a JSON object as the value")
+    document.setdefault("id", uuid.uuid4().hex)
+    return sign(key, document)
 
 
 @dataclass(frozen=True)

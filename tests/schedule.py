@@ -2,9 +2,13 @@
 
 Three rules, applied at collection (``pytest_collection_modifyitems`` in ``tests/conftest.py``):
 
-- **A module is one unit of work.** Every test gets an ``xdist_group`` named after its module,
-  so ``--dist loadgroup`` sends a whole module to one worker and a module-scoped fixture (a
-  pipeline, a throwaway server, a started job) is built once. Modules that share something
+- **A module is one unit of work.** ``tests/conftest.py``'s ``pytest_xdist_make_scheduler``
+  gives pytest-xdist a scheduler whose unit of work is a module's group (:func:`scope_of`), so
+  a whole module goes to one worker and a module-scoped fixture (a pipeline, a throwaway
+  server, a started job) is built once. (xdist's own ``--dist loadgroup`` marks no group under
+  pytest 9.2: it renames ``item._nodeid``, which pytest no longer reads, and every test became
+  a unit of its own, so two workers built the same module's fixtures and started the same
+  fixed-port cluster.) Modules that share something
   the stack owns under a fixed name (the Spark standalone cluster, the Redis and Kafka
   clusters, the secure listeners) share one group, so they never start it at the same time.
 - **Longest first.** Units are handed out in collection order, so the modules known to be
@@ -58,6 +62,11 @@ def _lookup(table: dict[str, object], path: str) -> object | None:
         if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
             return value
     return None
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test id belongs to: its module's group (see the module docstring)."""
+    return group_of(nodeid.split("::", 1)[0])
 
 
 def group_of(module_path: str) -> str:

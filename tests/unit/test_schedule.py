@@ -51,3 +51,20 @@ def test_the_runner_combines_a_users_marker_with_each_phase() -> None:
     assert run.split_marker(["--maxfail=1"]) == (["--maxfail=1"], None)
     assert run.both(None, "exclusive") == "exclusive"
     assert run.both("e2e", "not exclusive") == "(e2e) and (not exclusive)"
+
+
+def test_a_modules_tests_are_one_unit_of_work_and_shared_groups_one_together() -> None:
+    """The scheduler's scope (tests/conftest.py's pytest_xdist_make_scheduler): every test of a
+    module, parametrized or not, in one unit; the cluster modules in one unit."""
+    scopes = {
+        schedule.scope_of(n)
+        for n in (
+            "tests/e2e/test_followers.py::test_poison_message_goes_to_the_dead_letter_topic",
+            "tests/e2e/test_followers.py::test_followers_converge_to_the_database",
+            "tests/e2e/test_followers.py::test_kill[a::b@c]",
+        )
+    }
+    assert scopes == {"tests/e2e/test_followers.py"}
+    assert schedule.scope_of("tests/e2e/test_scale_out.py::test_x") == schedule.scope_of(
+        "tests/integration/test_sinks_cache_cluster.py::test_y[hash]"
+    )

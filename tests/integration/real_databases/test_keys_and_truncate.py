@@ -376,6 +376,9 @@ TRUNCATE_OVER_SNAPSHOT_BOUND = 40 * 2**20  # bytes
 
 
 @pytest.mark.slow
+# Alone: its two peaks are compared, and beside the parallel workers they moved by 100 MiB
+# (CI: snapshot 153 MiB, truncate 274 MiB; alone: 267 and 232, the bound holding).
+@pytest.mark.exclusive
 def test_truncating_a_million_rows_keeps_the_readers_memory_bounded(
     endpoints: Endpoints, tmp_path: Path
 ) -> None:

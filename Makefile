@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= --durations=40
 
-.PHONY: install stack demo test test-newest test-matrix unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
+.PHONY: install stack demo test test-containers test-newest test-matrix unit lint bench bench-rebuild clean-stack docker-up docker-down docker-images demo-docker
 
 install: $(VENV)/.installed
 
@@ -31,7 +31,7 @@ demo: stack
 # The servers: the native stack, or with CDC_TEST_DOCKER=1 containers (testcontainers) from
 # the project's images (built if missing, never pulled); CDC_TEST_NATIVE=1 forces the native
 # stack. The Docker tests (marker docker: the compose stack end to end, and the followers'
-# e2e tests on testcontainers) are the first modules of the parallel phase; their images are
+# e2e tests on testcontainers: make test-containers) start the parallel phase; their images are
 # prepared in the background from the start, at the lowest CPU priority, while the exclusive
 # tests run (not with CDC_TEST_NATIVE=1: then those tests prepare them when they start;
 # CDC_TEST_DOCKER=0: neither, they skip).
@@ -46,6 +46,12 @@ test: install
 		fi; \
 	fi
 	$(PY) scripts/test $(PYTEST_ARGS)
+
+# The followers' end-to-end tests with their servers as testcontainers of the project's images
+# (not in the default run: CI time). CDC_TEST_FOLLOWERS_CHANGES sets the streamed workload.
+test-containers: install
+	scripts/docker images
+	CDC_TEST_DOCKER=1 $(VENV)/bin/pytest tests/e2e/test_followers.py $(PYTEST_ARGS)
 
 # PostgreSQL majors (docs/own-postgres.md#postgresql-versions). CDC_TEST_POSTGRES=<major>
 # points the tests at a server of that major started beside the stack (15: the stack's own);

@@ -31,11 +31,10 @@ SHARED_GROUPS: dict[str, str] = {
 # Seconds a module took in a full run on this kind of machine (2 cores, whole stack), the
 # slowest first; modules not listed count as fast. Only the order matters.
 SLOW_MODULES: dict[str, float] = {
-    # The Docker modules are the longest and go first: `make test` prepares their images in
+    # The Docker module is the longest and goes first: `make test` prepares their images in
     # the background while the exclusive tests run, so they are ready by then (they were
     # last once, and ran alone for 25 minutes at the end while the other worker idled).
     "tests/e2e/test_docker.py": 1200,
-    "tests/e2e/test_docker_testcontainers.py": 900,
     "tests/integration/real_databases/test_followers_real.py": 700,
     "tests/e2e/test_jobs_robustness.py": 420,
     "tests/integration/real_databases/test_keys_and_truncate.py": 400,

@@ -7,8 +7,8 @@
   changed live while the reader's process is killed mid-stream (its restart policy brings
   it back); both followers end equal to PostgreSQL; ``docker compose down -v`` leaves no
   container, network or volume.
-- **testcontainers**: tests/e2e/test_docker_testcontainers.py (a module of its own, so that
-  a parallel run gives the two to two workers).
+- **testcontainers**: ``make test-containers`` runs the followers' end-to-end tests with their
+  servers as containers of these images (not in the default run: CI time).
 
 A Docker engine is started when none answers and the machine allows it (root); the images
 are prepared once (``make test`` starts that in the background, this waits for it), then

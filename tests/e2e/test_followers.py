@@ -172,9 +172,8 @@ def assert_followers_equal_leader(p: Pipeline) -> None:
         assert not problems, f"OpenSearch differs from {table}:\n{problems}"
 
 
-# The streamed workload's size. The Docker module runs these tests again on testcontainers
-# with a tenth of it: there they show that the containers serve the pipeline, which the
-# volume adds nothing to.
+# The streamed workload's size (`make test-containers` may run these tests on testcontainers
+# with less: there they show that the containers serve the pipeline).
 STREAMED = int(os.environ.get("CDC_TEST_FOLLOWERS_CHANGES", "50000"))
 
 

@@ -19,6 +19,8 @@ figures (preparation steps, time to healthy, convergence after the kill) are pri
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import time
 import uuid
@@ -30,7 +32,6 @@ import pytest
 
 from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
-from tests.e2e.docker_prepared import FIGURES, prepare_images
 
 # The first test may wait for the images' preparation (from scratch: installing the engine,
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
@@ -39,9 +40,41 @@ pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark
 SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "search-sync", "cache-sync")
 
 
+# The figures, printed when the module ends (the closing notes quote them).
+FIGURES: dict[str, Any] = {}
+
+
+def _why_not() -> str | None:
+    """Why this machine cannot run the Docker tests, or None when it can."""
+    if os.environ.get("CDC_TEST_DOCKER") == "0":
+        return "CDC_TEST_DOCKER=0"
+    if docker.engine_answers():
+        return None
+    if os.geteuid() != 0:
+        return "no Docker engine answers, and starting one needs root"
+    if shutil.which("dockerd") is None and shutil.which("apt-get") is None:
+        return "no Docker engine answers, no dockerd, and no apt-get to install docker.io"
+    return None
+
+
 @pytest.fixture(scope="module")
 def prepared() -> dict[str, float]:
-    return prepare_images(rebuild=True)
+    """The engine and the images, ready (skips the module when this machine cannot run
+    them), then built again from this checkout on the build cache (only what changed is
+    redone)."""
+    reason = _why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    t0 = time.monotonic()
+    took = docker.prepare(common.paths())
+    FIGURES["prepare (this session)"] = {k: round(v, 1) for k, v in took.items()}
+    FIGURES["prepare wall (incl. waiting for the background)"] = round(time.monotonic() - t0, 1)
+    rebuilt = docker.build_images()
+    FIGURES["rebuild on the cache (s)"] = {k: round(v, 1) for k, v in rebuilt.items()}
+    log = docker.background_log(common.paths())
+    if log.exists():
+        FIGURES["background log"] = str(log)
+    return took
 
 
 def _free_ports(n: int) -> list[int]:

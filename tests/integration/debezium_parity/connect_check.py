@@ -59,15 +59,16 @@ class CheckResult:
     refusals: list[Refusal]
 
 
-def ensure_jars() -> Path:
-    """The folder of connect-json's runtime jars, resolved once."""
-    dist = common.paths().cache / f"connect-json-{KAFKA_VERSION}"
+def maven_jars(name: str, pom: str) -> Path:
+    """The runtime jars of ``pom``'s dependencies, resolved once with Maven into
+    ``CACHE_DIR/<name>/lib`` (a ``.complete`` stamp marks a finished resolution)."""
+    dist = common.paths().cache / name
     lib = dist / "lib"
     stamp = dist / ".complete"
     if stamp.exists():
         return lib
     dist.mkdir(parents=True, exist_ok=True)
-    (dist / "pom.xml").write_text(POM)
+    (dist / "pom.xml").write_text(pom)
     common.run(
         [
             "mvn",
@@ -83,6 +84,11 @@ def ensure_jars() -> Path:
     )
     stamp.write_text(KAFKA_VERSION + "\n")
     return lib
+
+
+def ensure_jars() -> Path:
+    """The folder of connect-json's runtime jars, resolved once."""
+    return maven_jars(f"connect-json-{KAFKA_VERSION}", POM)
 
 
 def _line(r: Record) -> str:

@@ -26,7 +26,8 @@ from typing import Any
 
 from benchmarks.debezium import find_java
 from pgcdc.stack import common, versions
-from pgcdc.stack.kafka import DEPENDENCY_PLUGIN, KAFKA_VERSION
+from pgcdc.stack.kafka import KAFKA_VERSION
+from tests.integration.debezium_parity.connect_check import maven_jars
 
 JDBC_VERSION = "3.6.0.Final"
 JDBC_URL = (
@@ -59,27 +60,7 @@ POM = f"""<?xml version="1.0" encoding="UTF-8"?>
 
 def ensure_runtime() -> Path:
     """The folder of Kafka Connect's runtime jars, resolved once."""
-    dist = common.paths().cache / f"connect-runtime-{KAFKA_VERSION}"
-    lib = dist / "lib"
-    if (dist / ".complete").exists():
-        return lib
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "pom.xml").write_text(POM)
-    common.run(
-        [
-            "mvn",
-            "-q",
-            "-B",
-            f"-Dmaven.repo.local={common.paths().cache / 'm2'}",
-            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
-            f"-DoutputDirectory={lib}",
-            "-DincludeScope=runtime",
-        ],
-        cwd=dist,
-        timeout=1800,
-    )
-    (dist / ".complete").write_text(KAFKA_VERSION + "\n")
-    return lib
+    return maven_jars(f"connect-runtime-{KAFKA_VERSION}", POM)
 
 
 def _sha1(path: Path) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import psycopg
 import redis
 from confluent_kafka.admin import AdminClient
@@ -266,30 +264,3 @@ def drop_heartbeats(endpoints: Endpoints, pipelines: Any) -> None:
     if topics:
         for fut in admin.delete_topics(topics, operation_timeout=30).values():
             fut.result()
-
-
-def peak_rss(proc: subprocess.Popen[str], stop: threading.Event, out: list[int]) -> None:
-    """Append to ``out`` the peak RSS of ``proc`` (sampled every 50 ms) once ``stop`` is set."""
-    ps = psutil.Process(proc.pid)
-    peak = 0
-    while not stop.is_set():
-        try:
-            peak = max(peak, ps.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.05)
-    out.append(peak)
-
-
-def run_measured(p: Pipeline, work: Path) -> tuple[str, int]:
-    """A reader run (schemas off) and its peak RSS."""
-    reader = start_reader(p, work, {"schemas_enable": False})
-    stop, peak = threading.Event(), list[int]()
-    watcher = threading.Thread(target=peak_rss, args=(reader, stop, peak))
-    watcher.start()
-    try:
-        log = finish(reader, timeout=900)[0]
-    finally:
-        stop.set()
-        watcher.join()
-    return log, peak[0]

@@ -23,7 +23,8 @@ brand-new follower built from offset 0 in one pass. Readers of other binary mode
   the ``cdc.unchanged`` header and types the placeholders; the followers equal the database
   and never hold a placeholder (base64; the slow test adds bytes and hex).
 
-The slow test truncates a table of a million rows and measures the reader's peak memory.
+The slow test truncates a table of a million rows and counts the Python objects its scan of
+the live keys holds.
 """
 
 from __future__ import annotations

@@ -170,6 +170,9 @@ def run(
     drop_slot_on_exit: Annotated[
         bool, typer.Option("--drop-slot-on-exit", help="Drop the slot (and state) when done.")
     ] = False,
+    adopt_slot: Annotated[
+        bool, typer.Option("--adopt-slot", help="Take over a slot this reader did not create.")
+    ] = False,
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics here.")
     ] = None,
@@ -191,6 +194,7 @@ def run(
         "postgres.slot_name": ("--slot", slot),
         "postgres.publication_name": ("--publication", publication),
         "postgres.drop_slot_on_exit": ("--drop-slot-on-exit", True if drop_slot_on_exit else None),
+        "postgres.adopt_slot": ("--adopt-slot", True if adopt_slot else None),
         "kafka.topic_prefix": ("--topic-prefix", topic_prefix),
         "metrics_port": ("--metrics-port", metrics_port),
         "health_port": ("--health-port", health_port),
@@ -383,7 +387,7 @@ def reset_state(
             if drop_slot:
                 drop(conn, settings.postgres.slot_name)
         StateStore(settings.kafka, settings.kafka.topic_prefix).reset(
-            database, settings.postgres.slot_name
+            database, settings.postgres.slot_name, keep_slot=not drop_slot
         )
         typer.echo(f"state of slot {settings.postgres.slot_name} reset")
 

@@ -234,6 +234,44 @@ def _slot(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     return _ok("postgres", f"slot {name} exists ({state}, wal_status = {info.wal_status})")
 
 
+def _ownership(conn: psycopg.Connection[Any], settings: Settings) -> list[CheckResult]:
+    """The topic prefix is this source's (or nobody's), and an existing slot is this
+    reader's (cdc.ownership). Unreachable Kafka is check_kafka's to report."""
+    from cdc.kafka_clients import admin_client
+    from cdc.ownership import (
+        PrefixOwnedError,
+        Source,
+        claim_prefix,
+        system_identifier,
+        unowned_slot_message,
+    )
+    from cdc.state import StateStore
+
+    pg, kafka = settings.postgres, settings.kafka
+    me = Source(system_identifier(conn), current_database(conn), pg.slot_name)
+    try:
+        store = StateStore(kafka, kafka.topic_prefix)
+        exists = store.topic in admin_client(kafka).list_topics(timeout=5).topics
+        records = store.latest() if exists else {}
+    except CdcError:
+        return []
+    out: list[CheckResult] = []
+    try:
+        claim_prefix(records, me, kafka.topic_prefix, store.topic)
+        out.append(_ok("kafka", f"topic prefix {kafka.topic_prefix} is free or this source's"))
+    except PrefixOwnedError as e:
+        out.append(_fail("kafka", str(e).split("; writing here")[0], "set kafka.topic_prefix"))
+    info = slot_info(conn, pg.slot_name)
+    if info is not None and records.get(store.key(me.database, pg.slot_name)) is None:
+        if pg.adopt_slot:
+            taken = f"slot {pg.slot_name} is not this reader's yet: postgres.adopt_slot takes it"
+            return [*out, _ok("postgres", taken)]
+        text = unowned_slot_message(pg.slot_name, kafka.topic_prefix, [], None, info.lost)
+        fix = "set postgres.slot_name, or --adopt-slot"
+        out.append(_fail("postgres", text.split(". The reader")[0], fix))
+    return out
+
+
 def _hosts(dsn: str) -> list[tuple[str, str]]:
     """(host, port) of every server a multi-host DSN lists, in order."""
     params = conninfo_to_dict(dsn)
@@ -422,6 +460,7 @@ def check_postgres(settings: Settings) -> list[CheckResult]:
         results += publication
         results += _tables(conn, settings, role, tables)
         results.append(_slot(conn, settings))
+        results += _ownership(conn, settings)
         results.append(_signals(conn, settings))
         failover = _failover(conn, settings)
         results += failover

@@ -31,12 +31,24 @@ from cdc.incremental.signal_table import check_signal_table
 from cdc.incremental.signals import split_table
 from cdc.incremental.wiring import open_incremental
 from cdc.interrupt import Interrupt, StopRequested
+from cdc.kafka_clients import admin_client
 from cdc.metrics import ReaderMetrics
+from cdc.ownership import (
+    SOURCE_KEY,
+    PrefixOwnedError,
+    Source,
+    claim_prefix,
+    slot_claimed_in,
+    state_topic_prefixes,
+    system_identifier,
+    unowned_slot_message,
+)
 from cdc.publication import ensure_publication, publishes_generated, warn_generated_left_out
 from cdc.publisher import Publisher
 from cdc.replication import ReplicationConnection, SlotCreated
 from cdc.slots import (
     Action,
+    SlotInfo,
     StartPlan,
     check_wal_level,
     drop_slot,
@@ -53,7 +65,7 @@ from cdc.table_checks import check_tables, warn_unsnapshotted
 from cdc.table_topics import TableTopics
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
-from pgcdc.core.settings import InitialSnapshot, Settings
+from pgcdc.core.settings import InitialSnapshot, Settings, SnapshotMode
 from schemas.envelope import EventEncoder
 
 log = logging.getLogger(__name__)
@@ -79,6 +91,7 @@ class _Run:
     admin: psycopg.Connection[Any]
     slot: str
     database: str
+    source: Source
     publisher: Publisher
     store: StateStore
     catalog: SchemaCatalog
@@ -188,7 +201,11 @@ class Pipeline:
         store = StateStore(kafka, kafka.topic_prefix, kafka.replication_factor)
         store.ensure_topic()
         slot = self.settings.postgres.slot_name
-        state = store.load(database, slot)
+        source = Source(system_identifier(admin), database, slot)
+        records = store.latest()
+        self._claim_prefix(store, records, source)
+        found = records.get(store.key(database, slot))
+        state = ReaderState.from_json(found) if found else None
         pg = self.settings.postgres
         listed = pg.tables
         if pg.signal_data_collection and listed and pg.signal_data_collection not in listed:
@@ -206,6 +223,7 @@ class Pipeline:
             admin=admin,
             slot=slot,
             database=database,
+            source=source,
             publisher=publisher,
             store=store,
             catalog=SchemaCatalog(
@@ -229,14 +247,62 @@ class Pipeline:
             )
         return run
 
+    def _claim_prefix(
+        self, store: StateStore, records: dict[bytes, bytes | None], source: Source
+    ) -> None:
+        """Refuse a topic prefix another source writes; record this one's if none is."""
+        prefix = self.settings.kafka.topic_prefix
+        try:
+            write = claim_prefix(records, source, prefix, store.topic)
+        except PrefixOwnedError as e:
+            raise ConfigError(str(e)) from None
+        if write:
+            store.save_record(SOURCE_KEY, source.to_json(), wait=True)
+            log.info(
+                "topic prefix %s records its source: %s",
+                prefix,
+                source.describe(),
+                extra={"topic": store.topic},
+            )
+
+    def _slot_owners(self, run: _Run) -> list[str]:
+        """The other topic prefixes on this Kafka whose state records claim the slot."""
+        kafka = self.settings.kafka
+        topics = admin_client(kafka).list_topics(timeout=10).topics
+        return [
+            prefix
+            for prefix in state_topic_prefixes(topics, kafka.topic_prefix)
+            if slot_claimed_in(StateStore(kafka, prefix).latest(), run.source)
+        ]
+
     def _plan(self, run: _Run) -> StartPlan:
         """Decide from the slot and the loaded state what this run does."""
         # A predecessor killed a moment ago may still hold the slot: give its walsender
         # time to notice, instead of failing with "in use".
         info = wait_slot_released(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S, log_after_s=2.0)
-        plan = plan_start(self.settings.postgres.snapshot_mode, run.slot, info, run.state)
+        pg = self.settings.postgres
+
+        def unowned(slot: SlotInfo) -> str:
+            owners = self._slot_owners(run)
+            prefix = self.settings.kafka.topic_prefix
+            return unowned_slot_message(slot.slot_name, prefix, owners, None, slot.lost)
+
+        plan = plan_start(
+            pg.snapshot_mode, run.slot, info, run.state, adopt=pg.adopt_slot, unowned=unowned
+        )
         if plan.reason:
             log.warning(plan.reason, extra={"slot": run.slot})
+        if plan.action is Action.ADOPT:
+            # The prefixes that claimed it give it up: run again, they refuse it by name.
+            for prefix in self._slot_owners(run):
+                StateStore(self.settings.kafka, prefix).reset(run.database, run.slot)
+                log.warning(
+                    "replication slot %s moved from topic prefix %s to %s",
+                    run.slot,
+                    prefix,
+                    self.settings.kafka.topic_prefix,
+                    extra={"slot": run.slot},
+                )
         return plan
 
     def _snapshotter(self, run: _Run) -> Snapshotter:
@@ -396,6 +462,11 @@ class Pipeline:
         failover = failover_wanted(run.admin, self.settings.postgres.slot_failover)
         if plan.action is Action.STREAM:
             return self._resume_slot(run, repl, failover)
+        if plan.action is Action.ADOPT:
+            start = self._resume_slot(run, repl, failover, save=False)
+            taken = self.settings.postgres.snapshot_mode is not SnapshotMode.NO_DATA
+            self._started(run, start, incremental=taken)
+            return start
         incremental = self.settings.postgres.initial_snapshot is InitialSnapshot.INCREMENTAL
         create = bool(failover)
         if plan.action is Action.SNAPSHOT and incremental and in_recovery(run.admin):
@@ -404,10 +475,10 @@ class Pipeline:
                 "which a standby cannot: use initial_snapshot = exported (the default) on "
                 "a standby, or read from the primary"
             )
-        if plan.action is Action.SNAPSHOT:
-            # Before the slot exists: a stop from here on finds a snapshot to start over, not
-            # an older state's STREAMING (a slot dropped and recreated by when_needed).
-            run.save_state(Phase.SNAPSHOT)
+        # Before the slot exists: the record that claims it as this reader's (a slot without
+        # one is another's), and a stop from here on finds a snapshot to start over, not an
+        # older state's STREAMING (a slot dropped and recreated by when_needed).
+        run.save_state(Phase.SNAPSHOT)
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.
@@ -430,15 +501,23 @@ class Pipeline:
         self._started(run, start)
         return start
 
-    def _resume_slot(self, run: _Run, repl: ReplicationConnection, failover: bool | None) -> Lsn:
-        """The existing slot's confirmed position (state is written if it was lost); its
-        ``failover`` property is set to ``postgres.slot_failover`` where it exists."""
+    def _resume_slot(
+        self,
+        run: _Run,
+        repl: ReplicationConnection,
+        failover: bool | None,
+        *,
+        save: bool = True,
+    ) -> Lsn:
+        """The existing slot's confirmed position (with ``save``, state is written if it was
+        lost); its ``failover`` property is set to ``postgres.slot_failover`` where it
+        exists."""
         info = slot_info(run.admin, run.slot)
         if info is None:
             raise SlotError(f"replication slot {run.slot} disappeared at startup")
         if failover is not None and info.failover is not None and info.failover != failover:
             repl.set_failover(run.slot, failover)
         start = info.confirmed_flush_lsn or Lsn(0)
-        if run.state is None:
+        if save and run.state is None:
             run.save_state(Phase.STREAMING, acked_lsn=start)
         return start

@@ -11,12 +11,14 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from cdc.connection import in_recovery
+from cdc.ownership import unowned_slot_message
 from cdc.state import Phase, ReaderState
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
@@ -181,6 +183,7 @@ class Action(enum.Enum):
     SNAPSHOT = "snapshot"  # create the slot with an exported snapshot, copy the tables, stream
     NEW_SLOT = "new_slot"  # create the slot, stream from its consistent point (no_data)
     STREAM = "stream"  # the slot exists and was streamed from: resume
+    ADOPT = "adopt"  # a slot this reader did not create, taken over (postgres.adopt_slot)
     SNAPSHOT_ONLY = "snapshot_only"  # initial_only: copy the tables without a slot, then stop
     NOTHING = "nothing"  # initial_only already done
 
@@ -215,10 +218,23 @@ def lost_slot_error(slot: str, info: SlotInfo, state: ReaderState | None) -> Slo
     )
 
 
+def _generic_unowned(info: SlotInfo) -> str:
+    return unowned_slot_message(info.slot_name, "this prefix", [], None, info.lost)
+
+
 def plan_start(
-    mode: SnapshotMode, slot: str, info: SlotInfo | None, state: ReaderState | None
+    mode: SnapshotMode,
+    slot: str,
+    info: SlotInfo | None,
+    state: ReaderState | None,
+    *,
+    adopt: bool = False,
+    unowned: Callable[[SlotInfo], str] = _generic_unowned,
 ) -> StartPlan:
-    """Decide how a run starts. Raises SlotError when starting would silently lose data."""
+    """Decide how a run starts. Raises SlotError when starting would silently lose data, or
+    would drop, recreate or advance a slot this reader cannot prove it created (a state
+    record under this prefix claims it; ``unowned`` words the refusal, ``adopt`` takes the
+    slot over instead)."""
     phase = state.phase if state else None
     if mode is SnapshotMode.INITIAL_ONLY:
         if phase is Phase.SNAPSHOT_ONLY_DONE:
@@ -232,6 +248,33 @@ def plan_start(
                 f"replication slot {slot} is in use by process {info.active_pid}; "
                 "is another reader running?"
             )
+        if phase not in (Phase.SNAPSHOT, Phase.STREAMING):
+            if adopt and not info.lost:
+                how = (
+                    "without a snapshot (no_data)"
+                    if mode is SnapshotMode.NO_DATA
+                    else "and snapshots every captured table incrementally while streaming"
+                )
+                return StartPlan(
+                    Action.ADOPT,
+                    reason=f"adopting replication slot {slot} (postgres.adopt_slot): the reader "
+                    f"streams from its position {info.confirmed_flush_lsn} {how}",
+                )
+            raise SlotError(unowned(info))
+        if (
+            phase is Phase.SNAPSHOT
+            and state is not None
+            and state.consistent_point is not None
+            and info.confirmed_flush_lsn != state.consistent_point
+        ):
+            # Ours was created at consistent_point and never streamed from: not this one.
+            raise SlotError(
+                f"replication slot {slot} is not the one this reader created (at LSN "
+                f"{state.consistent_point}; this one stands at {info.confirmed_flush_lsn}), "
+                "so the reader leaves it as it is. Give this reader its own slot: "
+                "postgres.slot_name (CDC_POSTGRES__SLOT_NAME), or, if nobody uses this one, "
+                f"drop it yourself: SELECT pg_drop_replication_slot('{slot}')"
+            )
         if info.lost and (phase is Phase.STREAMING or mode is SnapshotMode.NO_DATA):
             if mode is SnapshotMode.WHEN_NEEDED:
                 return StartPlan(
@@ -243,8 +286,8 @@ def plan_start(
             raise lost_slot_error(slot, info, state)
         if phase is Phase.STREAMING or mode is SnapshotMode.NO_DATA:
             return StartPlan(Action.STREAM)
-        # The slot exists but its snapshot never completed: its exported snapshot is gone, so
-        # the only clean way is to start over with a new slot and a new snapshot.
+        # This reader's slot, whose snapshot never completed: its exported snapshot is gone,
+        # so the only clean way is to start over with a new slot and a new snapshot.
         return StartPlan(
             Action.SNAPSHOT,
             drop_existing_slot=True,

@@ -81,6 +81,9 @@ class StateStore:
         self.topic = state_topic(topic_prefix)
         self._rf = replication_factor
         self._producer: Producer | None = None
+        # The topic as read once by latest(), kept up to date by this store's writes: a
+        # run's start reads it once, not once per record it looks up.
+        self._records: dict[bytes, bytes | None] | None = None
 
     @staticmethod
     def key(database: str, slot: str) -> bytes:
@@ -113,6 +116,16 @@ class StateStore:
             admin, [NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})]
         )
 
+    def latest(self, timeout_s: float = 15.0) -> dict[bytes, bytes | None]:
+        """Every key's latest value in the state topic (None: a tombstone)."""
+        records: dict[bytes, bytes | None] = {}
+        for msg in read_topic(self._kafka, self.topic, "cdc-state-reader", timeout_s):
+            key = msg.key()
+            if key is not None:
+                records[key] = msg.value()
+        self._records = records
+        return dict(records)
+
     def load(self, database: str, slot: str, timeout_s: float = 15.0) -> ReaderState | None:
         """The latest state record for the slot, or None if there is none (or it was reset)."""
         latest = self.load_record(self.key(database, slot), timeout_s)
@@ -122,6 +135,8 @@ class StateStore:
 
     def load_record(self, key: bytes, timeout_s: float = 15.0) -> bytes | None:
         """The latest value written under ``key`` (None: never written, or a tombstone)."""
+        if self._records is not None:
+            return self._records.get(key)
         latest: bytes | None = None
         for msg in read_topic(self._kafka, self.topic, "cdc-state-reader", timeout_s):
             if msg.key() == key:
@@ -141,11 +156,15 @@ class StateStore:
         """Write the state; with ``wait`` block until Kafka acknowledged it."""
         self._write(self.key(state.database, state.slot), state.to_json(), wait=wait)
 
-    def reset(self, database: str, slot: str) -> None:
-        """Forget the slot (a tombstone), so the next run starts from scratch."""
+    def reset(self, database: str, slot: str, *, keep_slot: bool = False) -> None:
+        """Forget the slot (a tombstone), so the next run starts from scratch. With
+        ``keep_slot`` the slot stays this reader's: its record says that the snapshot is to
+        be taken again, so the next run drops the slot and snapshots anew (a slot without a
+        record is another's, and is never dropped)."""
         self._write(self.snapshots_key(database, slot), None, wait=False)
         self._write(f"{database}/{slot}#keys".encode(), None, wait=False)
-        self._write(self.key(database, slot), None, wait=True)
+        again = ReaderState(slot, database, Phase.SNAPSHOT) if keep_slot else None
+        self._write(self.key(database, slot), again.to_json() if again else None, wait=True)
 
     def _write(self, key: bytes, value: bytes | None, *, wait: bool) -> None:
         errors: list[str] = []
@@ -156,6 +175,8 @@ class StateStore:
 
         producer = self._get_producer()
         producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
+        if self._records is not None:
+            self._records[key] = value
         if wait:
             if producer.flush(30) != 0:
                 raise PublishError(f"state record was not acknowledged by {self.topic}")

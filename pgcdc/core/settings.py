@@ -162,6 +162,11 @@ class PostgresSettings(BaseModel):
     snapshot_workers: int = Field(default=2, ge=1, le=64)
     snapshot_chunk_rows: int = Field(default=50_000, ge=100)
     drop_slot_on_exit: bool = False
+    # A slot that exists without a record of this reader creating it (under this topic
+    # prefix) is refused, never dropped, recreated or advanced: it belongs to another tool or
+    # another prefix. True takes it over: the reader streams from its position and (unless
+    # snapshot_mode = no_data) snapshots every captured table incrementally while streaming.
+    adopt_slot: bool = False
     # exported: the initial snapshot reads every table inside the slot's exported snapshot
     # (fast, parallel; an interrupted one starts over). incremental: the slot streams at once
     # and every table is read in watermarked chunks, resumed at the next chunk after a stop.

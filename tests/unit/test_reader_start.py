@@ -38,14 +38,42 @@ def test_a_streamed_slot_resumes() -> None:
 
 
 def test_an_interrupted_snapshot_starts_over_with_a_new_slot() -> None:
-    for saved in (state(Phase.SNAPSHOT), None):  # killed before or after the state was saved
+    # The record is written before the slot is created, then again with its consistent point.
+    created = ReaderState(SLOT, "db", Phase.SNAPSHOT, Lsn(100))
+    for saved in (ReaderState(SLOT, "db", Phase.SNAPSHOT), created):
         plan = plan_start(SnapshotMode.INITIAL, SLOT, slot(), saved)
         assert plan.action is Action.SNAPSHOT and plan.drop_existing_slot
         assert "did not complete" in plan.reason
 
 
-def test_no_data_streams_from_an_existing_slot_even_without_state() -> None:
-    assert plan_start(SnapshotMode.NO_DATA, SLOT, slot(), None).action is Action.STREAM
+@pytest.mark.parametrize("mode", [SnapshotMode.INITIAL, SnapshotMode.NO_DATA])
+def test_a_slot_without_a_record_is_refused_and_left_alone(mode: SnapshotMode) -> None:
+    for saved in (None, state(Phase.SNAPSHOT_ONLY_DONE)):
+        with pytest.raises(SlotError) as caught:
+            plan_start(mode, SLOT, slot(), saved, unowned=lambda info: f"{info.slot_name} not ours")
+        assert str(caught.value) == "s1 not ours"
+    with pytest.raises(SlotError) as caught:
+        plan_start(mode, SLOT, slot(), None)
+    text = str(caught.value)
+    assert "\n" not in text
+    for part in ("s1", "another tool", "not dropped, recreated or advanced", "--adopt-slot"):
+        assert part in text
+
+
+def test_a_slot_created_elsewhere_than_the_record_says_is_refused() -> None:
+    other = ReaderState(SLOT, "db", Phase.SNAPSHOT, Lsn(50))  # ours stood at 0/32, this at 0/64
+    with pytest.raises(SlotError, match=r"not the one this reader created \(at LSN 0/32"):
+        plan_start(SnapshotMode.INITIAL, SLOT, slot(), other)
+
+
+@pytest.mark.parametrize("mode", [SnapshotMode.INITIAL, SnapshotMode.NO_DATA])
+def test_adopt_slot_takes_a_slot_over_without_dropping_it(mode: SnapshotMode) -> None:
+    plan = plan_start(mode, SLOT, slot(), None, adopt=True)
+    assert plan.action is Action.ADOPT and not plan.drop_existing_slot
+    assert ("incrementally" in plan.reason) is (mode is SnapshotMode.INITIAL)
+    lost = SlotInfo(SLOT, "pgoutput", "db", False, None, Lsn(100), None, "lost")
+    with pytest.raises(SlotError, match="lost"):
+        plan_start(mode, SLOT, lost, None, adopt=True)
 
 
 def test_a_lost_slot_is_an_error_unless_when_needed() -> None:

@@ -79,8 +79,11 @@ def test_config_check_verifies_both_sides_of_a_failover_slot(endpoints: Endpoint
             {
                 **env,
                 "CDC_POSTGRES__DSN": env["CDC_POSTGRES__DSN"] + "?target_session_attrs=read-write",
+                # A slot made by SQL is no reader's own (cdc.ownership): the reader takes it.
+                "CDC_POSTGRES__ADOPT_SLOT": "true",
             }
         )
         assert second.returncode == 0, second.stdout
         assert "synchronized_standby_slots = standby1" in second.stdout
+        assert "postgres.adopt_slot takes it" in second.stdout
         assert f"standby 127.0.0.1:{standby.port}: slot {SLOT} is synchronized" in second.stdout

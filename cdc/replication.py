@@ -381,6 +381,14 @@ class ReplicationConnection:
         if self._streaming:
             self._send_status()
 
+    def request_keepalive(self) -> None:
+        """Ask the server for a keepalive now (a status update with the reply flag): its
+        position says how far decoding has read, so an idle reader learns at once that it
+        has caught up instead of waiting for the server's own keepalive (wal_sender_timeout
+        / 2, 30 s by default)."""
+        if self._streaming:
+            self._send_status(reply_requested=True)
+
     def keep_alive(self) -> None:
         """Send a status update if one is due: a caller busy for long between reads (a
         TRUNCATE of a large table) stays within the server's wal_sender_timeout."""

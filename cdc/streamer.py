@@ -65,6 +65,7 @@ ACK_INTERVAL_S = 0.2  # how often at most a new flush position is sent to the se
 STATE_INTERVAL_S = 10.0  # how often the acked LSN is written to the state topic
 LAG_INTERVAL_S = 5.0  # how often the server's WAL position is read for the lag metric
 READ_TIMEOUT_S = 0.1  # how long one read waits for a frame before the loop looks around
+ASK_POSITION_INTERVAL_S = 0.5  # idle before --until current's target: ask for a keepalive
 
 
 class Streamer:
@@ -143,7 +144,7 @@ class Streamer:
         self._idle_lsn: Lsn | None = None
         # When the periodic duties (see _duties) are next due, as monotonic times.
         self._next_duty = self._ack_due = self._heartbeat_due = self._lag_due = 0.0
-        self._state_due = 0.0
+        self._state_due = self._ask_due = 0.0
         self.last_ack: Lsn | None = None
         self.events = 0
 
@@ -165,6 +166,9 @@ class Streamer:
             else:
                 if msg is None and self._unsent:
                     self._unsent = self._publisher.hurry()
+                elif msg is None and self._target is not None and self._txn is None:
+                    # Idle before the target: ask where decoding stands (--until current).
+                    self._ask_position(time.monotonic())
                 # Between frames: serve delivery reports (send() also polls every 1,024
                 # records, so a busy stream does not pay for a poll per message).
                 self._publisher.poll(0)
@@ -188,6 +192,11 @@ class Streamer:
             extra={"slot": self._slot, "lsn": str(self.last_ack)},
         )
         self._finish()
+
+    def _ask_position(self, now: float) -> None:
+        if now >= self._ask_due:
+            self._ask_due = now + ASK_POSITION_INTERVAL_S
+            self._repl.request_keepalive()
 
     def _caught_up(self) -> bool:
         return (

@@ -111,6 +111,16 @@ class ScriptedReplication:
     def acknowledge(self, lsn: Lsn) -> None:
         self.acknowledged.append(lsn)
 
+    def request_keepalive(self) -> None:
+        """The server's answer to a status update with the reply flag: a keepalive at the
+        position decoding reached (``server_position``, when a test sets one)."""
+        self.asked += 1
+        if self.server_position is not None:
+            self.frames.append(Keepalive(self.server_position, 0, False))
+
+    asked = 0
+    server_position: Lsn | None = None
+
 
 class ListPublisher:
     """Keeps records in order; Kafka acknowledges each record as it is sent."""
@@ -334,6 +344,15 @@ def test_until_a_target_the_loop_returns_once_it_is_acknowledged() -> None:
     s, repl, _, _ = make(ONE_TRANSACTION, target=Lsn(0x210))
     s.run(Lsn(0x100))  # nothing sets the stop signal: only reaching the target ends the run
     assert s.last_ack == Lsn(0x210) and repl.acknowledged[-1] == Lsn(0x210)
+
+
+def test_an_idle_reader_before_its_target_asks_the_server_where_decoding_stands() -> None:
+    # Nothing to stream: only the keepalive it asks for (not the server's own, 30 s away)
+    # tells the reader that the WAL up to the target held nothing for it.
+    s, repl, _, _ = make([], target=Lsn(0x900))
+    repl.server_position = Lsn(0x900)
+    s.run(Lsn(0x100))
+    assert repl.asked == 1 and s.last_ack == Lsn(0x900)
 
 
 def test_heartbeats_carry_the_acknowledged_position_up_to_the_last() -> None:

@@ -63,6 +63,8 @@ from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
 from cdc.table_checks import check_tables, warn_unsnapshotted
 from cdc.table_topics import TableTopics
+from cdc.topic_ids import describe_loss, lost_topics, topic_ids
+from pgcdc.core.contract import table_topic
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import InitialSnapshot, Settings, SnapshotMode
@@ -405,15 +407,27 @@ class Pipeline:
             state=state,
             observer=self.metrics,
         )
-        if plan.action is not Action.STREAM:
-            return engine
-        if state.captured is None:
-            state.captured = list(run.tables)  # from now on, tables that join are seen
-        else:
-            for table in join_tables(state, run.tables):
-                engine.table_joined(table, "while the reader was stopped", save=False)
-            # A table that left the captured set is snapshotted again if it comes back.
-            state.captured = [t for t in state.captured if t in run.tables]
+        prefix = self.settings.kafka.topic_prefix
+        topics = {table_topic(prefix, *table): table for table in run.tables}
+        current = topic_ids(self.settings.kafka, topics)
+        if plan.action is Action.STREAM:
+            if state.captured is None:
+                state.captured = list(run.tables)  # from now on, tables that join are seen
+            else:
+                for table in join_tables(state, run.tables):
+                    engine.table_joined(table, "while the reader was stopped", save=False)
+                # A table that left the captured set is snapshotted again if it comes back.
+                state.captured = [t for t in state.captured if t in run.tables]
+            for topic in lost_topics(state.topics, current):
+                why = describe_loss(topic, state.topics[topic], current[topic])
+                engine.topic_lost(topics[topic], why)
+        missing = [t for t, tid in current.items() if tid is None]
+        for topic in missing:  # created now, so that its id is the one recorded
+            run.table_topics.ensure(topic, keyless=False, table=".".join(topics[topic]))
+        if missing:
+            current.update(topic_ids(self.settings.kafka, missing))
+        # The topics as this run writes them (a slot made by this run: as it snapshotted).
+        state.topics = {t: tid for t, tid in current.items() if tid is not None}
         engine.save()
         return engine
 

@@ -36,7 +36,7 @@ from cdc.kafka_clients import (
     read_topic,
 )
 from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
-from pgcdc.core.errors import PublishError
+from pgcdc.core.errors import PublishError, TopicGone
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings, UnproducibleRecords
 
@@ -72,6 +72,12 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "message.timeout.ms": 120_000,
     }
     return conf | client_conf(settings) | settings.producer
+
+
+# Delivery errors of a topic deleted under the producer.
+_TOPIC_GONE = frozenset(
+    {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
 
 
 class TxnTracker:
@@ -282,6 +288,9 @@ class Publisher:
         """produce() refused a record (already counted pending in ``txn``): a permanent
         refusal is dead-lettered when the settings say so; anything else raises."""
         err = e.args[0]
+        if err.code() in _TOPIC_GONE:
+            txn.pending -= 1
+            raise TopicGone(f"topic {topic} was deleted under the reader ({err.str()})") from e
         if not is_permanent(err.code()):
             txn.pending -= 1
             raise PublishError(f"cannot produce to {topic}: {err.str()}") from e
@@ -350,6 +359,12 @@ class Publisher:
             self._refused.append((refused, txn))
         elif letterable:
             self._failure = PublishError(self._fail_message(refused))
+        elif err.code() in _TOPIC_GONE:
+            self._failure = TopicGone(
+                f"topic {topic} was deleted under the reader ({err.str()}): nothing after "
+                "its last acknowledged transaction is confirmed; a new run resumes from the "
+                "slot and snapshots the table again into the new topic"
+            )
         else:
             self._failure = PublishError(f"Kafka did not accept a record for {topic}: {err.str()}")
 

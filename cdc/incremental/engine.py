@@ -123,6 +123,10 @@ class IncrementalSnapshots:
         self.requests.carry_out(accepted)
         self.save()
 
+    def topic_lost(self, table: Table, why: str) -> None:
+        """``table``'s topic lost what it held: snapshot it again (the caller saves)."""
+        self.requests.topic_lost(table, why)
+
     def table_joined(self, table: Table, when: str, *, save: bool = True) -> None:
         """``table`` is captured now and was not before: snapshot it (unless turned off).
 

@@ -55,7 +55,7 @@ class TableSnapshot:
     schema: str
     table: str
     where: str | None = None  # the filter, as checked and rewritten (cdc.incremental.filters)
-    via: str = "signal"  # wal | table | kafka | joined | initial | api
+    via: str = "signal"  # wal | table | kafka | joined | initial | api | topic_lost
     last_key: KeyText | None = None  # the key columns' text of the last row read
     chunks: int = 0  # chunks published and acknowledged
     rows: int = 0  # rows published by those chunks
@@ -98,6 +98,9 @@ class SnapshotsState:
     queue: list[TableSnapshot] = field(default_factory=list)
     # Signals carried out: their id (or channel and position) -> when they were signed.
     seen: dict[str, float] = field(default_factory=dict)
+    # The captured tables' topics as the reader last wrote them: name -> Kafka topic id
+    # (cdc.topic_ids: another id, or none, means the topic lost what it held).
+    topics: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -105,6 +108,7 @@ class SnapshotsState:
                 "captured": None if self.captured is None else [list(t) for t in self.captured],
                 "queue": [s.to_json() for s in self.queue],
                 "seen": self.seen,
+                "topics": self.topics,
             }
         )
 
@@ -118,6 +122,7 @@ class SnapshotsState:
             captured=None if captured is None else [(s, t) for s, t in captured],
             queue=[TableSnapshot.from_json(s) for s in d.get("queue", [])],
             seen={str(k): float(v) for k, v in (d.get("seen") or {}).items()},
+            topics={str(k): str(v) for k, v in (d.get("topics") or {}).items()},
         )
 
     def remember(self, signal_key: str, ts: float, oldest: float) -> None:

@@ -157,6 +157,25 @@ class Requests:
                 self._on_stopped(s)
         self.state.queue = keep
 
+    def topic_lost(self, table: Table, why: str) -> None:
+        """``table``'s topic lost what it held (cdc.topic_ids): snapshot the table again
+        from its first key, whatever was queued for it, so the topic holds it again."""
+        name = f"{table[0]}.{table[1]}"
+        if self.config.on_standby:
+            raise SchemaError(
+                f"{why}; a reader on a standby cannot snapshot {name} again (its watermarks "
+                f"go into the WAL): run `cdc snapshot {name}` against the primary, or read "
+                "from the primary"
+            )
+        self.state.queue = [s for s in self.state.queue if s.key != table]
+        log.warning(
+            "%s: snapshotting %s again, incrementally, while streaming",
+            why,
+            name,
+            extra={"table": name},
+        )
+        self.state.queue.append(TableSnapshot(uuid.uuid4().hex, *table, via="topic_lost"))
+
     def table_joined(self, table: Table, when: str) -> None:
         """``table`` is captured now and was not before: snapshot it (unless turned off)."""
         if self.state.captured is None:

@@ -40,6 +40,13 @@ class PublishError(CdcError):
     """Kafka refused or lost a record."""
 
 
+class TopicGone(PublishError):
+    """A table topic was deleted under the running reader. Worth a new run: it starts
+    from the slot, finds the topic lost (cdc.topic_ids) and snapshots its table again."""
+
+    retryable = True
+
+
 class SchemaError(CdcError):
     """An event could not be built or encoded."""
 

@@ -50,7 +50,7 @@ from psycopg.abc import Buffer
 from cdc.connection import CURRENT_WAL_LSN, connect
 from cdc.live_keys import LiveKeys, scan_many
 from cdc.publisher import Publisher
-from cdc.snapshot_progress import SnapshotProgress
+from cdc.snapshot_progress import SnapshotProgress, estimate_rows
 from cdc.table_topics import TableTopics
 from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER
 from pgcdc.core.errors import SnapshotError
@@ -125,7 +125,7 @@ class Chunk:
 class TablePlan:
     schema: TableSchema
     pages: int
-    estimated_rows: int
+    estimated_rows: int | None  # None: never analyzed and too large to count
     chunks: list[Chunk] = field(default_factory=list)
     rows: int = 0
 
@@ -153,6 +153,12 @@ def snapshot_marker(first_overall: bool, last_overall: bool, first_in: bool, las
     if first_in:
         return "first_in_data_collection"
     return "true"
+
+
+def _count(conn: psycopg.Connection[Any], ident: sql.Identifier) -> int:
+    """The rows of a table in the snapshot ``conn`` reads."""
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _begin_in_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
@@ -255,12 +261,14 @@ class Snapshotter:
         plans: list[TablePlan] = []
         for i, (schema, table) in enumerate(tables):
             ts = self._load_schema(conn, schema, table)
+            ident = sql.Identifier(schema, table)
             row = conn.execute(
                 "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, "
-                "greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = %s::regclass",
-                (sql.Identifier(schema, table).as_string(conn),),
+                "c.reltuples FROM pg_class c WHERE c.oid = %s::regclass",
+                (ident.as_string(conn),),
             ).fetchone()
-            pages, est = (int(row[0]), int(row[1])) if row else (0, 0)
+            pages, reltuples = (int(row[0]), float(row[1])) if row else (0, 0.0)
+            est = estimate_rows(reltuples, pages, partial(_count, conn, ident))
             plan = TablePlan(ts, pages, est)
             rows_per_page = max(1.0, est / pages) if pages and est else 50.0
             step = max(1, int(self._chunk_rows / rows_per_page))

@@ -446,17 +446,15 @@ class SearchSink:
         body = {"job": job, "lsn": lsn, "updated_at_ms": int(time.time() * 1000)}
 
         def write() -> None:
-            try:
-                self.client.index(
-                    index=index,
-                    id=job,
-                    body=body,
-                    params={"version": str(lsn), "version_type": "external"},
-                )
-            except TransportError as e:
-                # A conflict means an equal or higher watermark is already recorded.
-                if e.status_code != 409:
-                    raise
+            # A conflict (409) means an equal or higher watermark is already recorded: the
+            # usual outcome of a batch that did not move it, so neither an error nor (with
+            # ``ignore``) the client's WARNING line of a failed request.
+            self.client.index(
+                index=index,
+                id=job,
+                body=body,
+                params={"version": str(lsn), "version_type": "external", "ignore": 409},
+            )
 
         self._retrying.call(f"record watermark of {job}", write)
 

@@ -53,6 +53,20 @@ def query_ready(
     return True, f"batch {progress.get('batchId')} {age:.1f}s ago"
 
 
+# Libraries that log a line per batch at INFO: py4j each call from the JVM (the batch
+# handler's "Received command c on object id p0"), opensearch-py each request (the
+# watermark write). A healthy job prints no line per batch; DEBUG shows them again.
+PER_BATCH_LOGGERS = ("py4j", "opensearch")
+
+
+def quiet_per_batch_loggers(level: int) -> None:
+    """Raise the per-batch loggers to WARNING unless the job logs at DEBUG."""
+    for name in PER_BATCH_LOGGERS:
+        logging.getLogger(name).setLevel(
+            logging.NOTSET if level <= logging.DEBUG else logging.WARNING
+        )
+
+
 def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> int:
     """Run the sync job ``job`` with the sink ``make_sink`` builds; the exit status."""
     given = sys.argv[1:] if argv is None else list(argv)
@@ -66,6 +80,7 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         print(f"error: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, json_logs=settings.log_json)
+    quiet_per_batch_loggers(logging.getLogger().level)
     spark = spark_session(settings, f"cdc-{opts.name}")
     spark.sparkContext.setLogLevel("WARN")
 

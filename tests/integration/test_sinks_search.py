@@ -3,6 +3,7 @@ tombstones, unchanged TOAST, dead-letter outcomes, watermarks, search."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -332,6 +333,20 @@ def test_watermark_only_increases(sink: SearchSink) -> None:
     sink.record_watermark("job", 0x17_0000_0000)
     assert sink.read_watermark("job") == 0x17_0000_0000
     assert sink.read_watermark("other") is None
+
+
+def test_an_unchanged_watermark_is_no_warning(
+    sink: SearchSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A batch that did not move the watermark writes it again; OpenSearch answers 409
+    # (version conflict), which is the expected outcome and must not log a WARNING.
+    sink.record_watermark("job", 0x16_B374_D848)
+    with caplog.at_level(logging.DEBUG):
+        sink.record_watermark("job", 0x16_B374_D848)
+        sink.record_watermark("job", 0x16_B374_D847)
+    assert any("409" in r.getMessage() for r in caplog.records)  # the conflict was answered
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert sink.read_watermark("job") == 0x16_B374_D848
 
 
 def _block_writes(sink: SearchSink, blocked: bool) -> None:

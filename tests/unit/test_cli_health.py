@@ -106,3 +106,21 @@ def test_the_job_takes_its_health_port_out_of_its_arguments() -> None:
         ["--available-now", "--name", "x"],
     )
     assert split_health_port(["--available-now"]) == (None, ["--available-now"])
+
+
+def test_a_job_at_info_hides_the_libraries_line_per_batch() -> None:
+    import logging
+
+    from spark_jobs.job import PER_BATCH_LOGGERS, quiet_per_batch_loggers
+
+    loggers = [logging.getLogger(name) for name in PER_BATCH_LOGGERS]
+    try:
+        quiet_per_batch_loggers(logging.INFO)
+        # py4j.clientserver's "Received command c on object id p0" is INFO: not shown.
+        assert logging.getLogger("py4j.clientserver").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("opensearch").getEffectiveLevel() == logging.WARNING
+        quiet_per_batch_loggers(logging.DEBUG)
+        assert [lg.level for lg in loggers] == [logging.NOTSET] * len(loggers)
+    finally:
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)

@@ -1,4 +1,5 @@
-"""Pure parts of the reader: snapshot markers, acknowledgment order, TOAST filling, names."""
+"""Pure parts of the reader: snapshot markers, the snapshot's row estimate and progress line,
+acknowledgment order, TOAST filling, names."""
 
 from __future__ import annotations
 
@@ -8,11 +9,48 @@ import pytest
 
 from cdc.publisher import AckQueue, TxnTracker
 from cdc.snapshot import snapshot_marker
+from cdc.snapshot_progress import COUNT_MAX_PAGES, estimate_rows, progress_line
 from cdc.toast import fill_from_old, unchanged_columns
 from pgcdc.core.contract import heartbeat_topic
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings
 from pgcdc.core.values import UNCHANGED_TOAST
+
+# --- the snapshot's row estimate and progress line ------------------------------------------
+
+
+def _estimate(reltuples: float, pages: int) -> tuple[int | None, int]:
+    """The estimate and how many times the table was counted (each count finds 42 rows)."""
+    counts: list[int] = []
+
+    def count() -> int:
+        counts.append(42)
+        return 42
+
+    return estimate_rows(reltuples, pages, count), len(counts)
+
+
+def test_a_table_never_analyzed_is_counted_if_small_else_of_unknown_size() -> None:
+    assert _estimate(1234.0, 10) == (1234, 0)  # ANALYZE ran: the catalog's estimate
+    # Never analyzed: reltuples is -1 (PostgreSQL 14+) or 0 (before), never the answer.
+    assert _estimate(-1.0, 0) == (0, 0)  # an empty file holds no row: nothing to count
+    assert _estimate(-1.0, 3) == (42, 1)
+    assert _estimate(0.0, COUNT_MAX_PAGES) == (42, 1)
+    assert _estimate(-1.0, COUNT_MAX_PAGES + 1) == (None, 0)  # too large to count at once
+    assert _estimate(0.0, 100_000) == (None, 0)
+
+
+def test_the_progress_line_shows_an_eta_only_for_a_known_size() -> None:
+    assert progress_line("public.t", 1000, 5000, 100.0) == (
+        "public.t 1000 rows (~5000), 100 rows/s, ETA 40s"
+    )
+    assert progress_line("public.t", 1000, None, 100.0) == (
+        "public.t 1000 rows (size unknown), 100 rows/s"
+    )
+    # Past a low estimate, or no rate yet: no made-up ETA of 0 s.
+    assert progress_line("public.t", 6000, 5000, 100.0).endswith("ETA ?")
+    assert progress_line("public.t", 0, 5000, 0.0).endswith("ETA ?")
+
 
 # --- snapshot markers (Debezium's source.snapshot values) -----------------------------------
 

@@ -119,3 +119,21 @@ def test_a_second_job_waits_for_the_executor_env_another_is_building(tmp_path: P
     assert not waiter.is_alive() and got == [out]
     assert out.read_bytes() == b"archive"  # the other process's archive: nothing rebuilt
     assert holder.wait(10) == 0
+
+
+def test_the_driver_and_its_ui_listen_on_loopback_unless_asked_otherwise() -> None:
+    s = _submit()
+    app = ["spark_jobs/cache_sync.py", "--available-now"]
+    assert s.local_ip(app, {}) == "127.0.0.1"
+    assert s.local_ip(["--master", "local[4]", *app], {}) == "127.0.0.1"
+    assert s.local_ip(["--master=spark://127.0.0.1:17077", *app], {}) == "127.0.0.1"
+    # The user's own address wins, and a cluster elsewhere must reach the driver.
+    assert s.local_ip(app, {"SPARK_LOCAL_IP": "0.0.0.0"}) is None
+    assert s.local_ip(["--conf", "spark.driver.bindAddress=0.0.0.0", *app], {}) is None
+    assert s.local_ip(["--conf=spark.driver.host=10.0.0.5", *app], {}) is None
+    assert s.local_ip(["-c", "spark.driver.host=10.0.0.5", *app], {}) is None
+    assert s.local_ip(["--master", "spark://spark-master:7077", *app], {}) is None
+    assert s.local_ip(["--master", "yarn", *app], {}) is None
+    # Another --conf, or the job's own arguments, change nothing.
+    assert s.local_ip(["--conf", "spark.ui.port=4050", *app], {}) == "127.0.0.1"
+    assert s.local_ip([*app, "--conf", "spark.driver.host=x"], {}) == "127.0.0.1"

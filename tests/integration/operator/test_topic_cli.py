@@ -1,9 +1,10 @@
 """``cdc topic tail`` and ``cdc topic send`` on the real broker: the newest records across
 partitions in time order, a missing or empty topic said in words, a record written and read
-back (what the docs use instead of kcat)."""
+back (what the docs use instead of kcat), and ``python -m demo.peek`` on the same reading."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -58,3 +59,27 @@ def test_send_then_tail_the_newest_in_order(env: dict[str, str]) -> None:
     heads = [line for line in lines if line.startswith("partition ")]
     assert [h.split(" key ")[1] for h in heads] == ["k2", "k3", "k4"]
     assert f"topic {env['topic']}: the newest 3 of 5 records" in err
+
+
+def test_demo_peek_shows_the_newest_of_the_whole_topic(
+    env: dict[str, str], endpoints: Endpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Three records in each of three partitions: "the last 3 events" are the newest three
+    # of the topic, not the last three of each partition.
+    from confluent_kafka import Producer
+
+    from demo import peek
+
+    producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap})
+    for i in range(9):
+        value = json.dumps({"payload": {"op": "c", "before": None, "after": {"n": i}}})
+        key = json.dumps({"payload": {"id": i}})
+        producer.produce(
+            env["topic"], key=key, value=value, partition=i % 3, timestamp=1_700_000_000_000 + i
+        )
+    assert producer.flush(10) == 0
+    assert peek.main([env["topic"], "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" key ")[1] for line in lines] == [
+        f'{{"id": {i}}}: {{"op": "c", "before": null, "after": {{"n": {i}}}}}' for i in (6, 7, 8)
+    ]

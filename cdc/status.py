@@ -25,6 +25,7 @@ from cdc.incremental import load_snapshots
 from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds, read_to_end
 from cdc.slots import slot_info
 from cdc.state import StateStore
+from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.settings import Settings
 
@@ -108,7 +109,8 @@ def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[st
 
     A server that cannot be read (PostgreSQL, Kafka); a missing or lost slot; an inactive slot
     that retains more WAL than the threshold (the reader is down and the server's disk fills);
-    a follower whose store cannot be read.
+    a follower whose store cannot be read; a table topic that lost what it held, until the
+    reader's snapshot of its table into it is done.
     """
     slot = status["slot"]
     name = slot["slot"]
@@ -122,6 +124,15 @@ def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[st
             f"replication slot {name} is inactive and retains "
             f"{_size(slot['retained_wal_bytes'])} of WAL"
         )
+    for loss in status.get("lost_topics") or []:
+        out.append(f"{loss}: the reader snapshots its table again when it runs (cdc run)")
+    for snap in status.get("snapshots") or []:
+        if snap.get("via") == "topic_lost":
+            name = f"{snap['schema']}.{snap['table']}"
+            out.append(
+                f"{name} is being snapshotted again after its topic was lost "
+                f"({snap.get('rows', 0)} rows so far): its topic does not hold the table yet"
+            )
     for job, follower in (status.get("followers") or {}).items():
         if "error" in follower:
             out.append(f"follower {job}: {follower['error']}")
@@ -224,8 +235,12 @@ def gather_status(
         )
         # Incremental snapshots queued or running (cdc.incremental), in their order.
         if database:
-            out["snapshots"] = [
-                asdict(snap) for snap in load_snapshots(store, database, name).queue
+            snapshots = load_snapshots(store, database, name)
+            out["snapshots"] = [asdict(snap) for snap in snapshots.queue]
+            now = topic_ids(settings.kafka, snapshots.topics)
+            out["lost_topics"] = [
+                describe_loss(t, snapshots.topics[t], now[t])
+                for t in lost_topics(snapshots.topics, now)
             ]
     except _UNREADABLE as e:
         out["errors"]["kafka"] = _line(e)

@@ -2,6 +2,8 @@
 
 :func:`cdc_run` starts it with its output in a log file; on the way out it asks the reader to
 stop (SIGTERM), deletes the run's topics and, when the test body passed, requires exit code 0.
+The fixture ``server`` (:func:`server_fixture`) is a throwaway server without TLS, then one
+with TLS (import it into a test module: ``from ...reader_process import server_fixture``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,28 @@ from confluent_kafka.admin import AdminClient
 
 from tests.conftest import wait_until
 from tests.e2e.pipeline import CDC, ROOT, Pipeline
-from tests.integration.real_databases.throwaway import ThrowawayServer
+from tests.integration.reader_support import assert_topic_equals_table, read_topic
+from tests.integration.real_databases.throwaway import ThrowawayServer, throwaway_server
 
 STOP_TIMEOUT_S = 60
+
+
+@pytest.fixture(name="server", params=[False, True], ids=["plain", "tls"])
+def server_fixture(request: pytest.FixtureRequest) -> Iterator[ThrowawayServer]:
+    """A throwaway server of the test's own: plain, then with TLS."""
+    with throwaway_server(tls=request.param) as s:
+        yield s
+
+
+def dsn_of(server: ThrowawayServer, dbname: str) -> str:
+    """The DSN of ``dbname``, requiring TLS from a server that has it and refusing it otherwise."""
+    return server.dsn(dbname) + ("?sslmode=require" if server.tls else "?sslmode=disable")
+
+
+def topic_equals_table(bootstrap: str, topic: str, dsn: str, table: str = "items") -> bool:
+    """:func:`assert_topic_equals_table` as a condition for :func:`wait_until`."""
+    assert_topic_equals_table(read_topic(bootstrap, topic), dsn, table)
+    return True
 
 
 def tail(log: Path, chars: int = 3000) -> str:
@@ -60,9 +81,15 @@ def cdc_run(p: Pipeline, log: Path, **env: str) -> Iterator[subprocess.Popen[byt
     assert rc == 0, tail(log)
 
 
-def wait_streaming(server: ThrowawayServer, slot: str, timeout: float = 90) -> bool:
+def wait_streaming(
+    server: ThrowawayServer,
+    slot: str,
+    reader: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 90,
+) -> bool:
     """Until a walsender streams ``slot`` (the reader created it and reached the stream);
-    returns whether that walsender talks TLS to the reader."""
+    returns whether that walsender talks TLS to the reader. Fails at once if the reader exits."""
     sql = (
         "SELECT s.ssl FROM pg_replication_slots r JOIN pg_stat_replication w "
         "ON w.pid = r.active_pid JOIN pg_stat_ssl s ON s.pid = w.pid "
@@ -70,6 +97,7 @@ def wait_streaming(server: ThrowawayServer, slot: str, timeout: float = 90) -> b
     )
 
     def streaming() -> tuple[bool] | None:
+        require_running(reader, log)
         with server.connect() as conn:
             return conn.execute(sql, (slot,)).fetchone()
 

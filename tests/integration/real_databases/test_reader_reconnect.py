@@ -8,7 +8,6 @@ of the suite and is not restarted here). The reader runs as ``cdc run``, the way
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,40 +15,32 @@ import pytest
 from pgcdc.core.contract import table_topic
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import Pipeline
-from tests.integration.reader_support import assert_topic_equals_table, read_topic
-from tests.integration.real_databases.reader_process import (
+from tests.integration.reader_support import read_topic
+from tests.integration.real_databases.reader_process import (  # noqa: F401 (server_fixture)
     cdc_run,
+    dsn_of,
     require_running,
+    server_fixture,
     tail,
+    topic_equals_table,
     wait_streaming,
 )
-from tests.integration.real_databases.throwaway import ThrowawayServer, throwaway_server
+from tests.integration.real_databases.throwaway import ThrowawayServer
 
 pytestmark = pytest.mark.integration
 
 ROWS = 200
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "tls"])
-def server(request: pytest.FixtureRequest) -> Iterator[ThrowawayServer]:
-    with throwaway_server(tls=request.param) as s:
-        yield s
-
-
 def _ids(bootstrap: str, topic: str) -> set[int]:
     return {r.key_id for r in read_topic(bootstrap, topic) if r.value is not None}
 
 
-def _topic_equals_table(bootstrap: str, topic: str, dsn: str) -> bool:
-    assert_topic_equals_table(read_topic(bootstrap, topic), dsn)
-    return True
-
-
 def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
-    endpoints: Endpoints, server: ThrowawayServer, tmp_path: Path, request: pytest.FixtureRequest
+    endpoints: Endpoints, server: ThrowawayServer, tmp_path: Path
 ) -> None:
-    tls = "tls" in request.node.callspec.id
-    dsn = server.create_database("app") + ("?sslmode=require" if tls else "?sslmode=disable")
+    server.create_database("app")
+    dsn = dsn_of(server, "app")
     with server.connect("app") as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text NOT NULL)")
     name = unique("reconnect")
@@ -57,7 +48,7 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
     topic = table_topic(name, "public", "items")
     log = tmp_path / "reader.log"
     with cdc_run(p, log, CDC_POSTGRES__RECONNECT_TIMEOUT_S="120") as reader:
-        assert wait_streaming(server, name) is tls
+        assert wait_streaming(server, name, reader, log) is server.tls
         with server.connect("app") as conn:
             for i in range(ROWS // 2):
                 conn.execute("INSERT INTO items VALUES (%s, 'before the restart')", (i,))
@@ -76,7 +67,7 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
         wait_until(
             lambda: (
                 require_running(reader, log)
-                or _topic_equals_table(endpoints.kafka_bootstrap, topic, dsn)
+                or topic_equals_table(endpoints.kafka_bootstrap, topic, dsn)
             ),
             timeout=120,
             what="the topic equal to the table after the restart",
@@ -86,4 +77,4 @@ def test_the_reader_reconnects_after_a_postgresql_restart_and_loses_nothing(
         # The path under test was taken: the stream was lost and a new run resumed it.
         assert "lost PostgreSQL" in text and "reconnecting in" in text, text[-3000:]
         # Streaming again, over TLS when asked for.
-        assert wait_streaming(server, name) is tls
+        assert wait_streaming(server, name, reader, log) is server.tls

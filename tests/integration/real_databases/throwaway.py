@@ -64,6 +64,7 @@ class ThrowawayServer:
     home: Path
     port: int
     env: Mapping[str, str]
+    tls: bool = False  # ssl = on (a self-signed certificate)
 
     @property
     def data(self) -> Path:
@@ -256,7 +257,7 @@ def throwaway_server(
             settings |= _make_certificate(home / "data", _give_to_postgres)
         with open(home / "data" / "postgresql.conf", "a") as f:
             f.write(_conf_lines(port, sockdir, settings))
-        server = ThrowawayServer(home, port, server_env)
+        server = ThrowawayServer(home, port, server_env, tls)
         server.pg_ctl("start", "-w", "-t", "60", "-l", str(server.log))
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
@@ -292,7 +293,7 @@ def _major_server(
             settings |= _make_certificate(data, srv.give)
         srv.configure(settings, HBA)
         srv.start()
-        server = MajorThrowawayServer(home, srv.port, {}, srv)
+        server = MajorThrowawayServer(home, srv.port, {}, tls, srv)
         if wal_start is not None:
             at = server.current_lsn()
             assert at >= wal_start, f"pg_resetwal left the server at {at}, not {wal_start}"

@@ -247,6 +247,7 @@ def run(
                     ),
                     stop=interrupt.stop,
                     reconnect_timeout_s=settings.postgres.reconnect_timeout_s,
+                    snapshot_retries=settings.postgres.snapshot_retries,
                     on_stopped=lambda: RunResult("stopped"),
                 )
         except KeyboardInterrupt:

@@ -161,6 +161,9 @@ class Pipeline:
         # Set once the stream started: a later lost connection is worth a reconnect
         # (cdc.supervise), while a run that never got this far has a problem to report.
         self.reached_streaming = False
+        # Set once the run got past its checks to the initial snapshot: one that loses the
+        # connection is started over (postgres.snapshot_retries).
+        self.began_snapshot = False
 
     def run(self) -> RunResult:
         """Run the reader; returns when stopped, caught up (``until_current``) or done."""
@@ -323,6 +326,7 @@ class Pipeline:
 
     def _snapshot_only(self, run: _Run) -> int:
         """``initial_only``: copy the tables without a slot; return the rows copied."""
+        self.began_snapshot = True
         with self._graceful():
             snap = self._snapshotter(run).run(run.tables, None, None)
         run.save_state(Phase.SNAPSHOT_ONLY_DONE, consistent_point=snap.position)
@@ -493,6 +497,8 @@ class Pipeline:
         # one is another's), and a stop from here on finds a snapshot to start over, not an
         # older state's STREAMING (a slot dropped and recreated by when_needed).
         run.save_state(Phase.SNAPSHOT)
+        if plan.action is Action.SNAPSHOT:
+            self.began_snapshot = True
         if plan.action is Action.SNAPSHOT and incremental:
             # No exported snapshot: the tables are read in chunks while streaming
             # (see _incremental), and a stop resumes at the next chunk.

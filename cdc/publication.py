@@ -138,6 +138,10 @@ def _alter(name: str, tables: Sequence[str]) -> sql.Composed:
     return head + _table_list(tables)
 
 
+# What the log says a CREATE or ALTER PUBLICATION did.
+_DONE = {"create": "created", "alter": "altered"}
+
+
 def _run(conn: psycopg.Connection[Any], name: str, statement: sql.Composed, what: str) -> None:
     """Run a CREATE/ALTER PUBLICATION; a role without the right gets the way past it."""
     text = statement.as_string(conn)
@@ -148,7 +152,7 @@ def _run(conn: psycopg.Connection[Any], name: str, statement: sql.Composed, what
             f"the role may not {what} publication {name} ({e.diag.message_primary}); have a "
             f"superuser or the tables' owner run `{text}` and set {SETTING}=disabled"
         ) from e
-    log.info("%sd publication", what, extra={"publication": name})
+    log.info("%s publication", _DONE[what], extra={"publication": name})
 
 
 def ensure_publication(

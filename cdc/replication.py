@@ -24,6 +24,7 @@ import psycopg
 from psycopg import pq
 
 from cdc.connection import connect, describe_dsn, first_line
+from cdc.connection_lost import connection_lost
 from cdc.pgoutput import PG_EPOCH_OFFSET_US
 from pgcdc.core.errors import CdcError, ConfigError, ConnectionFailed, SlotError
 from pgcdc.core.lsn import ZERO, Lsn
@@ -91,21 +92,12 @@ def _check_name(kind: str, name: str) -> None:
         )
 
 
-# SQLSTATE classes of a lost connection: 08 connection exception; 57P operator intervention
-# (admin_shutdown, crash_shutdown, cannot_connect_now, database_dropped).
-_CONNECTION_LOST_CLASSES = ("08", "57P")
-_CONNECTION_LOST_SIGNS = (
-    "server closed the connection unexpectedly",
-    "terminating connection due to administrator command",
-    "the database system is shutting down",
-    "the database system is starting up",
-    "could not receive data from server",
-    "ssl syscall error",
-)
+def classify(e: psycopg.Error, action: str, pgconn: pq.abc.PGconn | None = None) -> CdcError:
+    """Map a psycopg error raised while ``action`` to our hierarchy, as one clear line.
 
-
-def classify(e: psycopg.Error, action: str) -> CdcError:
-    """Map a psycopg error raised while ``action`` to our hierarchy, as one clear line."""
+    ``pgconn`` is the established connection the error came from, if any: a connection libpq
+    gave up on is lost, whatever the error's words (:mod:`cdc.connection_lost`).
+    """
     msg = first_line(e)
     sqlstate = getattr(e, "sqlstate", None)
     lowered = msg.lower()
@@ -132,13 +124,12 @@ def classify(e: psycopg.Error, action: str) -> CdcError:
     ):
         # Retrying cannot fix credentials or a missing database: fail fast.
         return ConfigError(f"{action}: {msg}")
-    if (
-        isinstance(e, psycopg.OperationalError)
-        or (sqlstate or "").startswith(_CONNECTION_LOST_CLASSES)
-        or any(sign in lowered for sign in _CONNECTION_LOST_SIGNS)
-    ):
-        # Includes a server restart or failover seen mid-stream: the error may come back
-        # as a COPY result whose class psycopg cannot tell (no SQLSTATE, libpq's own words).
+    if connection_lost(e, pgconn):
+        # A server restart or failover seen mid-stream: over TLS, or as a COPY result psycopg
+        # cannot class (no SQLSTATE, libpq's own words), only the connection's state tells.
+        return ConnectionFailed(f"{action}: {msg}")
+    if isinstance(e, psycopg.OperationalError):
+        # A server that cannot be reached (refused, timed out) or a transient refusal.
         return ConnectionFailed(f"{action}: {msg}")
     return SlotError(f"{action}: {msg}")
 
@@ -197,14 +188,14 @@ class ReplicationConnection:
         try:
             return self._conn.execute(sql.encode())
         except psycopg.Error as e:
-            raise classify(e, action) from e
+            raise classify(e, action, self._pgconn) from e
 
     def _command(self, sql: str, action: str) -> list[tuple[Any, ...]]:
         cur = self._execute(sql, action)
         try:
             return cur.fetchall() if cur.description else []
         except psycopg.Error as e:
-            raise classify(e, action) from e
+            raise classify(e, action, self._pgconn) from e
 
     def identify_system(self) -> tuple[str, int, Lsn, str | None]:
         """IDENTIFY_SYSTEM: (system id, timeline, current WAL flush position, database)."""
@@ -432,7 +423,7 @@ class ReplicationConnection:
 
     def _lost(self, e: psycopg.Error) -> CdcError:
         self._streaming = False
-        return classify(e, f"replication connection to {self._where} failed")
+        return classify(e, f"replication connection to {self._where} failed", self._pgconn)
 
     def _stream_ended(self) -> CdcError:
         """The server ended COPY: find out why from the results that follow."""
@@ -443,7 +434,7 @@ class ReplicationConnection:
         while (res := self._pgconn.get_result()) is not None:
             if res.status == pq.ExecStatus.FATAL_ERROR:
                 exc = psycopg.errors.error_from_result(res, encoding=self._conn.info.encoding)
-                error = classify(exc, f"replication stream from {self._where} failed")
+                error = classify(exc, f"replication stream from {self._where} failed", self._pgconn)
         return error
 
     def close(self) -> None:

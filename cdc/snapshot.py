@@ -47,13 +47,14 @@ import psycopg
 from psycopg import sql
 from psycopg.abc import Buffer
 
-from cdc.connection import CURRENT_WAL_LSN, connect
+from cdc.connection import CURRENT_WAL_LSN, connect, first_line
+from cdc.connection_lost import connection_bad, connection_lost
 from cdc.live_keys import LiveKeys, scan_many
 from cdc.publisher import Publisher
 from cdc.snapshot_progress import SnapshotProgress, estimate_rows
 from cdc.table_topics import TableTopics
 from pgcdc.core.contract import HEADER_COMMIT_LSN, HEADER_ORDER
-from pgcdc.core.errors import SnapshotError
+from pgcdc.core.errors import CdcError, ConnectionFailed, SnapshotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings
 from pgcdc.core.values import RawValue
@@ -239,7 +240,7 @@ class Snapshotter:
                 rows = self._copy_all(plans, snapshot_name, position)
                 lead.execute("COMMIT")
         except psycopg.Error as e:
-            raise SnapshotError(f"snapshot failed: {e}") from e
+            raise self._failed(e) from e
         finally:
             self._close_workers()
         result = SnapshotResult(position, len(plans), rows, time.monotonic() - started)
@@ -252,6 +253,15 @@ class Snapshotter:
             extra={"lsn": str(position)},
         )
         return result
+
+    def _failed(self, e: psycopg.Error) -> CdcError:
+        """A snapshot that lost PostgreSQL (its error, or a worker's connection, says so) is
+        worth starting over: ConnectionFailed. Anything else is a SnapshotError."""
+        with self._conns_lock:
+            bad = any(connection_bad(c.pgconn) for c in self._worker_conns)
+        if bad or connection_lost(e):
+            return ConnectionFailed(f"snapshot failed: {first_line(e)}")
+        return SnapshotError(f"snapshot failed: {e}")
 
     # --- planning -----------------------------------------------------------------------
 

@@ -201,8 +201,13 @@ class PostgresSettings(BaseModel):
     # After the stream lost PostgreSQL (a restart, a failover, a dropped connection) the reader
     # starts a new run from the slot's position, waiting 1 s, then twice as long each time up to
     # 30 s, for at most this many seconds of failures in a row; 0 stops at once. A run that
-    # never reached the stream is not retried: a wrong host or password shows at once.
+    # never reached the stream or the initial snapshot is not retried: a wrong host or
+    # password shows at once.
     reconnect_timeout_s: float = Field(default=300.0, ge=0)
+    # An initial snapshot that lost PostgreSQL (a restart, a terminated connection) starts
+    # over by itself this many times (from a new slot: the copy is exact again), each after
+    # reconnecting as above, with one log line saying which attempt and why; 0 stops at once.
+    snapshot_retries: int = Field(default=3, ge=0)
     proto_version: int = Field(default=1, ge=1, le=4)
     # PostgreSQL 17+: the slot is a failover slot (failover = true), which a standby with
     # sync_replication_slots = on keeps a copy of, so that after a failover the reader resumes

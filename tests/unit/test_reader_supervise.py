@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from typing import Literal
 
 import psycopg
 import pytest
 
 from cdc import supervise
 from cdc.supervise import run_supervised
-from pgcdc.core.errors import ConfigError, ConnectionFailed
+from pgcdc.core.errors import ConfigError, ConnectionFailed, SnapshotError
 
 pytestmark = pytest.mark.unit
 
@@ -21,17 +22,24 @@ LOST = ConnectionFailed(
 )
 
 
-class Script:
-    """Attempts that play a list of outcomes: an exception (raised after or before the stream
-    started) or a result."""
+# How far an attempt got: True streamed, SNAPSHOT began the initial snapshot, False neither.
+Stage = bool | Literal["snapshot"]
+SNAPSHOT: Literal["snapshot"] = "snapshot"
 
-    def __init__(self, *outcomes: tuple[bool, BaseException | str]) -> None:
-        self.outcomes: Iterator[tuple[bool, BaseException | str]] = iter(outcomes)
+
+class Script:
+    """Attempts that play a list of outcomes: an exception (raised after the stage the attempt
+    reached) or a result."""
+
+    def __init__(self, *outcomes: tuple[Stage, BaseException | str]) -> None:
+        self.outcomes: Iterator[tuple[Stage, BaseException | str]] = iter(outcomes)
         self.started = 0
 
     def __call__(self) -> Script:
         self.started += 1
-        self.reached_streaming, self._outcome = next(self.outcomes)
+        stage, self._outcome = next(self.outcomes)
+        self.reached_streaming = stage is True
+        self.began_snapshot = stage is not False
         return self
 
     def run(self) -> str:
@@ -120,3 +128,77 @@ def test_a_stop_while_waiting_to_reconnect_ends_cleanly(monkeypatch: pytest.Monk
     script = Script((True, LOST), (True, "never reached"))
     assert run(script, stop=stop) == "stopped"
     assert script.started == 1
+
+
+# What a PostgreSQL restart during the initial snapshot raised before it was classified.
+SNAPSHOT_LOST = ConnectionFailed(
+    "snapshot failed: terminating connection due to administrator command"
+)
+REFUSED = ConnectionFailed("PostgreSQL at 127.0.0.1:5432/app is unreachable: Connection refused")
+
+
+def test_a_snapshot_that_lost_the_server_starts_over_with_one_line_per_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    script = Script(
+        (SNAPSHOT, SNAPSHOT_LOST),
+        (False, REFUSED),  # the server is still starting: reconnecting as after a stream
+        (SNAPSHOT, SNAPSHOT_LOST),
+        (True, "done"),
+    )
+    with caplog.at_level(logging.WARNING, logger="cdc.supervise"):
+        assert run(script, snapshot_retries=3) == "done"
+    assert script.started == 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert "snapshot attempt 2 of 4" in lines[0] and "administrator command" in lines[0]
+    assert "reconnecting in" in lines[1] and "Connection refused" in lines[1]
+    assert "snapshot attempt 3 of 4" in lines[2]
+
+
+def test_a_snapshot_starts_over_at_most_snapshot_retries_times() -> None:
+    script = Script(*[(SNAPSHOT, SNAPSHOT_LOST)] * 5)
+    with pytest.raises(
+        ConnectionFailed, match=r"after 3 attempts; postgres\.snapshot_retries is 2"
+    ):
+        run(script, snapshot_retries=2)
+    assert script.started == 3
+
+
+def test_snapshot_retries_zero_stops_at_the_first_loss() -> None:
+    script = Script((SNAPSHOT, SNAPSHOT_LOST))
+    with pytest.raises(ConnectionFailed, match=r"after 1 attempt; postgres\.snapshot_retries is 0"):
+        run(script, snapshot_retries=0)
+    assert script.started == 1
+
+
+def test_a_stream_reached_after_snapshot_losses_gets_its_snapshot_retries_back() -> None:
+    script = Script(
+        (SNAPSHOT, SNAPSHOT_LOST), (True, LOST), (SNAPSHOT, SNAPSHOT_LOST), (True, "done")
+    )
+    assert run(script, snapshot_retries=1) == "done"
+    assert script.started == 4
+
+
+def test_a_snapshot_that_failed_for_another_reason_is_not_started_over() -> None:
+    script = Script((SNAPSHOT, SnapshotError("snapshot failed: invalid input syntax")))
+    with pytest.raises(SnapshotError):
+        run(script, snapshot_retries=3)
+    assert script.started == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # libpq's words over TLS; psycopg cannot class a failed COPY result (DatabaseError).
+        psycopg.DatabaseError("SSL connection has been closed unexpectedly"),
+        psycopg.OperationalError("consuming input failed: SSL SYSCALL error: EOF detected"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    ],
+)
+def test_a_psycopg_error_of_a_lost_connection_is_retried_whatever_its_class(
+    error: psycopg.Error,
+) -> None:
+    script = Script((True, error), (True, "done"))
+    assert run(script) == "done"
+    assert script.started == 2

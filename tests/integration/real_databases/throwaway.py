@@ -4,7 +4,8 @@ Started with initdb and pg_ctl (as the ``postgres`` OS user when the tests run a
 ``pgcdc.stack.postgres``), on a free 127.0.0.1 port, ``wal_level = logical``, a superuser
 ``cdc`` with password ``cdc``. Options move its WAL position far ahead with ``pg_resetwal -l``
 (:data:`LSN_BEYOND_2_47`, :data:`LSN_NEAR_2_63`), pass environment variables to the server
-(``LOCPATH`` for a locale built with ``localedef``) and add configuration lines.
+(``LOCPATH`` for a locale built with ``localedef``), add configuration lines and turn on TLS
+(``tls=True``: ``ssl = on`` with a self-signed certificate for 127.0.0.1 in its data folder).
 
 Fixtures: :func:`server_beyond_2_47` and :func:`server_near_2_63` (module-scoped). Import them
 into a test module (``from tests.integration.real_databases.throwaway import
@@ -18,7 +19,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,7 @@ class ThrowawayServer:
     home: Path
     port: int
     env: Mapping[str, str]
+    tls: bool = False  # ssl = on (a self-signed certificate)
 
     @property
     def data(self) -> Path:
@@ -140,8 +142,31 @@ def _as_root() -> bool:
     return os.geteuid() == 0
 
 
+def _give_to_postgres(path: Path) -> None:
+    if _as_root():
+        chown(path, OS_USER)
+
+
 def _run_as_postgres(cmd: list[str], env: Mapping[str, str], check: bool = True) -> None:
     run(cmd, user=OS_USER if _as_root() else None, env=dict(env), check=check, timeout=180)
+
+
+def _make_certificate(data: Path, give: Callable[[Path], None]) -> dict[str, str]:
+    """A self-signed certificate for 127.0.0.1 as ``data``/server.crt and server.key (the
+    server's default file names; the key 0600, both handed to the server's user by ``give``);
+    returns the settings that turn TLS on."""
+    cert, key = data / "server.crt", data / "server.key"
+    run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-days", "2", "-keyout", str(key), "-out", str(cert),
+        ],
+        timeout=60,
+    )  # fmt: skip
+    key.chmod(0o600)
+    for path in (cert, key):
+        give(path)
+    return {"ssl": "on"}
 
 
 def _conf_lines(port: int, sockdir: Path, extra: Mapping[str, str]) -> str:
@@ -169,12 +194,14 @@ def throwaway_server(
     wal_start: Lsn | None = None,
     env: Mapping[str, str] | None = None,
     conf: Mapping[str, str] | None = None,
+    tls: bool = False,
 ) -> Iterator[ThrowawayServer]:
     """Start a server of its own; stop it and delete its files afterwards.
 
     ``wal_start``: move the WAL position there first (``pg_resetwal -l``); the server's
     ``pg_current_wal_lsn()`` is then at least ``wal_start``. ``env`` goes to the server
-    process; ``conf`` adds ``postgresql.conf`` settings (values as written in the file).
+    process; ``conf`` adds ``postgresql.conf`` settings (values as written in the file);
+    ``tls`` turns TLS on (a client's default ``sslmode=prefer`` then negotiates it).
 
     The major is the installed one, or the one ``CDC_TEST_POSTGRES`` chooses (a matrix run);
     a server that needs ``env`` (a host folder such as ``LOCPATH``) stays on the installed
@@ -182,7 +209,7 @@ def throwaway_server(
     """
     major = chosen_major()
     if major is not None and not env:
-        with _major_server(major, wal_start, conf) as server:
+        with _major_server(major, wal_start, conf, tls) as server:
             yield server
         return
     if not (BIN / "initdb").exists():
@@ -225,9 +252,12 @@ def throwaway_server(
                 server_env,
             )
         port = free_port()
+        settings = dict(conf or {})
+        if tls:
+            settings |= _make_certificate(home / "data", _give_to_postgres)
         with open(home / "data" / "postgresql.conf", "a") as f:
-            f.write(_conf_lines(port, sockdir, conf or {}))
-        server = ThrowawayServer(home, port, server_env)
+            f.write(_conf_lines(port, sockdir, settings))
+        server = ThrowawayServer(home, port, server_env, tls)
         server.pg_ctl("start", "-w", "-t", "60", "-l", str(server.log))
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
@@ -244,7 +274,7 @@ def throwaway_server(
 
 @contextlib.contextmanager
 def _major_server(
-    major: int, wal_start: Lsn | None, conf: Mapping[str, str] | None
+    major: int, wal_start: Lsn | None, conf: Mapping[str, str] | None, tls: bool = False
 ) -> Iterator[MajorThrowawayServer]:
     """:func:`throwaway_server` on ``major``, made with :mod:`tests.pg_majors`'s layout."""
     from tests.pg_majors import BASE_SETTINGS, HBA, _home, _layout, _runtime, _stop_quietly
@@ -258,9 +288,12 @@ def _major_server(
         srv.initdb(superuser="cdc", password=PASSWORD)
         if wal_start is not None:
             runtime.run("pg_resetwal", "-l", wal_file_name(wal_start), "-D", runtime.path(data))
-        srv.configure({**BASE_SETTINGS, **(conf or {})}, HBA)
+        settings = {**BASE_SETTINGS, **(conf or {})}
+        if tls:
+            settings |= _make_certificate(data, srv.give)
+        srv.configure(settings, HBA)
         srv.start()
-        server = MajorThrowawayServer(home, srv.port, {}, srv)
+        server = MajorThrowawayServer(home, srv.port, {}, tls, srv)
         if wal_start is not None:
             at = server.current_lsn()
             assert at >= wal_start, f"pg_resetwal left the server at {at}, not {wal_start}"

@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 import psycopg
 
 from cdc.replication import classify
-from pgcdc.core.errors import CdcError, ConnectionFailed
+from pgcdc.core.errors import CdcError, ConnectionFailed, PublishError
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,9 @@ def run_supervised(
                 )
             else:
                 log.warning(
-                    "lost PostgreSQL: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
+                    "%s: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
                     "after the first failure)",
+                    "Kafka" if isinstance(err, PublishError) else "lost PostgreSQL",
                     err,
                     delay,
                     tries,

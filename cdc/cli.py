@@ -395,6 +395,29 @@ def reset_state(
     _guard(debug, go)
 
 
+@app.command()
+def forget(
+    table: Annotated[str, typer.Argument(help="schema.table, no longer captured.")],
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Remove a table that left the captured set from its topic and the followers: a
+    tombstone for every key its topic holds (the sync jobs delete their copies)."""
+
+    def go() -> None:
+        settings = _settings(config, {})
+        _setup_logging(settings, debug, level="INFO")
+        from cdc.forget import forget as forget_table
+
+        schema, _, name = table.rpartition(".")
+        if not schema or not name:
+            raise ConfigError(f"table {table!r} must be written as schema.table")
+        count = forget_table(settings, schema, name)
+        typer.echo(f"{table}: {count} keys tombstoned; the followers delete their copies")
+
+    _guard(debug, go)
+
+
 SNAPSHOT_HELP = (
     "Ask the running (or next) reader to snapshot TABLES incrementally, while it streams: "
     "each table is read in key-ordered chunks between watermarks, its rows published as "

@@ -61,7 +61,7 @@ from cdc.slow import open_transactions, said_if_slow
 from cdc.snapshot import SnapshotInterrupted, Snapshotter
 from cdc.state import Phase, ReaderState, StateStore
 from cdc.streamer import Streamer
-from cdc.table_checks import check_tables, warn_unsnapshotted
+from cdc.table_checks import check_tables, warn_left, warn_unsnapshotted
 from cdc.table_topics import TableTopics
 from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.contract import table_topic
@@ -421,6 +421,10 @@ class Pipeline:
                 for table in join_tables(state, run.tables):
                     engine.table_joined(table, "while the reader was stopped", save=False)
                 # A table that left the captured set is snapshotted again if it comes back.
+                left = [t for t in state.captured if t not in run.tables]
+                for table in left:
+                    warn_left(table, prefix)
+                state.left = sorted({*state.left, *left} - set(run.tables))
                 state.captured = [t for t in state.captured if t in run.tables]
             for topic in lost_topics(state.topics, current):
                 why = describe_loss(topic, state.topics[topic], current[topic])

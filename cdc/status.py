@@ -238,6 +238,11 @@ def gather_status(
             snapshots = load_snapshots(store, database, name)
             out["snapshots"] = [asdict(snap) for snap in snapshots.queue]
             now = topic_ids(settings.kafka, snapshots.topics)
+            out["warnings"] += [
+                f"table {schema}.{table} left the captured set: its topic and the followers' "
+                f"copies keep its last rows (`cdc forget {schema}.{table}` removes them)"
+                for schema, table in snapshots.left
+            ]
             out["lost_topics"] = [
                 describe_loss(t, snapshots.topics[t], now[t])
                 for t in lost_topics(snapshots.topics, now)

@@ -79,3 +79,17 @@ def warn_not_snapshotted(table: str, when: str) -> None:
         when,
         extra={"table": table},
     )
+
+
+def warn_left(table: tuple[str, str], prefix: str) -> None:
+    """A table left the captured set: say what stays behind and the command that removes it."""
+    name = f"{table[0]}.{table[1]}"
+    log.warning(
+        "table %s left the captured set (postgres.tables or the publication): its changes are "
+        "no longer captured, and its topic %s and the followers' copies keep its last rows; "
+        "`cdc forget %s` removes them (docs/troubleshooting.md#a-table-left-the-captured-set)",
+        name,
+        table_topic(prefix, *table),
+        name,
+        extra={"table": name},
+    )

@@ -20,7 +20,6 @@ import psycopg
 from confluent_kafka import KafkaError, Producer
 
 from cdc.connection import connect, current_database, current_wal_lsn
-from cdc.incremental import load_snapshots, save_snapshots
 from cdc.kafka_clients import client_conf
 from cdc.live_keys import keys_live_before
 from cdc.state import StateStore
@@ -70,10 +69,9 @@ def forget(settings: Settings, schema: str, table: str) -> int:
     if producer.flush(60) or errors:
         raise PublishError(f"cannot write the tombstones of {topic}: {errors[:1] or 'timed out'}")
     store = StateStore(kafka, kafka.topic_prefix)
-    state = load_snapshots(store, database, pg.slot_name)
-    if (schema, table) in state.left:
-        state.left.remove((schema, table))
-        save_snapshots(store, database, pg.slot_name, state)
+    left = store.load_left(database, pg.slot_name)
+    if (schema, table) in left:
+        store.save_left(database, pg.slot_name, [t for t in left if t != (schema, table)])
     store.close()
     log.info(
         "forgot %s: %d keys tombstoned in %s; the followers delete their copies as they apply them",

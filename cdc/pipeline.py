@@ -424,7 +424,10 @@ class Pipeline:
                 left = [t for t in state.captured if t not in run.tables]
                 for table in left:
                     warn_left(table, prefix)
-                state.left = sorted({*state.left, *left} - set(run.tables))
+                known = run.store.load_left(run.database, run.slot)
+                if left or any(t in run.tables for t in known):
+                    still = sorted({*known, *left} - set(run.tables))
+                    run.store.save_left(run.database, run.slot, still)
                 state.captured = [t for t in state.captured if t in run.tables]
             for topic in lost_topics(state.topics, current):
                 why = describe_loss(topic, state.topics[topic], current[topic])

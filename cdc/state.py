@@ -107,6 +107,17 @@ class StateStore:
         value = orjson.dumps({str(k): list(v) for k, v in keys.items()})
         self.save_record(f"{database}/{slot}#keys".encode(), value, wait=True)
 
+    def load_left(self, database: str, slot: str) -> list[tuple[str, str]]:
+        """Tables that left the captured set while their topic still holds rows: a record
+        of its own, written at a reader's start and by ``cdc forget`` (cdc.forget), so
+        neither overwrites the other's."""
+        data = self.load_record(f"{database}/{slot}#left".encode())
+        return [(s, t) for s, t in orjson.loads(data)] if data else []
+
+    def save_left(self, database: str, slot: str, tables: list[tuple[str, str]]) -> None:
+        value = orjson.dumps([list(t) for t in sorted(tables)])
+        self.save_record(f"{database}/{slot}#left".encode(), value, wait=True)
+
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing."""
         admin = admin_client(self._kafka)
@@ -163,6 +174,7 @@ class StateStore:
         record is another's, and is never dropped)."""
         self._write(self.snapshots_key(database, slot), None, wait=False)
         self._write(f"{database}/{slot}#keys".encode(), None, wait=False)
+        self._write(f"{database}/{slot}#left".encode(), None, wait=False)
         again = ReaderState(slot, database, Phase.SNAPSHOT) if keep_slot else None
         self._write(self.key(database, slot), again.to_json() if again else None, wait=True)
 

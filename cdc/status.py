@@ -241,7 +241,7 @@ def gather_status(
             out["warnings"] += [
                 f"table {schema}.{table} left the captured set: its topic and the followers' "
                 f"copies keep its last rows (`cdc forget {schema}.{table}` removes them)"
-                for schema, table in snapshots.left
+                for schema, table in store.load_left(database, name)
             ]
             out["lost_topics"] = [
                 describe_loss(t, snapshots.topics[t], now[t])

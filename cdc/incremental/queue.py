@@ -101,8 +101,6 @@ class SnapshotsState:
     # The captured tables' topics as the reader last wrote them: name -> Kafka topic id
     # (cdc.topic_ids: another id, or none, means the topic lost what it held).
     topics: dict[str, str] = field(default_factory=dict)
-    # Tables that left the captured set while their topic still holds rows (cdc.forget).
-    left: list[Table] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -111,7 +109,6 @@ class SnapshotsState:
                 "queue": [s.to_json() for s in self.queue],
                 "seen": self.seen,
                 "topics": self.topics,
-                "left": [list(t) for t in self.left],
             }
         )
 
@@ -126,7 +123,6 @@ class SnapshotsState:
             queue=[TableSnapshot.from_json(s) for s in d.get("queue", [])],
             seen={str(k): float(v) for k, v in (d.get("seen") or {}).items()},
             topics={str(k): str(v) for k, v in (d.get("topics") or {}).items()},
-            left=[(s, t) for s, t in d.get("left") or []],
         )
 
     def remember(self, signal_key: str, ts: float, oldest: float) -> None:

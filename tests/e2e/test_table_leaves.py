@@ -75,5 +75,7 @@ def test_a_table_that_leaves_is_said_and_forget_removes_its_follower_copies(
     assert cache_state(stay, "public.gone") == {}
     assert search_state(stay, "public.gone") == {}
     assert len(cache_state(stay, "public.stay")) == ROWS
+    # The reader's next start does not bring the forgotten table back into its state.
+    assert _cdc(stay, "run", "--until", "current").returncode == 0
     after = json.loads(_cdc(stay, "status", "--json").stdout)["warnings"]
     assert not any("left the captured set" in w for w in after), after

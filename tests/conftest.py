@@ -9,6 +9,7 @@ with each other or with a developer's data.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -186,6 +187,20 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.fixture
 def pg_database(endpoints: Endpoints) -> Iterator[str]:
     """A fresh database of its own; yields its DSN. Slots in it are dropped afterwards."""
+    with fresh_database(endpoints) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def second_pg_database(endpoints: Endpoints) -> Iterator[str]:
+    """Another fresh database, beside ``pg_database`` (a second source)."""
+    with fresh_database(endpoints) as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def fresh_database(endpoints: Endpoints) -> Iterator[str]:
+    """A new database's DSN; the database and its slots are dropped afterwards."""
     import psycopg
 
     name = unique("t")

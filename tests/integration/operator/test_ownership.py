@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -64,23 +63,6 @@ def _slot(dsn: str, slot: str) -> tuple[str, str] | None:
     return (row[0], row[1]) if row else None
 
 
-@pytest.fixture
-def second_database(endpoints: Endpoints) -> Iterator[str]:
-    name = unique("t")
-    with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield endpoints.postgres_dsn_for(name)
-    finally:
-        with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                "WHERE database = %s AND NOT active",
-                (name,),
-            )
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def _table(dsn: str, rows: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL)")
@@ -104,11 +86,11 @@ def test_another_tools_slot_survives_and_the_reader_names_it(
     assert _slot(pg_database, slot) == before  # confirmed flush and restart LSN unchanged
 
 
-def test_a_second_database_under_the_same_prefix_is_refused_before_it_writes(
-    endpoints: Endpoints, pg_database: str, second_database: str, topic_prefix: str
+def test_a_second_pg_database_under_the_same_prefix_is_refused_before_it_writes(
+    endpoints: Endpoints, pg_database: str, second_pg_database: str, topic_prefix: str
 ) -> None:
     _table(pg_database, ROWS)
-    _table(second_database, 10)
+    _table(second_pg_database, 10)
     first = _cdc(
         _env(endpoints, pg_database, unique("a"), topic_prefix), "run", "--until", "current"
     )
@@ -117,23 +99,23 @@ def test_a_second_database_under_the_same_prefix_is_refused_before_it_writes(
     assert len(_live_ids(endpoints, topic)) == ROWS
 
     slot_b = unique("b")
-    env_b = _env(endpoints, second_database, slot_b, topic_prefix)
+    env_b = _env(endpoints, second_pg_database, slot_b, topic_prefix)
     check = _cdc(env_b, "config", "check")
     assert check.returncode != 0 and "belongs to another source" in check.stdout + check.stderr
     second = _cdc(env_b, "run", "--until", "current")
     assert second.returncode == 2, second.stderr
     error = second.stderr.strip().splitlines()[-1]
     first_db = pg_database.rsplit("/", 1)[-1]
-    second_db = second_database.rsplit("/", 1)[-1]
+    second_db = second_pg_database.rsplit("/", 1)[-1]
     for part in (f"database {first_db}", f"database {second_db}", "CDC_KAFKA__TOPIC_PREFIX"):
         assert part in error, second.stderr
     assert _live_ids(endpoints, topic) == set(range(1, ROWS + 1))  # nothing tombstoned
-    assert _slot(second_database, slot_b) is None  # refused before creating anything
+    assert _slot(second_pg_database, slot_b) is None  # refused before creating anything
 
     # The way past, as the docs give it: the second source under a prefix of its own.
     own = f"{topic_prefix}_{second_db}"
     try:
-        ok = _cdc(_env(endpoints, second_database, slot_b, own), "run", "--until", "current")
+        ok = _cdc(_env(endpoints, second_pg_database, slot_b, own), "run", "--until", "current")
         assert ok.returncode == 0, ok.stderr
         assert _live_ids(endpoints, table_topic(own, "public", "t")) == set(range(1, 11))
     finally:

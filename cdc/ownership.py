@@ -127,8 +127,9 @@ class PrefixOwnedError(Exception):
             f"topics (recorded in {topic}), and this reader reads {me.describe()}; writing "
             "here would overwrite that source's keys and tombstone the ones this database "
             "lacks. Give this source its own prefix: kafka.topic_prefix "
-            "(CDC_KAFKA__TOPIC_PREFIX), e.g. "
-            f"{suggested_prefix(prefix, me.database)}"
+            f"(CDC_KAFKA__TOPIC_PREFIX), e.g. {suggested_prefix(prefix, me.database)}; or, if "
+            "it is the same database on a new server (pg_upgrade, a restore), take the prefix "
+            "over with CDC_KAFKA__CLAIM_PREFIX=true"
         )
 
 

@@ -260,7 +260,16 @@ class Pipeline:
         try:
             write = claim_prefix(records, source, prefix, store.topic)
         except PrefixOwnedError as e:
-            raise ConfigError(str(e)) from None
+            if not self.settings.kafka.claim_prefix:
+                raise ConfigError(str(e)) from None
+            log.warning(
+                "topic prefix %s moves from %s to %s (kafka.claim_prefix)",
+                prefix,
+                e.owner.describe(),
+                source.describe(),
+                extra={"topic": store.topic},
+            )
+            write = True
         if write:
             store.save_record(SOURCE_KEY, source.to_json(), wait=True)
             log.info(

@@ -319,6 +319,10 @@ class KafkaSettings(BaseModel):
 
     bootstrap_servers: str = ports.KAFKA_BOOTSTRAP
     topic_prefix: str = "cdc"
+    # The first reader under a prefix records its source (the cluster's system identifier and
+    # the database) and a reader of another source is refused. True takes the prefix over:
+    # the same database on a new server (pg_upgrade, a restore, a blue/green switch).
+    claim_prefix: bool = False
     # Partitions of each table topic the reader creates: how many tasks apply a micro-batch
     # in parallel (one key lives in one partition, so per-key order holds). 3 fits a
     # three-broker cluster (a leader on each), keeps both local[2] cores and a two-worker

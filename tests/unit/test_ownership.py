@@ -40,7 +40,13 @@ def test_another_cluster_or_database_is_refused_naming_both_and_the_setting() ->
             claim_prefix(owned, other, "p", "p.__cdc_state")
         text = str(caught.value)
         assert "\n" not in text
-        for part in (A.describe(), other.describe(), "p.__cdc_state", "CDC_KAFKA__TOPIC_PREFIX"):
+        for part in (
+            A.describe(),
+            other.describe(),
+            "p.__cdc_state",
+            "CDC_KAFKA__TOPIC_PREFIX",
+            "CDC_KAFKA__CLAIM_PREFIX",
+        ):
             assert part in text
 
 

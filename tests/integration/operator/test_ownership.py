@@ -112,10 +112,17 @@ def test_a_second_pg_database_under_the_same_prefix_is_refused_before_it_writes(
     assert _live_ids(endpoints, topic) == set(range(1, ROWS + 1))  # nothing tombstoned
     assert _slot(second_pg_database, slot_b) is None  # refused before creating anything
 
+    # The explicit override (the same database moved to a new server) takes the prefix over.
+    claimed = _cdc({**env_b, "CDC_KAFKA__CLAIM_PREFIX": "true"}, "run", "--until", "current")
+    assert claimed.returncode == 0, claimed.stderr
+    assert f"topic prefix {topic_prefix} moves from database {first_db}" in claimed.stderr
+    assert _live_ids(endpoints, topic) == set(range(1, 11))
+
     # The way past, as the docs give it: the second source under a prefix of its own.
     own = f"{topic_prefix}_{second_db}"
     try:
-        ok = _cdc(_env(endpoints, second_pg_database, slot_b, own), "run", "--until", "current")
+        env_own = _env(endpoints, second_pg_database, unique("b"), own)
+        ok = _cdc(env_own, "run", "--until", "current")
         assert ok.returncode == 0, ok.stderr
         assert _live_ids(endpoints, table_topic(own, "public", "t")) == set(range(1, 11))
     finally:

@@ -318,7 +318,9 @@ def test_ctrl_c_while_connecting_to_a_silent_server(scratch: dict[str, str]) -> 
         try:
             silent.settimeout(60)
             conn, _ = silent.accept()  # the reader is connecting now
-            time.sleep(0.3)
+            conn.settimeout(60)
+            # Its first message (TLS request or startup packet) came: it waits for an answer.
+            assert conn.recv(8), "the reader closed the connection before asking anything"
             reader.ctrl_c()
             _stopped_in_time(reader)
             conn.close()

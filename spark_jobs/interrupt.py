@@ -78,10 +78,15 @@ def quiet(jvm: Any) -> None:
     logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
 
 
-def await_stop(query: Any, interrupt: Interrupt, jvm: Any) -> None:
-    """Wait until the query ends or a Ctrl-C asks for a stop (then stop it quietly)."""
+def await_stop(query: Any, interrupt: Interrupt, jvm: Any, progress: Any = None) -> None:
+    """Wait until the query ends or a Ctrl-C asks for a stop (then stop it quietly); between
+    two waits, ``progress`` (a :class:`spark_jobs.progress.ProgressLog`) sees the query's
+    recent progress reports."""
     while not interrupt.stop.is_set():
-        if query.awaitTermination(POLL_S):
+        ended = query.awaitTermination(POLL_S)
+        if progress is not None:
+            progress.update(query.recentProgress)
+        if ended:
             return
     quiet(jvm)
     query.stop()

@@ -24,6 +24,7 @@ from spark_jobs.apply_loop import ApplyBatch, SinkFactory
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
+from spark_jobs.progress import ProgressLog
 from spark_jobs.source import kafka_stream, settings_env_from_conf, spark_session, submitted_conf
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,8 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         extra={"job": opts.name},
     )
     try:
-        await_stop(query, interrupt, spark.sparkContext._jvm)
+        progress = ProgressLog(opts.name) if opts.available_now else None
+        await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:
         if health is not None:
             health.close()

@@ -27,6 +27,7 @@ from cdc.slots import slot_info
 from cdc.state import StateStore
 from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.errors import CdcError, ConfigError
+from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 
 StatusSection = Callable[[Settings], dict[str, Any]]
@@ -104,13 +105,16 @@ def slot_warnings(slot: dict[str, Any], retained_wal_warn_bytes: int) -> list[st
     return out
 
 
-def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[str]:
+def problems(
+    status: Mapping[str, Any], retained_wal_warn_bytes: int, watermark_stale_s: float = 60.0
+) -> list[str]:
     """What makes the reader unhealthy (``cdc status`` exits 3 when any), one line each.
 
     A server that cannot be read (PostgreSQL, Kafka); a missing or lost slot; an inactive slot
     that retains more WAL than the threshold (the reader is down and the server's disk fills);
-    a follower whose store cannot be read; a table topic that lost what it held, until the
-    reader's snapshot of its table into it is done.
+    a follower whose store cannot be read, or whose watermark is stale
+    (:func:`stale_follower`); a table topic that lost what it held, until the reader's
+    snapshot of its table into it is done.
     """
     slot = status["slot"]
     name = slot["slot"]
@@ -128,15 +132,51 @@ def problems(status: Mapping[str, Any], retained_wal_warn_bytes: int) -> list[st
         out.append(f"{loss}: the reader snapshots its table again when it runs (cdc run)")
     for snap in status.get("snapshots") or []:
         if snap.get("via") == "topic_lost":
-            name = f"{snap['schema']}.{snap['table']}"
             out.append(
-                f"{name} is being snapshotted again after its topic was lost "
+                f"{snap['schema']}.{snap['table']} is being snapshotted again after its topic was lost "
                 f"({snap.get('rows', 0)} rows so far): its topic does not hold the table yet"
             )
+    acked = (status.get("state") or {}).get("last_commit_lsn")
     for job, follower in (status.get("followers") or {}).items():
         if "error" in follower:
             out.append(f"follower {job}: {follower['error']}")
+            continue
+        stale = stale_follower(follower, acked, watermark_stale_s)
+        if stale:
+            out.append(f"follower {job}: {stale}")
     return out
+
+
+def stale_follower(
+    follower: Mapping[str, Any], last_commit_lsn: str | None, watermark_stale_s: float
+) -> str | None:
+    """Why a follower is stale, if it is: its watermark has not advanced for more than
+    ``watermark_stale_s`` while the reader has acknowledged a commit past it (changes wait
+    in Kafka for a job that is stopped or stuck). An idle database has no such commit, so a
+    quiet follower of it is not stale; an unknown age or position judges nothing (nor do a
+    first snapshot's rows before the reader's first streamed commit: the state keeps no
+    position for them once streaming, and its acknowledged LSN also moves with other
+    databases' WAL, which would make an idle database's follower look stale)."""
+    age, mark = follower.get("watermark_age_s"), follower.get("watermark")
+    if age is None or mark is None or last_commit_lsn is None or age <= watermark_stale_s:
+        return None
+    if Lsn.parse(last_commit_lsn) <= Lsn.parse(mark):
+        return None
+    return (
+        f"watermark {mark} has not advanced for {_age(age)} (more than "
+        f"spark.watermark_stale_s = {watermark_stale_s:g}s) while the reader acknowledged "
+        f"changes up to {last_commit_lsn}; is the job running?"
+    )
+
+
+def _age(seconds: float) -> str:
+    """``42s``, ``12m 5s``, ``3h 2m``: how long, for a person."""
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.0f}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s // 3600}h {s % 3600 // 60}m"
 
 
 def _size(n: int) -> str:
@@ -231,6 +271,7 @@ def gather_status(
             else {
                 "phase": state.phase.value,
                 "acked_lsn": str(state.acked_lsn) if state.acked_lsn else None,
+                "last_commit_lsn": (str(state.last_commit_lsn) if state.last_commit_lsn else None),
             }
         )
         # Incremental snapshots queued or running (cdc.incremental), in their order.
@@ -259,7 +300,9 @@ def gather_status(
             out[key] = section(settings)
         except _UNREADABLE as e:
             out[key] = {"error": _line(e)}
-    out["problems"] = problems(out, settings.postgres.retained_wal_warn_bytes)
+    out["problems"] = problems(
+        out, settings.postgres.retained_wal_warn_bytes, settings.spark.watermark_stale_s
+    )
     out["healthy"] = not out["problems"]
     return out
 

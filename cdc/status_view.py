@@ -20,6 +20,11 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
+def _age(seconds: float | None) -> str:
+    """How long ago the watermark last advanced (``-``: never, or not known)."""
+    return "-" if seconds is None else f"{seconds:.1f}s ago"
+
+
 def _text(v: Any) -> str:
     if v is None:
         return "-"
@@ -45,7 +50,11 @@ def _slot_table(slot: Mapping[str, Any], state: Mapping[str, Any] | None) -> Tab
         ("retained WAL", _size(slot.get("retained_wal_bytes"))),
     ]
     if state is not None:
-        rows += [("phase", _text(state.get("phase"))), ("acked LSN", _text(state.get("acked_lsn")))]
+        rows += [
+            ("phase", _text(state.get("phase"))),
+            ("acked LSN", _text(state.get("acked_lsn"))),
+            ("last commit acked", _text(state.get("last_commit_lsn"))),
+        ]
     for what, value in rows:
         table.add_row(what, value)
     return table
@@ -65,10 +74,12 @@ def _followers_table(
     followers: Mapping[str, Mapping[str, Any]], dead: Mapping[str, Any] | None
 ) -> Table:
     """Each job's watermark (every change committed before it is applied *or
-    dead-lettered*) beside the letters it wrote to the dead-letter topic."""
+    dead-lettered*), how long ago it last advanced, beside the letters it wrote to the
+    dead-letter topic."""
     table = Table(title="Followers", title_justify="left")
     table.add_column("job")
     table.add_column("watermark")
+    table.add_column("age")
     table.add_column("behind")
     table.add_column("dead-lettered")
     table.add_column("job metrics (spark.job_endpoints)")
@@ -76,11 +87,12 @@ def _followers_table(
     for job, f in followers.items():
         count = letters or str((dead or {}).get(job, 0))
         if "error" in f:
-            table.add_row(job, "[red]unreachable[/red]", escape(f["error"]), count, "-")
+            table.add_row(job, "[red]unreachable[/red]", "-", escape(f["error"]), count, "-")
         else:
             table.add_row(
                 job,
                 _text(f.get("watermark")),
+                _age(f.get("watermark_age_s")),
                 _size(f.get("behind_bytes")),
                 count,
                 _job(f.get("job")),

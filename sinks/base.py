@@ -119,6 +119,11 @@ class Sink(Protocol):
         """The recorded watermark of ``job``, or None if it never recorded one."""
         ...
 
+    def read_watermark_time(self, job: str) -> float | None:
+        """When ``job``'s watermark last advanced (Unix seconds), or None if unknown: a
+        follower that stopped advancing while changes wait is stale (``cdc status``)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

@@ -15,7 +15,8 @@ id holds exactly one ``.`` and never ``:``; two tables never share a key):
   than inside it so that no column name can clash with it, and so that it can outlive a
   deleted row as its tombstone for ``tombstone_ttl_s``: a late, older insert is then still
   refused. With ``ttl_s`` the version key expires with its row.
-- ``<prefix>:__watermark__:<job>`` holds a job's watermark LSN (20 digits), only increasing.
+- ``<prefix>:__watermark__:<job>`` holds a job's watermark LSN (20 digits), only increasing;
+  ``<prefix>:__watermark_at__:<job>`` when it last advanced (Unix milliseconds).
 
 Row keys' second segment is a table id, which contains a dot; the other keys' does not,
 so the namespaces cannot collide. A table that is no table id (no ``.``, two of them, or a
@@ -43,6 +44,7 @@ Redis must not evict version keys on its own (``maxmemory-policy`` ``noeviction`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -55,7 +57,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from pgcdc.core.contract import VersionOrder, redis_watermark_key
+from pgcdc.core.contract import VersionOrder, redis_watermark_key, redis_watermark_time_key
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import redis_cluster_url, redis_options
 from pgcdc.core.settings import RedisSettings
@@ -413,11 +415,21 @@ class CacheSink:
             self.record_watermark(job, lsn)
         elif isinstance(reply, Exception):
             raise SinkError(f"Redis refused the watermark of {job}: {reply}") from reply
+        elif reply == 1:  # it advanced: a second key, as the watermark's holds only digits
+            at_ms = int(time.time() * 1000)
+            key = redis_watermark_time_key(self.key_prefix, job)
+            self._read(lambda: self.client.set(key, str(at_ms)))
 
     def read_watermark(self, job: str) -> int | None:
         """The recorded watermark of ``job``, or None."""
         raw = self._read(lambda: self.client.get(self.watermark_key(job)))
         return int(raw) if raw is not None else None
+
+    def read_watermark_time(self, job: str) -> float | None:
+        """When ``job``'s watermark last advanced (Unix seconds), or None."""
+        key = redis_watermark_time_key(self.key_prefix, job)
+        raw = self._read(lambda: self.client.get(key))
+        return int(raw) / 1000 if raw is not None else None
 
     # -- readers -------------------------------------------------------------------------
 

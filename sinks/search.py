@@ -460,15 +460,25 @@ class SearchSink:
 
     def read_watermark(self, job: str) -> int | None:
         """The recorded watermark of ``job``, or None."""
+        doc = self._watermark_doc(job)
+        return None if doc is None else int(doc["lsn"])
 
-        def read() -> int | None:
+    def read_watermark_time(self, job: str) -> float | None:
+        """When ``job``'s watermark last advanced (Unix seconds), or None: a write that did
+        not advance it is refused (409), so ``updated_at_ms`` is the advance's time."""
+        doc = self._watermark_doc(job)
+        at_ms = None if doc is None else doc.get("updated_at_ms")
+        return None if at_ms is None else int(at_ms) / 1000
+
+    def _watermark_doc(self, job: str) -> dict[str, Any] | None:
+        def read() -> dict[str, Any] | None:
             try:
                 doc = self.client.get(index=self.watermark_index, id=job)
             except TransportError as e:
                 if e.status_code == 404:
                     return None
                 raise
-            return int(doc["_source"]["lsn"])
+            return dict(doc["_source"])
 
         return self._retrying.call(f"read watermark of {job}", read)
 

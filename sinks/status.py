@@ -7,6 +7,7 @@ for it to pass their own commit LSN to read their writes.
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,24 +16,24 @@ from pgcdc.core.contract import CACHE_JOB, JOBS
 from pgcdc.core.errors import CdcError, root_reason
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
+from sinks.base import Sink
 
 
-def _watermark(settings: Settings, job: str) -> int | None:
+def _watermark(settings: Settings, job: str) -> tuple[int | None, float | None]:
+    """The job's watermark LSN and when it last advanced (Unix seconds)."""
+    sink: Sink
     if job == CACHE_JOB:
         from sinks.cache import CacheSink
 
-        cache = CacheSink.from_settings(settings.redis)
-        try:
-            return cache.read_watermark(job)
-        finally:
-            cache.close()
-    from sinks.search import SearchSink
+        sink = CacheSink.from_settings(settings.redis)
+    else:
+        from sinks.search import SearchSink
 
-    search = SearchSink.from_settings(settings.search, max_attempts=1)
+        sink = SearchSink.from_settings(settings.search, max_attempts=1)
     try:
-        return search.read_watermark(job)
+        return sink.read_watermark(job), sink.read_watermark_time(job)
     finally:
-        search.close()
+        sink.close()
 
 
 def _store(settings: Settings, job: str) -> str:
@@ -92,20 +93,28 @@ def job_metrics(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return out
 
 
-def follower_status(settings: Settings, current_lsn: Lsn | None = None) -> dict[str, Any]:
-    """``{job: {"watermark": "X/Y" | None, "behind_bytes": int | None}}`` or an error line;
-    with ``jobs`` (a job's ``--health-port`` URL in ``spark.job_endpoints``), its metrics."""
+def follower_status(
+    settings: Settings, current_lsn: Lsn | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """``{job: {"watermark": "X/Y" | None, "watermark_age_s": float | None, "behind_bytes":
+    int | None}}`` or an error line; the age is how long ago the watermark last advanced.
+    With ``jobs`` (a job's ``--health-port`` URL in ``spark.job_endpoints``), its metrics."""
+    now = time.time() if now is None else now
     out: dict[str, Any] = {}
     for job in JOBS:
         try:
-            w = _watermark(settings, job)
+            w, at = _watermark(settings, job)
         except (CdcError, OSError) as e:
             out[job] = {"error": f"{_store(settings, job)} cannot be read: {root_reason(e)}"}
             continue
         behind = None
         if w is not None and current_lsn is not None:
             behind = max(0, current_lsn.value - w)
-        out[job] = {"watermark": str(Lsn(w)) if w is not None else None, "behind_bytes": behind}
+        out[job] = {
+            "watermark": str(Lsn(w)) if w is not None else None,
+            "watermark_age_s": round(max(0.0, now - at), 1) if at is not None else None,
+            "behind_bytes": behind,
+        }
         url = settings.spark.job_endpoints.get(job)
         if url:
             out[job]["job"] = job_metrics(url)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -39,6 +40,7 @@ from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
 from spark_jobs.avro_input import avro_as_json
 from spark_jobs.changes import ChangeBuilder, RecordError
+from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.reduce import latest_per_key
@@ -238,6 +240,8 @@ class ApplyBatch:
         self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
         self.metrics = JobMetrics(opts.name)
         self.outage_retries = 0  # batches run again because the follower was unreachable
+        # Set when the job is asked to stop (Ctrl-C: spark_jobs.interrupt).
+        self.stopping = threading.Event()
 
     def _apply(
         self,
@@ -319,6 +323,17 @@ class ApplyBatch:
 
     def __call__(self, events: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch of :meth:`events`' frame."""
+        try:
+            self._run(events, batch_id)
+        except Exception:
+            if not self.stopping.is_set():
+                raise
+            # The stop cancelled the batch's tasks. Spark reads its own interruption in the
+            # error's text by a regex that overflows the stack on a Java trace as long as
+            # the cancelled collect()'s: a short error instead, and no chained one.
+            raise BatchInterrupted(f"batch {batch_id} interrupted by a stop") from None
+
+    def _run(self, events: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         apply = functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
         total = BatchStats()

@@ -21,7 +21,10 @@ from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
 from spark_jobs.apply_loop import ApplyBatch, SinkFactory
+from spark_jobs.interrupt import await_stop
+from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
+from spark_jobs.progress import ProgressLog
 from spark_jobs.source import kafka_stream, settings_env_from_conf, spark_session, submitted_conf
 
 log = logging.getLogger(__name__)
@@ -83,8 +86,10 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
     quiet_per_batch_loggers(logging.getLogger().level)
     spark = spark_session(settings, f"cdc-{opts.name}")
     spark.sparkContext.setLogLevel("WARN")
+    interrupt = install_interrupt(spark, opts.name)
 
     batch = ApplyBatch(settings, opts, make_sink)
+    batch.stopping = interrupt.stop
     writer = (
         batch.events(kafka_stream(spark, settings, opts))
         .writeStream.foreachBatch(batch)
@@ -114,14 +119,13 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
         extra={"job": opts.name},
     )
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
+        progress = ProgressLog(opts.name) if opts.available_now else None
+        await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:
         if health is not None:
             health.close()
     exc = query.exception()
-    if exc is not None:
+    if exc is not None and not interrupt.stop.is_set():
         log.error("%s stopped: %s", opts.name, exc, extra={"job": opts.name})
         return 1
     return 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pgcdc.core.contract import heartbeat_topic, table_topic_pattern
 from pgcdc.core.settings import Settings, load_settings
+from spark_jobs.progress import batch_limit
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,10 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
         checkpoint=a.checkpoint or f"{settings.spark.checkpoint_dir.rstrip('/')}/{a.name}",
         available_now=a.available_now,
         trigger_interval=a.trigger_interval or settings.spark.trigger_interval,
-        max_offsets_per_trigger=a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+        max_offsets_per_trigger=batch_limit(
+            a.max_offsets_per_trigger or settings.spark.max_offsets_per_trigger,
+            a.available_now,
+        ),
         min_partitions=a.min_partitions or settings.spark.min_partitions,
     )
     return settings, opts
@@ -78,7 +82,12 @@ def parser(job: str) -> argparse.ArgumentParser:
         "--available-now", action="store_true", help="process everything present, then exit 0"
     )
     p.add_argument("--trigger-interval", help="processing-time trigger, e.g. '500 milliseconds'")
-    p.add_argument("--max-offsets-per-trigger", type=int, help="rate limit per micro-batch")
+    p.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        help="rate limit per micro-batch (with --available-now, default 200000: a long "
+        "backlog is several batches, each with a progress line)",
+    )
     p.add_argument(
         "--min-partitions",
         type=int,

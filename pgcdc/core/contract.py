@@ -24,7 +24,8 @@ Standard library only.
 - **Keyless tables** (no primary key, replica identity index or ``message_key_columns``) have
   a table topic with ``cleanup.policy=delete`` and records with a null key.
 - **Followers** record their watermark per job (:data:`JOBS`) under
-  :func:`redis_watermark_key` and in the index :func:`search_watermark_index`.
+  :func:`redis_watermark_key` and in the index :func:`search_watermark_index`, with the time
+  it last advanced (:func:`redis_watermark_time_key`, the document's ``updated_at_ms``).
 """
 
 from __future__ import annotations
@@ -249,6 +250,11 @@ SEARCH_WATERMARK_SUFFIX: Final = "cdc-watermarks"
 def redis_watermark_key(key_prefix: str, job: str) -> str:
     """The Redis key holding ``job``'s watermark LSN (20 decimal digits, only increasing)."""
     return f"{key_prefix}:__watermark__:{job}"
+
+
+def redis_watermark_time_key(key_prefix: str, job: str) -> str:
+    """The Redis key holding when ``job``'s watermark last advanced (Unix milliseconds)."""
+    return f"{key_prefix}:__watermark_at__:{job}"
 
 
 def search_watermark_index(index_prefix: str) -> str:

@@ -516,6 +516,11 @@ class SparkSettings(BaseModel):
     # How long a job keeps running a batch again while its follower is unreachable (the
     # sink's own retries exhausted) before it stops with one line; a restart resumes there.
     follower_retry_s: float = Field(default=600.0, ge=0)
+    # `cdc status` is unhealthy (exit 3) when a follower's watermark has not advanced for
+    # this long while the reader has acknowledged changes past it (a stopped or stuck job;
+    # an idle database is not). A rate-limited catch-up longer than this counts too: its
+    # watermark waits until the job reaches the end of the topics.
+    watermark_stale_s: float = Field(default=60.0, gt=0)
     # Where `cdc status` finds each running job's /metrics: job name -> the URL of its
     # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
     job_endpoints: dict[str, str] = Field(default_factory=dict)

@@ -106,3 +106,35 @@ def test_status_json_and_exit_3_when_unhealthy(monkeypatch: pytest.MonkeyPatch) 
 def test_status_help_documents_the_exit_status() -> None:
     result = CliRunner().invoke(app, ["status", "--help"])
     assert "3 unhealthy" in " ".join(result.stdout.split())
+
+
+def _follower(mark: str, age: float | None) -> dict[str, Any]:
+    return {"search_sync": {"watermark": mark, "watermark_age_s": age, "behind_bytes": 0}}
+
+
+def _with_commit(status: dict[str, Any], last_commit: str | None) -> dict[str, Any]:
+    status["state"]["last_commit_lsn"] = last_commit
+    return status
+
+
+@pytest.mark.parametrize(
+    ("mark", "age", "last_commit", "stale"),
+    [
+        ("0/100", 61.0, "0/200", True),  # changes wait, and it has not moved for 61s
+        ("0/100", 59.0, "0/200", False),  # changes wait, but it moved lately
+        ("0/200", 3600.0, "0/200", False),  # an idle database: nothing waits
+        ("0/300", 3600.0, "0/200", False),  # heartbeats carried it past the last commit
+        ("0/100", None, "0/200", False),  # age unknown (written before it was recorded)
+        ("0/100", 61.0, None, False),  # the reader acknowledged no commit yet
+    ],
+)
+def test_a_follower_is_stale_when_changes_wait_for_an_old_watermark(
+    mark: str, age: float | None, last_commit: str | None, stale: bool
+) -> None:
+    status = _with_commit(_status(_slot(), _follower(mark, age)), last_commit)
+    found = problems(status, GIB, watermark_stale_s=60.0)
+    assert bool(found) is stale, found
+    if stale:
+        (line,) = found
+        assert line.startswith("follower search_sync: watermark 0/100 has not advanced for 1m 1s")
+        assert "spark.watermark_stale_s = 60s" in line and "changes up to 0/200" in line

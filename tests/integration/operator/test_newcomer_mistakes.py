@@ -71,15 +71,24 @@ class Output:
 
 class Reader:
     """``cdc run`` (or another command) in a process of its own, its output collected, on a
-    pipe or on a pseudo-terminal (``tty``) as a user's terminal would be."""
+    pipe or on a pseudo-terminal (``tty``) as a user's terminal would be; ``new_session``:
+    in a process group of its own, which a terminal's Ctrl-C reaches as a whole."""
 
-    def __init__(self, args: list[str], env: dict[str, str], tty: bool = False) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], tty: bool = False, new_session: bool = False
+    ) -> None:
         self.output = Output()
         self.started_at = time.monotonic()
         if tty:
             master, slave = pty.openpty()
             self.proc = subprocess.Popen(
-                args, env=env, cwd=ROOT, stdin=slave, stdout=slave, stderr=slave
+                args,
+                env=env,
+                cwd=ROOT,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                start_new_session=new_session,
             )
             os.close(slave)
             source = master

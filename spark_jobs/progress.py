@@ -1,0 +1,102 @@
+"""How far a long ``--available-now`` run is: one line per micro-batch.
+
+Spark's AvailableNow trigger respects ``maxOffsetsPerTrigger``, so a backlog is cut into
+batches of at most :data:`AVAILABLE_NOW_BATCH_RECORDS` records (unless the run sets its own
+limit), and after each one the driver logs the records read so far of the backlog, the rate
+and the time left. The backlog is what has been read plus what the batch's progress report
+says is left (each partition's latest offset minus the batch's end offset), so records that
+arrive during the run make it grow a little.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Records per micro-batch of an --available-now run that sets no limit of its own. Measured
+# here (2 cores, cache_sync over 600,000 rows): 7,500-10,000 records/s, so a batch is 13-24 s
+# of work and a batch's fixed cost (~0.25 s, a 4-record batch) stays under 2 %; a million
+# records make 5 progress lines.
+AVAILABLE_NOW_BATCH_RECORDS = 200_000
+
+
+def batch_limit(max_offsets_per_trigger: int | None, available_now: bool) -> int | None:
+    """The records a micro-batch may read: the run's own limit, else for ``--available-now``
+    :data:`AVAILABLE_NOW_BATCH_RECORDS` (a streaming job's batches are already small)."""
+    if max_offsets_per_trigger or not available_now:
+        return max_offsets_per_trigger
+    return AVAILABLE_NOW_BATCH_RECORDS
+
+
+def records_left(sources: list[Mapping[str, Any]]) -> int:
+    """Records still to read after a batch: each partition's latest offset minus the batch's
+    end offset, summed over the sources of a progress report."""
+    left = 0
+    for source in sources:
+        end, latest = _offsets(source.get("endOffset")), _offsets(source.get("latestOffset"))
+        for topic, partitions in latest.items():
+            for partition, offset in partitions.items():
+                left += max(0, int(offset) - int(end.get(topic, {}).get(partition, offset)))
+    return left
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+def progress_line(batch_id: int, done: int, left: int, elapsed_s: float) -> str:
+    """``batch 3: read 600000 of 1000000 records (60%), 8000 records/s, ETA 50s``."""
+    total = done + left
+    pct = 100.0 * done / total if total else 100.0
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    eta = f"ETA {_duration(left / rate)}" if rate > 0 and left else "ETA -"
+    if not left:
+        eta = "caught up"
+    return (
+        f"batch {batch_id}: read {done} of {total} records ({pct:.0f}%), "
+        f"{rate:.0f} records/s, {eta}"
+    )
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+class ProgressLog:
+    """Logs :func:`progress_line` once per micro-batch that read records, from the query's
+    progress reports (polled by the driver's wait loop: no listener calls back into Python
+    from the JVM, which outlived the driver's callback server at the end of a run)."""
+
+    def __init__(self, job: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job = job
+        self.clock = clock
+        self.started = clock()
+        self.done = 0
+        self.last_batch = -1
+
+    def update(self, reports: Iterable[Mapping[str, Any]]) -> None:
+        """Log each report of a batch not logged yet (Spark's ``recentProgress``)."""
+        for report in reports:
+            batch_id = int(report.get("batchId", -1))
+            if batch_id <= self.last_batch:
+                continue
+            self.last_batch = batch_id
+            rows = int(report.get("numInputRows") or 0)
+            if not rows:
+                continue
+            self.done += rows
+            left = records_left(report.get("sources") or [])
+            line = progress_line(batch_id, self.done, left, self.clock() - self.started)
+            log.info("%s", line, extra={"job": self.job, "batch_id": batch_id})

@@ -1,0 +1,61 @@
+"""The --available-now progress line and the batch limit rule (no Spark needed)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from spark_jobs.progress import (
+    AVAILABLE_NOW_BATCH_RECORDS,
+    ProgressLog,
+    batch_limit,
+    progress_line,
+    records_left,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_available_now_run_is_cut_into_batches_unless_it_sets_its_own_limit() -> None:
+    assert batch_limit(None, available_now=True) == AVAILABLE_NOW_BATCH_RECORDS
+    assert batch_limit(5000, available_now=True) == 5000
+    assert batch_limit(None, available_now=False) is None
+    assert batch_limit(5000, available_now=False) == 5000
+
+
+def test_records_left_are_latest_minus_end_offsets_per_partition() -> None:
+    sources = [
+        {
+            "endOffset": '{"t.a": {"0": 100, "1": 50}}',
+            "latestOffset": {"t.a": {"0": 300, "1": 50, "2": 7}},  # a dict, or JSON text
+        }
+    ]
+    assert records_left(sources) == 200 + 0 + 0  # a partition the batch never saw: no count
+
+
+def test_the_progress_line() -> None:
+    assert progress_line(1, 400_000, 200_000, 50.0) == (
+        "batch 1: read 400000 of 600000 records (67%), 8000 records/s, ETA 25s"
+    )
+    assert progress_line(4, 600_000, 0, 75.0).endswith("(100%), 8000 records/s, caught up")
+    assert progress_line(0, 10, 5_000_000, 1.0).endswith("10 records/s, ETA 138h 53m")
+    assert progress_line(0, 100, 6_000, 1.0).endswith("ETA 1m 00s")
+
+
+def test_each_batch_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    times = iter([0.0, 10.0, 20.0])
+    log = ProgressLog("cache_sync", clock=lambda: next(times))
+    offsets = '{"t.a": {"0": %d}}'
+    report = {
+        "batchId": 0,
+        "numInputRows": 100,
+        "sources": [{"endOffset": offsets % 100, "latestOffset": offsets % 300}],
+    }
+    empty = {"batchId": 1, "numInputRows": 0, "sources": []}
+    with caplog.at_level(logging.INFO, logger="spark_jobs.progress"):
+        log.update([report])
+        log.update([report, empty])  # recentProgress repeats what was seen
+    assert [r.getMessage() for r in caplog.records] == [
+        "batch 0: read 100 of 300 records (33%), 10 records/s, ETA 20s"
+    ]

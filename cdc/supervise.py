@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 import psycopg
 
 from cdc.replication import classify
-from pgcdc.core.errors import CdcError, ConnectionFailed
+from pgcdc.core.errors import CdcError, ConnectionFailed, KafkaUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,9 @@ def run_supervised(
                 ) from e
             tries += 1
             log.warning(
-                "lost PostgreSQL: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
+                "lost %s: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
                 "after the first failure)",
+                "Kafka" if isinstance(err, KafkaUnavailable) else "PostgreSQL",
                 err,
                 delay,
                 tries,

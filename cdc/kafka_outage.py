@@ -109,6 +109,19 @@ class OutageWatch:
                 where(),
             )
 
+    def lasting(self, reason: str) -> None:
+        """Between runs (a new run's metadata request failed): the periodic line, if due."""
+        now = self._clock()
+        if self.since is not None and now >= self._next_report:
+            self._next_report = now + self.report_every_s
+            log.warning(
+                "Kafka at %s still unreachable after %.0fs (%s); no stream runs: the next "
+                "run resumes from the slot once Kafka answers",
+                self.servers,
+                now - self.since,
+                reason,
+            )
+
     def answered(self, queued: int = 0) -> None:
         """Kafka answered (a delivery succeeded, or a new run's metadata request): an
         outage, if one was told, ends here."""

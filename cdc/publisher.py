@@ -184,7 +184,11 @@ class Publisher:
 
     def probe(self, timeout_s: float = 5.0) -> None:
         """Fail fast with ConnectionFailed when no broker answers a metadata request."""
-        md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
+        try:
+            md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
+        except KafkaUnavailable as e:
+            self.outage.lasting(self._reason() or str(e))
+            raise
         self.outage.answered()
         self._known_topics.update(md.topics)
 

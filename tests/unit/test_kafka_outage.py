@@ -79,3 +79,19 @@ def test_outage_ends_with_a_new_runs_answer(caplog: pytest.LogCaptureFixture) ->
     clock.now += 100  # the run ended (records timed out); the next one's probe answers
     watch.answered()
     assert not watch.out and "after an outage of 111s" in lines(caplog)[-1]
+
+
+def test_outage_between_runs_told_every_so_often(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "cdc.kafka_outage")
+    clock = Clock()
+    watch = OutageWatch("k:1", grace_s=10, report_every_s=30, clock=clock)
+    watch.lasting("refused")  # no outage told yet: nothing to add
+    assert lines(caplog) == []
+    for _ in range(12):
+        clock.now += 1
+        watch.tick(3, 7, lambda: None, lambda: "")
+    for _ in range(8):  # the run ended; new runs' probes fail every 5 s
+        clock.now += 5
+        watch.lasting("refused")
+    told = [line for line in lines(caplog) if "no stream runs" in line]
+    assert len(told) == 1 and "after 41s (refused)" in told[0]

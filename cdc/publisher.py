@@ -552,6 +552,8 @@ class Publisher:
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
                 log.warning("heartbeat not delivered: %s", err.str(), extra={"topic": topic})
+            else:
+                self.delivered += 1  # an idle reader's outage ends with its heartbeat
 
         try:
             self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)

@@ -21,6 +21,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cdc.publisher import Publisher
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.settings import KafkaSettings
 from tests.conftest import unique, wait_until
 from tests.integration.proxied_kafka import proxied_kafka
 from tests.integration.reader_support import (
@@ -38,13 +41,24 @@ SHORT = OUTAGE_S <= 120
 # The short run: records time out during the outage, and the queue fills (backpressure).
 QUEUE_RECORDS = 5_000 if SHORT else 100_000
 PRODUCER = '{"message.timeout.ms": "45000", "queue.buffering.max.messages": "5000"}'
+# What a full producer queue adds to the reader's memory at most: QUEUE_KBYTES of records
+# and librdkafka's own cost of each (about 0.5 KiB; measured in the last test below).
+QUEUE_GROWTH_MIB = 220
 # The reader's resident memory stays under this during the outage: its baseline (about
-# 120 MiB) plus what the producer queue may hold (QUEUE_RECORDS records of about 1.5 KiB,
-# Debezium JSON with schemas, and librdkafka's own per-record cost).
-RSS_BOUND_MIB = 200 if SHORT else 400
+# 110 MiB streaming this table) plus what the producer queue may hold (5,000 records of the
+# short run: about 10 MiB; the reader's own limits: QUEUE_GROWTH_MIB).
+BASELINE_MIB = 120
+RSS_BOUND_MIB = BASELINE_MIB + (40 if SHORT else QUEUE_GROWTH_MIB)
 WRITES_PER_TXN = 30
 TXNS_PER_S = 10  # 300 writes/s
 KEYS = 5_000
+
+
+def _rss(pid: int | str = "self") -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    assert match is not None
+    return int(match.group(1)) * 1024
 
 
 class Writer(threading.Thread):
@@ -95,12 +109,11 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.2):
             try:
-                status = Path(f"/proc/{self.pid}/status").read_text()
+                rss = _rss(self.pid)
             except OSError:
                 return
-            match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-            if match and self.window.is_set():
-                self.peak = max(self.peak, int(match.group(1)) * 1024)
+            if self.window.is_set():
+                self.peak = max(self.peak, rss)
                 self.samples += 1
 
 
@@ -207,3 +220,26 @@ def test_kafka_outage_is_told_bounded_and_loses_nothing(pg_database: str, tmp_pa
         assert max(peaks) >= QUEUE_RECORDS * 0.9, peaks
     assert sampler.samples > OUTAGE_S  # sampled throughout
     assert sampler.peak < RSS_BOUND_MIB * mib, f"peak RSS {sampler.peak / mib:.0f} MiB"
+
+
+def test_a_full_producer_queue_holds_a_bounded_amount() -> None:
+    """The reader's producer settings, brokers unreachable: records of 1.5 KiB (a Debezium
+    JSON value with schemas) are queued until the queue refuses more; what it then holds is
+    the most an outage adds to the reader's memory (measured: about 180 MiB)."""
+    publisher = Publisher(KafkaSettings(bootstrap_servers="127.0.0.1:1"))
+    txn = publisher.begin(Lsn(1))
+    value = b"x" * 1536
+    before = _rss()
+    queued = 0
+    with pytest.raises(BufferError):
+        for i in range(1_000_000):
+            headers = [("cdc.commit_lsn", b"123456789"), ("cdc.order", str(i).encode())]
+            key = b'{"schema":{"type":"struct"},"payload":{"id":%d}}' % i
+            publisher._producer.produce(
+                "t", value=value, key=key, headers=headers, on_delivery=txn.on_delivery
+            )
+            queued += 1
+    grown = _rss() - before
+    print(f"a full producer queue: {queued} records, {grown / 2**20:.0f} MiB")
+    assert queued < 100_000  # the byte limit (QUEUE_KBYTES) came first
+    assert grown < QUEUE_GROWTH_MIB * 2**20

@@ -183,7 +183,8 @@ class Publisher:
     # --- startup ------------------------------------------------------------------------
 
     def probe(self, timeout_s: float = 5.0) -> None:
-        """Fail fast with ConnectionFailed when no broker answers a metadata request."""
+        """Fail fast with KafkaUnavailable when no broker answers a metadata request (an
+        outage told before, see :mod:`cdc.kafka_outage`, ends with an answer)."""
         try:
             md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
         except KafkaUnavailable as e:
@@ -407,10 +408,9 @@ class Publisher:
             self._failure = KafkaUnavailable(
                 f"Kafka did not accept a record for {topic} within message.timeout.ms "
                 f"({timeout_ms} ms; {err.str()}: {self._reason() or 'no reason given'}): "
-                "nothing after the last "
-                "acknowledged transaction is confirmed to PostgreSQL; a new run resumes from "
-                "the slot once Kafka answers (within postgres.reconnect_timeout_s), or start "
-                "the reader again when it does"
+                "nothing after the last acknowledged transaction is confirmed to PostgreSQL; "
+                "a new run resumes from the slot once Kafka answers (within "
+                "postgres.reconnect_timeout_s), or start the reader again when it does"
             )
         else:
             self._failure = PublishError(f"Kafka did not accept a record for {topic}: {err.str()}")

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._metadata import ClusterMetadata
 from confluent_kafka.cimpl import NewTopic
 
-from pgcdc.core.errors import AuthenticationFailed, ConfigError, ConnectionFailed, PublishError
+from pgcdc.core.errors import AuthenticationFailed, ConfigError, KafkaUnavailable, PublishError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import KafkaSettings
 
@@ -62,6 +62,11 @@ def transport_reason(text: str) -> str:
     0ms in state CONNECT)`` is ``Connect to ipv4#127.0.0.1:1 failed: Connection refused``."""
     text = re.sub(r"^\S+/(bootstrap|\d+): ", "", text.strip())
     return re.sub(r" \(after \d+ms in state \w+\)$", "", text)
+
+
+def last_transport_error(bootstrap_servers: str) -> str | None:
+    """The last reason librdkafka gave for not reaching ``bootstrap_servers``, if any."""
+    return _last_transport_error.get(bootstrap_servers)
 
 
 def _fail_fast(bootstrap_servers: str) -> Callable[[KafkaError], None]:
@@ -122,7 +127,7 @@ SAY_WAITING_AFTER_S = 2.0
 def cluster_metadata(
     client: AdminClient | Consumer | Producer, bootstrap_servers: str, timeout_s: float
 ) -> ClusterMetadata:
-    """The cluster's topics; no broker answering is one clear ConnectionFailed, a refused
+    """The cluster's topics; no broker answering is one clear KafkaUnavailable, a refused
     login or certificate one clear ConfigError.
 
     The wait is cut into slices of :data:`WAIT_SLICE_S` (so Ctrl-C acts between them), and
@@ -151,7 +156,7 @@ def cluster_metadata(
             # lets :func:`_fail_fast` name a refused login instead of a "transport failure".
             client.poll(0)
             why = _last_transport_error.get(bootstrap_servers, e.args[0].str())
-            raise ConnectionFailed(
+            raise KafkaUnavailable(
                 f"Kafka at {bootstrap_servers} is unreachable: {why}; check "
                 "kafka.bootstrap_servers (CDC_KAFKA__BOOTSTRAP_SERVERS), that the brokers "
                 "run, and kafka.security_protocol"

@@ -11,6 +11,14 @@ A record Kafka refuses for good (:mod:`cdc.dead_letters`) either stops the reade
 after it is acknowledged) or, with ``kafka.unproducible_records = dead_letter``, is replaced
 by a letter on the dead-letter topic that counts for its transaction in its place: the
 transaction is acknowledged once the letter is.
+
+A Kafka outage (:mod:`cdc.kafka_outage`) is told by the publisher's waits, and bounded by
+the producer's queue: once it is full, :meth:`Publisher.send` waits for room, so the reader
+reads no more from the replication stream (``while_waiting`` keeps that session alive). A
+record not acknowledged within ``message.timeout.ms`` ends the run as
+:class:`~pgcdc.core.errors.KafkaUnavailable` (retryable): nothing after it is acknowledged,
+the producer's queue is purged so no record of this run lands after the next run's, and the
+next run resumes from the slot.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
@@ -33,10 +41,12 @@ from cdc.kafka_clients import (
     client_conf,
     cluster_metadata,
     create_topics,
+    last_transport_error,
     read_topic,
 )
+from cdc.kafka_outage import watch_for
 from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
-from pgcdc.core.errors import PublishError, TopicGone
+from pgcdc.core.errors import KafkaUnavailable, PublishError, TopicGone
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings, UnproducibleRecords
 
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 # Kafka's default limit is 1 MB: table topics and the producer allow 64 MiB records.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 TABLE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES)}
+# The producer queue's byte limit: two records of the largest size.
+QUEUE_KBYTES = 2 * MAX_RECORD_BYTES // 1024
 # How long Publisher.hurry waits at most for Kafka's answer (a round trip on a LAN).
 HURRY_TIMEOUT_S = 0.005
 # The dead-letter topic, when the reader creates it: letters are kept, not compacted.
@@ -66,9 +78,12 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "batch.num.messages": 10_000,
         "compression.type": "lz4",
         "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
-        # Bounds memory: produce() blocks (we poll) once this many records are in flight.
+        # Bounds memory: produce() blocks (we poll) once this many records are in flight,
+        # and while it waits the reader reads nothing more from PostgreSQL (a Kafka outage
+        # costs at most this much). The byte limit holds a record of the largest size.
         "queue.buffering.max.messages": 100_000,
-        "queue.buffering.max.kbytes": 256 * 1024,
+        "queue.buffering.max.kbytes": QUEUE_KBYTES,
+        # A record still not acknowledged after this ends the run (retryable, nothing lost).
         "message.timeout.ms": 120_000,
     }
     return conf | client_conf(settings) | settings.producer
@@ -94,13 +109,16 @@ class TxnTracker:
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self.pending -= 1
+        publisher = self._publisher
         if err is not None:
-            self._publisher.record_failure(err, msg, self)
+            publisher.record_failure(err, msg, self)
+            return
+        publisher.delivered += 1
         # The latency histogram needs a sample, not every record: 1 in 64.
-        elif self._publisher.latency_observer is not None and not self.pending & 63:
+        if publisher.latency_observer is not None and not self.pending & 63:
             ts_type, ts = msg.timestamp()
             if ts_type and ts > 0:
-                self._publisher.latency_observer(time.time() - ts / 1000.0)
+                publisher.latency_observer(time.time() - ts / 1000.0)
 
 
 class AckQueue:
@@ -126,6 +144,10 @@ class AckQueue:
                 self.acked = txn.end_lsn
         return self.acked
 
+    def newest(self) -> Lsn | None:
+        """Commit LSN of the last transaction begun and not yet acknowledged."""
+        return self._txns[-1].commit_lsn if self._txns else None
+
     def __len__(self) -> int:
         return len(self._txns)
 
@@ -149,14 +171,26 @@ class Publisher:
         self._dead_letter_topic_ready = False
         self.dead_letters = 0  # letters written so far
         self.produced = 0  # records queued so far; paces the polls in send()
+        self.delivered = 0  # records Kafka acknowledged so far
+        self.outage = watch_for(settings.bootstrap_servers)
+        # Called while a wait on Kafka lasts (the streamer keeps its replication session
+        # alive), and when an outage line says where the reader stands (the slot's WAL).
+        self.while_waiting: Callable[[], None] | None = None
+        self.describe_slot: Callable[[], str] | None = None
         # Called with a sample of delivery latencies (seconds) when metrics are on.
         self.latency_observer: Callable[[float], None] | None = None
 
     # --- startup ------------------------------------------------------------------------
 
     def probe(self, timeout_s: float = 5.0) -> None:
-        """Fail fast with ConnectionFailed when no broker answers a metadata request."""
-        md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
+        """Fail fast with KafkaUnavailable when no broker answers a metadata request (an
+        outage told before, see :mod:`cdc.kafka_outage`, ends with an answer)."""
+        try:
+            md = cluster_metadata(self._admin, self.settings.bootstrap_servers, timeout_s)
+        except KafkaUnavailable as e:
+            self.outage.lasting(self._reason() or str(e))
+            raise
+        self.outage.answered()
         self._known_topics.update(md.topics)
 
     def ensure_topics(
@@ -330,8 +364,12 @@ class Publisher:
                     )
                 return
             except BufferError:
+                # The queue is full: read nothing more until Kafka takes some.
                 self._raise_if_stopped("room in the producer queue")
                 self._producer.poll(0.05)
+                if self._failure is not None:
+                    self._raise_failure()
+                self._waiting()
 
     def close_txn(self, txn: TxnTracker, end_lsn: Lsn) -> None:
         """The transaction's Commit was seen: it may be acknowledged up to ``end_lsn``."""
@@ -364,6 +402,15 @@ class Publisher:
                 f"topic {topic} was deleted under the reader ({err.str()}): nothing after "
                 "its last acknowledged transaction is confirmed; a new run resumes from the "
                 "slot and snapshots the table again into the new topic"
+            )
+        elif err.code() == KafkaError._MSG_TIMED_OUT:
+            timeout_ms = producer_config(self.settings)["message.timeout.ms"]
+            self._failure = KafkaUnavailable(
+                f"Kafka did not accept a record for {topic} within message.timeout.ms "
+                f"({timeout_ms} ms; {err.str()}: {self._reason() or 'no reason given'}): "
+                "nothing after the last acknowledged transaction is confirmed to PostgreSQL; "
+                "a new run resumes from the slot once Kafka answers (within "
+                "postgres.reconnect_timeout_s), or start the reader again when it does"
             )
         else:
             self._failure = PublishError(f"Kafka did not accept a record for {topic}: {err.str()}")
@@ -404,12 +451,40 @@ class Publisher:
             refused, txn = self._refused.pop(0)
             self._write_letter(refused, txn)
         if self._failure is not None:
-            raise self._failure
+            self._raise_failure()
+
+    def _raise_failure(self) -> NoReturn:
+        assert self._failure is not None
+        if self._failure.retryable:
+            # The next run produces all of it again: nothing of this one may land after.
+            self._producer.purge()
+        raise self._failure
 
     def poll(self, timeout_s: float = 0.0) -> None:
         """Serve delivery reports."""
         self._producer.poll(timeout_s)
         self.raise_if_failed()
+        self.outage.tick(len(self._producer), self.delivered, self._reason, self._where)
+
+    def _waiting(self) -> None:
+        """A wait on Kafka goes on: keep the caller's session alive, watch for an outage."""
+        if self.while_waiting is not None:
+            self.while_waiting()
+        self.outage.tick(len(self._producer), self.delivered, self._reason, self._where)
+
+    def _reason(self) -> str | None:
+        return last_transport_error(self.settings.bootstrap_servers)
+
+    def _where(self) -> str:
+        """Where the reader stands, for an outage line."""
+        acked, newest = self._acks.acked, self._acks.newest()
+        text = (
+            f"{len(self._acks)} transactions not acknowledged (confirmed to PostgreSQL up "
+            f"to {acked or 'the start position'}, read up to commit {newest or '-'})"
+        )
+        if self.describe_slot is not None:
+            text += f"; {self.describe_slot()}"
+        return text
 
     def hurry(self, timeout_s: float = HURRY_TIMEOUT_S) -> bool:
         """Send what is queued now instead of after ``linger.ms``, and wait up to
@@ -461,6 +536,7 @@ class Publisher:
                     again,
                 )
             self._producer.flush(min(0.2, max(0.01, deadline - now)))
+            self._waiting()
 
     def _raise_if_stopped(self, waiting_for: str, stop: threading.Event | None = None) -> None:
         event = stop or self.stop
@@ -476,6 +552,8 @@ class Publisher:
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
                 log.warning("heartbeat not delivered: %s", err.str(), extra={"topic": topic})
+            else:
+                self.delivered += 1  # an idle reader's outage ends with its heartbeat
 
         try:
             self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)

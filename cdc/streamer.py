@@ -47,7 +47,7 @@ from pgcdc.core.contract import (
     truncate_topic,
     version_headers,
 )
-from pgcdc.core.errors import SchemaError, SlotError
+from pgcdc.core.errors import ConnectionFailed, SchemaError, SlotError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
 from pgcdc.core.values import UNCHANGED_TOAST, RawValue
@@ -147,6 +147,10 @@ class Streamer:
         self._state_due = self._ask_due = 0.0
         self.last_ack: Lsn | None = None
         self.events = 0
+        # While the publisher waits on Kafka (an outage), the session stays alive and an
+        # outage line says how much WAL the slot holds back.
+        publisher.while_waiting = self._keep_session
+        publisher.describe_slot = self._slot_wal
 
     def run(self, start: Lsn) -> None:
         """Stream from ``start`` until stopped or caught up; acknowledge on the way out.
@@ -259,6 +263,19 @@ class Streamer:
             self._repl.acknowledge(candidate)
             self.last_ack = candidate
             self._observer.on_acknowledged(candidate)
+
+    def _keep_session(self) -> None:
+        """While waiting on Kafka: answer the server in time (wal_sender_timeout)."""
+        self._repl.keep_alive()
+
+    def _slot_wal(self) -> str:
+        """How much WAL the slot retains for the reader (an outage line's last part)."""
+        try:
+            current = current_wal_lsn(self._catalog.conn)
+        except (psycopg.Error, ConnectionFailed) as e:
+            return f"the server's WAL position is unknown ({e})"
+        held = max(0, current - self.last_ack) if self.last_ack is not None else 0
+        return f"slot {self._slot} retains {held / 2**20:.1f} MiB of WAL (from {self.last_ack})"
 
     def _report_lag(self) -> None:
         try:

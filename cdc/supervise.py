@@ -116,9 +116,9 @@ def run_supervised(
                 )
             else:
                 log.warning(
-                    "%s: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
+                    "lost %s: %s; reconnecting in %.0fs (attempt %d, giving up %.0fs "
                     "after the first failure)",
-                    "Kafka" if isinstance(err, PublishError) else "lost PostgreSQL",
+                    "Kafka" if isinstance(err, PublishError) else "PostgreSQL",
                     err,
                     delay,
                     tries,

@@ -47,6 +47,15 @@ class TopicGone(PublishError):
     retryable = True
 
 
+class KafkaUnavailable(ConnectionFailed, PublishError):
+    """Kafka did not answer: no broker reachable, or a record not acknowledged within the
+    producer's ``message.timeout.ms`` (an outage longer than that). Worth a new run:
+    nothing after the last acknowledged transaction was confirmed to PostgreSQL, so the
+    run resumes from the slot and produces it again (cdc.supervise)."""
+
+    retryable = True
+
+
 class SchemaError(CdcError):
     """An event could not be built or encoded."""
 

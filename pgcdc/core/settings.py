@@ -198,11 +198,11 @@ class PostgresSettings(BaseModel):
     # the placeholder __debezium_unavailable_value.
     complete_unchanged_toast: bool = True
     status_interval_s: float = Field(default=5.0, gt=0)
-    # After the stream lost PostgreSQL (a restart, a failover, a dropped connection) the reader
-    # starts a new run from the slot's position, waiting 1 s, then twice as long each time up to
-    # 30 s, for at most this many seconds of failures in a row; 0 stops at once. A run that
-    # never reached the stream or the initial snapshot is not retried: a wrong host or
-    # password shows at once.
+    # After the stream lost PostgreSQL (a restart, a failover, a dropped connection), or Kafka
+    # for longer than the producer's message.timeout.ms, the reader starts a new run from the
+    # slot's position, waiting 1 s, then twice as long each time up to 30 s, for at most this
+    # many seconds of failures in a row; 0 stops at once. A run that never reached the stream
+    # or the initial snapshot is not retried: a wrong host or password shows at once.
     reconnect_timeout_s: float = Field(default=300.0, ge=0)
     # An initial snapshot that lost PostgreSQL (a restart, a terminated connection) starts
     # over by itself this many times (from a new slot: the copy is exact again), each after

@@ -267,6 +267,7 @@ def test_an_unreachable_opensearch_is_one_line_not_a_traceback(scratch: dict[str
     status = json.loads(out)
     assert rc == 3 and status["followers"]["search_sync"] == {
         "watermark": None,
+        "watermark_age_s": None,
         "behind_bytes": None,
     }
     assert status["problems"] == [

@@ -116,7 +116,10 @@ def test_status_is_unhealthy_when_changes_wait_for_a_stale_follower(
     assert f"while the reader acknowledged changes up to {second}" in problem
     search, cache = status["followers"][SEARCH_JOB], status["followers"][CACHE_JOB]
     assert search["watermark_age_s"] > STALE_S
-    assert cache["watermark"] == str(second) and cache["watermark_age_s"] < STALE_S
+    # Recorded just now (how long `cdc status` took to start is the machine's, not a rule's):
+    # younger than the stale one, and not a problem, as the one problem above says.
+    assert cache["watermark"] == str(second)
+    assert cache["watermark_age_s"] < search["watermark_age_s"]
 
     # The readable status: each watermark's age in the followers' table, the problem named.
     code, text = _status(p)

@@ -397,14 +397,19 @@ def reset_state(
     _guard(debug, go)
 
 
-@app.command()
+FORGET_HELP = (
+    "Remove a table that left the captured set from its topic and both followers."
+    "\n\nA tombstone for every key its topic holds; the sync jobs delete their copies as "
+    "they apply them. A table still captured is refused."
+)
+
+
+@app.command(help=FORGET_HELP)
 def forget(
     table: Annotated[str, typer.Argument(help="schema.table, no longer captured.")],
     config: ConfigOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Remove a table that left the captured set from its topic and the followers: a
-    tombstone for every key its topic holds (the sync jobs delete their copies)."""
 
     def go() -> None:
         settings = _settings(config, {})

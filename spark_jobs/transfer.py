@@ -32,8 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jobs.parse import KafkaRecord, carries_schema
 from spark_jobs.stats import BatchStats
-from spark_jobs.transforms import DEAD
 
 SCHEMA_COLUMN = "value_schema_json"
 # What each task returns to the driver (a DDL string for mapInArrow).
@@ -58,17 +58,31 @@ def rows_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any
             ids = columns[names.index("schema_id")]
             kinds = columns[names.index("kind")]
             only_first: list[Any] = [None] * batch.num_rows
-            for i, (kind, sid) in enumerate(zip(kinds, zip(topics, ids, strict=True), strict=True)):
-                if kind == DEAD:
-                    # A dead record may be read again in the task and get a schema of its
-                    # own (spark_jobs.reduce.reparse): it does not stand for its id's.
-                    only_first[i] = _py(schemas, i)
-                elif sid not in seen:
-                    seen.add(sid)
+            for i, (kind, topic, sid) in enumerate(zip(kinds, topics, ids, strict=True)):
+                if carries_schema(seen, kind, topic, sid):
                     only_first[i] = _py(schemas, i)
             columns[at] = only_first
         for values in zip(*columns, strict=True):
             yield dict(zip(names, values, strict=True))
+
+
+# The Kafka source's columns the ``python`` parse reads (spark.parse; spark_jobs.parse).
+RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers")
+
+
+def records_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[KafkaRecord]:
+    """The Kafka records of ``batches`` (the source's :data:`RECORD_COLUMNS`), bytes as
+    they are: the task parses them itself (:mod:`spark_jobs.parse`)."""
+    for batch in batches:
+        names = batch.schema.names
+        topics, partitions, offsets, keys, values, headers = (
+            batch.column(names.index(name)).to_pylist() for name in RECORD_COLUMNS
+        )
+        for topic, partition, offset, key, value, hs in zip(
+            topics, partitions, offsets, keys, values, headers, strict=True
+        ):
+            pairs = None if hs is None else [(h["key"], h["value"]) for h in hs]
+            yield KafkaRecord(topic, partition, offset, key, value, pairs)
 
 
 def _pylist(column: pa.Array) -> list[Any]:

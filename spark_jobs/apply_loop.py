@@ -34,16 +34,24 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from pgcdc.core.errors import RetryableSinkError, SinkError
-from pgcdc.core.settings import Settings
+from pgcdc.core.settings import ParsePath, Settings, ValueFormat
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
-from spark_jobs.avro_input import avro_as_json
+from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
+from spark_jobs.parse import RecordParser
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.stats import BatchStats
-from spark_jobs.transfer import STATS_SCHEMA, rows_from_arrow, stats_batch, stats_from_rows
+from spark_jobs.transfer import (
+    RECORD_COLUMNS,
+    STATS_SCHEMA,
+    records_from_arrow,
+    rows_from_arrow,
+    stats_batch,
+    stats_from_rows,
+)
 from spark_jobs.transforms import (
     CHANGE,
     DEAD,
@@ -168,6 +176,25 @@ def apply_arrow(
     """The ``mapInArrow`` function: :func:`apply_events` over one partition's Arrow batches
     (all of them: the reduction sees the whole partition); yields the task's stats."""
     yield stats_batch(apply_events(settings, job, make_sink, rows_from_arrow(batches)))
+
+
+def apply_records_arrow(
+    settings: Settings,
+    job: str,
+    make_sink: SinkFactory,
+    heartbeat_topic: str | None,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function with ``spark.parse = "python"``: the partition's raw Kafka
+    records parsed here, once each (:mod:`spark_jobs.parse`; Avro read first when the
+    settings say so), then as :func:`apply_arrow`."""
+    schema = settings.schema_
+    transcode = (
+        transcoder_for(schema).transcode if schema.value_format is ValueFormat.AVRO else None
+    )
+    parser = RecordParser(settings.kafka.topic_prefix, heartbeat_topic, transcode)
+    rows = parser.rows(records_from_arrow(batches))
+    yield stats_batch(apply_events(settings, job, make_sink, rows))
 
 
 def _apply_chunk(
@@ -306,12 +333,17 @@ class ApplyBatch:
 
     def events(self, records: DataFrame) -> DataFrame:
         """The frame each batch applies, from the Kafka source's ``records``: parsed,
-        classified and (with ``--min-partitions``) spread by key.
+        classified and (with ``--min-partitions``) spread by key; with ``spark.parse =
+        "python"`` the records themselves, which each task parses.
 
         Give it the *streaming* frame and pass the result to ``foreachBatch``: Spark then
         plans it once per batch inside the JVM (about 10 ms). Building the same columns
         from Python for every batch cost 200-700 ms of py4j calls and eager analysis on
         this 2-core machine, most of a micro-batch's fixed cost."""
+        if self.settings.spark.parse is ParsePath.PYTHON:
+            # The records as Kafka gave them: each task parses its own (apply_records_arrow).
+            raw = records.select(*RECORD_COLUMNS)
+            return by_key(raw, self.opts.min_partitions, key="key")
         prefix = self.settings.kafka.topic_prefix
         records = avro_as_json(records, self.settings)
         events = classify(parse_events(records, prefix, self.opts.heartbeat_topic))
@@ -320,7 +352,17 @@ class ApplyBatch:
     def __call__(self, events: DataFrame, batch_id: int) -> None:
         """Apply one micro-batch of :meth:`events`' frame."""
         t0 = time.monotonic()
-        apply = functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
+        apply = (
+            functools.partial(
+                apply_records_arrow,
+                self.settings,
+                self.opts.name,
+                self.make_sink,
+                self.opts.heartbeat_topic,
+            )
+            if self.settings.spark.parse is ParsePath.PYTHON
+            else functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
+        )
         total = BatchStats()
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.

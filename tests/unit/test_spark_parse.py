@@ -314,3 +314,45 @@ def test_avro_records_are_read_into_the_json_event_in_the_task(tmp_path: Path) -
     assert (got["commit_lsn"], got["tx_order"]) == (70, 1)
     assert bad["kind"] == "dead" and bad["parse_error"].startswith("Avro: ")
     assert beat["heartbeat_lsn"] == 80
+
+
+def test_a_known_schema_is_not_parsed_again_and_changes_nothing() -> None:
+    """Rule 14: once a topic's schema is known, values starting with its bytes have only
+    their payload parsed; the rows equal those of a parse of each value on its own, for
+    the reader's records and for values that merely start like them."""
+    enc = _encoder()
+    row = _row("1")
+    value = enc.encode_value(TABLE, "c", None, row, SOURCE)
+    head, payload = (
+        value[: value.index(b',"payload":') + 11],
+        value[value.index(b',"payload":') + 11 : -1],
+    )
+    other = orjson.loads(value)
+    other["schema"]["name"] = "changed"
+    values = [
+        value,
+        enc.encode_value(TABLE, "u", None, _row("2", "b"), SOURCE),
+        head + payload + b', "schema": 1}',  # more after the payload: the last schema wins
+        head + b"null}",  # a null payload: the bare event, no op
+        head + b'"text"}',
+        head + payload + b"} ",  # trailing space: parsed whole
+        head + payload.replace(b'"b"', b'"\xff"') + b"}",  # not UTF-8
+        orjson.dumps(other),  # the schema changed
+        value,
+    ]
+    key = enc.encode_key(TABLE, row)
+    shared = RecordParser(PREFIX, BEATS)
+    together = _parse(*[_record(key, v, offset=i) for i, v in enumerate(values)], parser=shared)
+    alone = [_parse(_record(key, v, offset=i))[0] for i, v in enumerate(values)]
+
+    def comparable(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in r.items() if k not in ("schema_id", "value_schema_json")}
+
+    assert [comparable(r) for r in together] == [comparable(r) for r in alone]
+    assert [r["kind"] for r in together] == ["change", "change", "change", "dead", "dead",
+                                             "change", "change", "change", "change"]  # fmt: skip
+    assert together[2]["value_schema_json"] == "1"
+    assert together[0]["schema_id"] == together[1]["schema_id"] == together[8]["schema_id"]
+    assert together[7]["schema_id"] != together[0]["schema_id"]
+    assert orjson.loads(together[7]["value_schema_json"])["name"] == "changed"
+    assert shared._known  # the fast path was there to take

@@ -5,7 +5,9 @@ Python workers).
 A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
 with ``--min-partitions``): ``DataFrame.mapInArrow`` hands each task its partition as Arrow
 batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back),
-and each task, in parallel: reduces its rows to the newest event per key
+and each task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
+itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
+:mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
 (:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends unparseable
 records to the dead-letter topic; applies through the sink (every write carries an
 LSN-derived version, so a replay can never go backwards); dead-letters what the sink
@@ -30,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import orjson
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
@@ -41,7 +44,7 @@ from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
-from spark_jobs.parse import RecordParser
+from spark_jobs.parse import RecordParser, parsed_after
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.stats import BatchStats
 from spark_jobs.transfer import (
@@ -237,13 +240,17 @@ def _apply_chunk(
 def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:
     """The dead-letter record for a Kafka record that is no applicable change (a change row
     carries its ``after`` image, not the whole record)."""
+    value = row["raw_value"] if row["raw_value"] is not None else row["after_json"]
+    after = parsed_after(row)
+    if value is None and after is not None:
+        value = orjson.dumps(after).decode()
     return dead_letter.UnreadableRecord(
         topic=row["topic"],
         partition=row["partition"],
         offset=row["offset"],
         table=row["table"],
         key=row["key_json"],
-        value=row["raw_value"] if row["raw_value"] is not None else row["after_json"],
+        value=value,
         reason=reason,
     )
 

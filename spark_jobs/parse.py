@@ -6,7 +6,7 @@ classified row the reduction reads, with one orjson parse per record and none in
 row :func:`spark_jobs.transforms.classify` gives on the ``"jvm"`` path (Spark SQL's
 ``from_json``): ``kind, topic, table, partition, offset, key_json, is_delete, op,
 after_json, unchanged, schema_id, value_schema_json, commit_lsn, tx_order, source_ts_ms,
-heartbeat_lsn, parse_error, raw_value``. Both paths enforce the same rules, and the same
+heartbeat_lsn, parse_error, raw_value``, plus ``after``, the image already parsed. Both paths enforce the same rules, and the same
 tests run on both:
 
 1. **Table.** ``table`` is the topic without ``<topic_prefix>.``: the table id the
@@ -40,7 +40,9 @@ tests run on both:
    without a key, skipped and counted); ``change``.
 9. **Deletes.** A tombstone (null value) or an ``op`` ``d`` event is a delete
    (``is_delete``).
-10. **Row image and TOAST.** ``after_json`` is the ``after`` image's JSON (None when null);
+10. **Row image and TOAST.** ``after`` is the ``after`` image, parsed once, when it is a
+    JSON object (the change builder reads it as it is); another non-null image is
+    ``after_json``, its text, as the JVM gives every image;
     ``unchanged`` the first ``cdc.unchanged`` header's text (the columns it left out).
 11. **Schemas.** ``schema_id`` names the event's value schema inside the task (equal
     schemas, equal ids; None without one); its JSON, ``value_schema_json``, is carried on
@@ -67,7 +69,7 @@ Pure code: no Spark, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import orjson
@@ -120,6 +122,12 @@ def carries_schema(seen: set[tuple[Any, Any]], kind: str, topic: str, schema_id:
         return False
     seen.add(sid)
     return True
+
+
+def parsed_after(row: Any) -> dict[str, Any] | None:
+    """The ``after`` image this parse kept parsed in ``row`` (rule 10), if any: rows of the
+    ``jvm`` path (dicts without it, or Spark's ``Row``) carry ``after_json`` only."""
+    return row.get("after") if isinstance(row, Mapping) else None
 
 
 def _text(raw: bytes | None) -> str | None:
@@ -214,6 +222,7 @@ class RecordParser:
             "is_delete": value is None,
             "op": None,
             "after_json": None,
+            "after": None,
             "unchanged": _header(rec.headers, HEADER_UNCHANGED),
             "schema_id": None,
             "value_schema_json": None,
@@ -300,7 +309,10 @@ class RecordParser:
         row.update(
             op=op,
             is_delete=op == "d",
-            after_json=None if after is None else _as_json_text(after),
+            # An object stays parsed, for the change builder (anything else: its text, which
+            # the change builder refuses as the JVM path's).
+            after=after if isinstance(after, dict) else None,
+            after_json=None if after is None or isinstance(after, dict) else _as_json_text(after),
             source_ts_ms=_long(source.get("ts_ms")),
         )
         if schema is not None:

@@ -87,7 +87,7 @@ def test_the_readers_own_records_become_changes(schemas: bool) -> None:
         orjson.loads(key)["payload"] if schemas else orjson.loads(key)
     )
     assert got["op"] == "u" and got["is_delete"] is False
-    assert orjson.loads(got["after_json"]) == payload["after"]
+    assert got["after"] == payload["after"] and got["after_json"] is None  # parsed once
     assert (got["commit_lsn"], got["tx_order"]) == (900, 3)
     assert got["source_ts_ms"] == payload["source"]["ts_ms"]
     if schemas:
@@ -177,7 +177,7 @@ def test_text_that_is_not_utf8_is_read_with_replacement_characters() -> None:
     (row,) = _parse(_record(b'{"id":"\xfe"}', value, [(HEADER_UNCHANGED, b"n\xff")]))
     assert row["kind"] == "change"
     assert orjson.loads(row["key_json"]) == {"id": "\ufffd"}
-    assert orjson.loads(row["after_json"]) == {"v": "a\ufffdb"}
+    assert row["after"] == {"v": "a\ufffdb"}
     assert row["unchanged"] == "n\ufffd"
 
 
@@ -310,7 +310,7 @@ def test_avro_records_are_read_into_the_json_event_in_the_task(tmp_path: Path) -
     )
     assert got["kind"] == "change"
     assert orjson.loads(got["key_json"]) == orjson.loads(want["key_json"])
-    assert orjson.loads(got["after_json"]) == orjson.loads(want["after_json"])
+    assert got["after"] == want["after"]
     assert (got["commit_lsn"], got["tx_order"]) == (70, 1)
     assert bad["kind"] == "dead" and bad["parse_error"].startswith("Avro: ")
     assert beat["heartbeat_lsn"] == 80

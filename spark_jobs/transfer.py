@@ -18,6 +18,10 @@ each (topic, ``schema_id``) in the partition gets it as a Python string, the oth
 records keep theirs: the task may read one again with a schema of its own, so it cannot
 stand for the others of its id.
 
+With ``spark.parse = "python"`` the task gets the Kafka source's own columns instead
+(:data:`RECORD_COLUMNS`: key, value and header bytes, no parse in the JVM) and
+:func:`records_from_arrow` hands them to :mod:`spark_jobs.parse` as they are.
+
 A task returns one row: its :class:`~spark_jobs.stats.BatchStats`, pickled, in the binary
 column of :data:`STATS_SCHEMA`.
 

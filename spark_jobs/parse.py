@@ -234,7 +234,8 @@ class RecordParser:
             "raw_value": None,
         }
         if topic == self._heartbeat_topic:
-            row.update(kind=HEARTBEAT, key_json=_text(key), heartbeat_lsn=_heartbeat_lsn(value))
+            key_json = self._key_json(key)
+            row.update(kind=HEARTBEAT, key_json=key_json, heartbeat_lsn=_heartbeat_lsn(value))
             return row
         decode_error = None
         if self._transcode is not None:

@@ -221,7 +221,10 @@ def by_key(events: DataFrame, partitions: int | None, key: str = "key_json") -> 
     ``partitions`` (``--min-partitions``: the source then splits a Kafka partition's offset
     range across tasks) the frame is hash-partitioned by (topic, ``key``) into that many:
     the parsed ``key_json``, or the raw ``key`` bytes of the Kafka records the ``python``
-    parse reads in the task.
+    parse reads in the task. (By bytes, one key written with two key schemas in one batch,
+    e.g. across a change of its column's type, may be reduced in two tasks: each write
+    still carries its version, so the follower keeps the newer; only the folding of
+    unchanged TOAST across the two is lost.)
     """
     if not partitions:
         return events

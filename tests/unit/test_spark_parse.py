@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmarks.envelope import rows as table_rows
 from benchmarks.envelope import sources, table
@@ -356,3 +358,48 @@ def test_a_known_schema_is_not_parsed_again_and_changes_nothing() -> None:
     assert together[7]["schema_id"] != together[0]["schema_id"]
     assert orjson.loads(together[7]["value_schema_json"])["name"] == "changed"
     assert shared._known  # the fast path was there to take
+
+
+_SCHEMAS = [{"type": "struct", "fields": [{"field": "after", "type": "struct"}]}, {"type": "x"}]
+_PAYLOADS = st.one_of(
+    st.fixed_dictionaries(
+        {"op": st.sampled_from(["c", "u", "d", "t"]), "after": st.none() | st.just({"id": 1})},
+        optional={"source": st.fixed_dictionaries({"lsn": st.integers(0, 2**64 - 1)})},
+    ),
+    st.none(),
+    st.text(max_size=3),
+    st.integers(-(2**63), 2**64 - 1),
+)
+
+
+@st.composite
+def _value(draw: st.DrawFn) -> bytes:
+    """A value as the reader writes it, or one that only starts like it."""
+    schema = orjson.dumps(draw(st.sampled_from(_SCHEMAS)))
+    payload = orjson.dumps(draw(_PAYLOADS))
+    body = b'{"schema":' + schema + b',"payload":' + payload
+    tail = draw(st.sampled_from([b"}", b"} ", b',"schema":1}', b',"payload":null}', b"", b"}}"]))
+    return body + tail
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_value(), min_size=1, max_size=12))
+def test_the_known_schema_shortcut_never_changes_a_row(values: list[bytes]) -> None:
+    """Rule 14 as a property: a task's rows equal those of each value parsed alone."""
+    shared = RecordParser(PREFIX, BEATS)
+    records = [_record(b'{"id":1}', v, offset=i) for i, v in enumerate(values)]
+    together = list(shared.rows(records))
+    alone = [RecordParser(PREFIX, BEATS)(r) for r in records]
+    for a, b in zip(together, alone, strict=True):
+        assert {**a, "schema_id": None, "value_schema_json": None} == {
+            **b,
+            "schema_id": None,
+            "value_schema_json": None,
+        }
+    # Equal schemas share an id, and the JSON of each id comes once, equal to its own.
+    texts = {r["value_schema_json"] for r in alone if r["value_schema_json"] is not None}
+    carried = [r for r in together if r["value_schema_json"] is not None and r["kind"] != "dead"]
+    assert len({r["schema_id"] for r in together if r["schema_id"] is not None}) == len(texts)
+    assert len(carried) <= len(texts)  # (and each dead row carries its own)
+    for a in carried:
+        assert a["value_schema_json"] == alone[a["offset"]]["value_schema_json"]

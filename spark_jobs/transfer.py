@@ -76,17 +76,39 @@ RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers")
 
 def records_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[KafkaRecord]:
     """The Kafka records of ``batches`` (the source's :data:`RECORD_COLUMNS`), bytes as
-    they are: the task parses them itself (:mod:`spark_jobs.parse`)."""
+    they are: the task parses them itself (:mod:`spark_jobs.parse`). Column by column: the
+    headers as one flat list of (name, value) pairs, sliced per record (a dict per header
+    through ``to_pylist`` cost more than the rest of the record)."""
     for batch in batches:
         names = batch.schema.names
         topics, partitions, offsets, keys, values, headers = (
-            batch.column(names.index(name)).to_pylist() for name in RECORD_COLUMNS
+            batch.column(names.index(name)) for name in RECORD_COLUMNS
         )
-        for topic, partition, offset, key, value, hs in zip(
-            topics, partitions, offsets, keys, values, headers, strict=True
-        ):
-            pairs = None if hs is None else [(h["key"], h["value"]) for h in hs]
-            yield KafkaRecord(topic, partition, offset, key, value, pairs)
+        yield from map(
+            KafkaRecord,
+            topics.to_pylist(),
+            partitions.to_pylist(),
+            offsets.to_pylist(),
+            keys.to_pylist(),
+            values.to_pylist(),
+            _header_pairs(headers),
+        )
+
+
+def _header_pairs(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each record's headers as (name, value) pairs; None for a null list."""
+    bounds = headers.offsets.to_pylist()
+    names, values = headers.flatten().flatten()
+    pairs = list(zip(names.to_pylist(), values.to_pylist(), strict=True))
+    base = bounds[0]
+    out: list[list[tuple[str, bytes | None]] | None] = [
+        pairs[bounds[i] - base : bounds[i + 1] - base] for i in range(len(headers))
+    ]
+    if headers.null_count:
+        for i, valid in enumerate(headers.is_valid().to_pylist()):
+            if not valid:
+                out[i] = None
+    return out
 
 
 def _pylist(column: pa.Array) -> list[Any]:

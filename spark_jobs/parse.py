@@ -6,8 +6,10 @@ classified row the reduction reads, with one orjson parse per record and none in
 row :func:`spark_jobs.transforms.classify` gives on the ``"jvm"`` path (Spark SQL's
 ``from_json``): ``kind, topic, table, partition, offset, key_json, is_delete, op,
 after_json, unchanged, schema_id, value_schema_json, commit_lsn, tx_order, source_ts_ms,
-heartbeat_lsn, parse_error, raw_value``, plus ``after``, the image already parsed. Both paths enforce the same rules, and the same
-tests run on both:
+heartbeat_lsn, parse_error, raw_value``, plus ``after``, the image already parsed. Both
+paths enforce the same rules (tests/unit/test_spark_parse.py proves each here, and
+tests/unit/test_spark_transforms.py runs the parse tests on both paths and compares their
+rows record for record):
 
 1. **Table.** ``table`` is the topic without ``<topic_prefix>.``: the table id the
    contract encodes in the name; another topic keeps its whole name.
@@ -53,8 +55,8 @@ tests run on both:
     refused strings of tens of MB; :func:`spark_jobs.reduce.reparse` read those again).
 13. **Avro.** With ``schema.value_format = avro`` each key and value is first read into
     JsonConverter JSON by :mod:`spark_jobs.avro_input` (the ``transcode`` argument, in the
-    same task: no UDF); records already JSON pass unchanged.
-
+    same task: no UDF); records already JSON pass unchanged, and one that cannot be read is
+    dead with ``Avro: <why>``.
 14. **One parse.** A value is parsed once. A table's events repeat its schema: once the
     task has parsed one, a value starting with that schema's exact bytes has it, and only
     its payload is parsed (anything else is parsed whole, so the result is the same).

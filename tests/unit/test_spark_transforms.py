@@ -287,7 +287,11 @@ def test_both_parse_paths_give_the_same_rows(spark: Any) -> None:
         (_key(30), _event("c", None, 1), _headers(600, 2)),
         (b'{"payload":{"id":"\xff"}}', _event("c", {"id": 31}, 1), _headers(600, 3)),
         (_key(32), _event("u", {"id": 32, "n": None}, 5), [(HEADER_UNCHANGED, b"n")]),
-        (_key(33), _event("c", {"id": 33, "q": 2**70}, 7, schemas=False), []),
+        (
+            _key(33),
+            _event("c", {"id": 33, "q": 0}, 7, schemas=False).replace(b":0}", b":%d}" % 2**70),
+            [],
+        ),
         (_key(34), b'{"payload": "text"}', []),
         (_key(35), b"[1, 2]", []),
         (None, _event("c", {"n": 1}, 100), _headers(700, 0), log),

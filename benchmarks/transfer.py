@@ -1,7 +1,7 @@
 """What it costs a sync job's task to get its rows into Python and reduce them.
 
-    .venv/bin/python -m benchmarks.transfer [--path both|arrow|rdd] [--rows 60000]
-        [--updates 1] [--partitions 2] [--repeats 3]
+    .venv/bin/python -m benchmarks.transfer [--path both|arrow|rdd|python|arrow,python]
+        [--rows 60000] [--updates 1] [--partitions 2] [--repeats 3]
 
 Real events (the envelope benchmark's 10-column table, encoded by the reader's own
 :class:`~schemas.envelope.EventEncoder` as Connect JSON with schemas on, with the reader's
@@ -9,7 +9,9 @@ version headers) in a Kafka-shaped frame cached in a ``local[2]`` session, then,
 batch does: parsed and classified (:mod:`spark_jobs.transforms`) and reduced per partition
 (:func:`spark_jobs.reduce.latest_per_key`), with no sink. ``--path arrow`` is how the jobs
 do it (``mapInArrow`` and :func:`spark_jobs.transfer.rows_from_arrow`); ``--path rdd`` is
-how they did before (``DataFrame.rdd.mapPartitions`` over pickled Rows). Each key is
+how they did before (``DataFrame.rdd.mapPartitions`` over pickled Rows); ``--path python``
+is ``spark.parse = "python"``: the raw records over Arrow, parsed in the task
+(:mod:`spark_jobs.parse`), no JSON parse in the JVM. ``both`` runs all three. Each key is
 written ``--updates`` times, so the reduction keeps ``rows / updates`` changes.
 
 Prints, per path, the best of ``--repeats`` interleaved runs: wall time of the Spark job,
@@ -73,7 +75,11 @@ def _jvm_cpu_s(pid: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.transfer", description=__doc__)
-    p.add_argument("--path", choices=("arrow", "rdd", "both"), default="both")
+    p.add_argument(
+        "--path",
+        default="both",
+        help="arrow, rdd, python, or several with commas (arrow,python); both: all three",
+    )
     p.add_argument("--rows", type=int, default=60_000)
     p.add_argument("--updates", type=int, default=1, help="events per key")
     p.add_argument("--partitions", type=int, default=2)
@@ -83,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from spark_jobs.parse import RecordParser
     from spark_jobs.reduce import latest_per_key
-    from spark_jobs.transfer import rows_from_arrow
+    from spark_jobs.transfer import RECORD_COLUMNS, records_from_arrow, rows_from_arrow
     from spark_jobs.transforms import classify, parse_events
 
     spark = (
@@ -122,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         cpu = time.process_time() - c0
         yield pa.RecordBatch.from_pylist([{"n": n, "rss": peak_rss_kib(), "cpu": cpu}])
 
+    def by_python(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        c0 = time.process_time()
+        rows = RecordParser("bench").rows(records_from_arrow(batches))
+        n = len(latest_per_key(rows))
+        cpu = time.process_time() - c0
+        yield pa.RecordBatch.from_pylist([{"n": n, "rss": peak_rss_kib(), "cpu": cpu}])
+
+    records_only = raw.select(*RECORD_COLUMNS)
+
     def parse_only() -> list[tuple[int, int, float]]:
         events.write.format("noop").mode("overwrite").save()
         return []
@@ -132,9 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         "arrow (mapInArrow)": lambda: [
             tuple(r) for r in events.mapInArrow(by_arrow, "n long, rss long, cpu double").collect()
         ],
+        "python (parse in the task)": lambda: [
+            tuple(r)
+            for r in records_only.mapInArrow(by_python, "n long, rss long, cpu double").collect()
+        ],
     }
     if a.path != "both":
-        runs = {k: v for k, v in runs.items() if k.startswith(a.path)}
+        paths = set(a.path.split(","))
+        unknown = paths - {"arrow", "rdd", "python"}
+        if unknown:
+            p.error(f"unknown --path {', '.join(sorted(unknown))}")
+        runs = {k: v for k, v in runs.items() if k.split()[0] in paths}
     best: dict[str, tuple[float, float, float]] = {k: (1e9, 1e9, 1e9) for k in runs}
     kept: dict[str, int] = {}
     peak = dict.fromkeys(runs, 0)

@@ -5,7 +5,9 @@ Python workers).
 A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
 with ``--min-partitions``): ``DataFrame.mapInArrow`` hands each task its partition as Arrow
 batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back),
-and each task, in parallel: reduces its rows to the newest event per key
+and each task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
+itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
+:mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
 (:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends unparseable
 records to the dead-letter topic; applies through the sink (every write carries an
 LSN-derived version, so a replay can never go backwards); dead-letters what the sink
@@ -31,21 +33,30 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import orjson
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from pgcdc.core.errors import RetryableSinkError, SinkError
-from pgcdc.core.settings import Settings
+from pgcdc.core.settings import ParsePath, Settings, ValueFormat
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import dead_letter
-from spark_jobs.avro_input import avro_as_json
+from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
+from spark_jobs.parse import RecordParser, parsed_after
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.stats import BatchStats
-from spark_jobs.transfer import STATS_SCHEMA, rows_from_arrow, stats_batch, stats_from_rows
+from spark_jobs.transfer import (
+    RECORD_COLUMNS,
+    STATS_SCHEMA,
+    records_from_arrow,
+    rows_from_arrow,
+    stats_batch,
+    stats_from_rows,
+)
 from spark_jobs.transforms import (
     CHANGE,
     DEAD,
@@ -172,6 +183,25 @@ def apply_arrow(
     yield stats_batch(apply_events(settings, job, make_sink, rows_from_arrow(batches)))
 
 
+def apply_records_arrow(
+    settings: Settings,
+    job: str,
+    make_sink: SinkFactory,
+    heartbeat_topic: str | None,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function with ``spark.parse = "python"``: the partition's raw Kafka
+    records parsed here, once each (:mod:`spark_jobs.parse`; Avro read first when the
+    settings say so), then as :func:`apply_arrow`."""
+    schema = settings.schema_
+    transcode = (
+        transcoder_for(schema).transcode if schema.value_format is ValueFormat.AVRO else None
+    )
+    parser = RecordParser(settings.kafka.topic_prefix, heartbeat_topic, transcode)
+    rows = parser.rows(records_from_arrow(batches))
+    yield stats_batch(apply_events(settings, job, make_sink, rows))
+
+
 def _apply_chunk(
     sink: Sink,
     job: str,
@@ -212,13 +242,17 @@ def _apply_chunk(
 def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:
     """The dead-letter record for a Kafka record that is no applicable change (a change row
     carries its ``after`` image, not the whole record)."""
+    value = row["raw_value"] if row["raw_value"] is not None else row["after_json"]
+    after = parsed_after(row)
+    if value is None and after is not None:
+        value = orjson.dumps(after).decode()
     return dead_letter.UnreadableRecord(
         topic=row["topic"],
         partition=row["partition"],
         offset=row["offset"],
         table=row["table"],
         key=row["key_json"],
-        value=row["raw_value"] if row["raw_value"] is not None else row["after_json"],
+        value=value,
         reason=reason,
     )
 
@@ -310,12 +344,17 @@ class ApplyBatch:
 
     def events(self, records: DataFrame) -> DataFrame:
         """The frame each batch applies, from the Kafka source's ``records``: parsed,
-        classified and (with ``--min-partitions``) spread by key.
+        classified and (with ``--min-partitions``) spread by key; with ``spark.parse =
+        "python"`` the records themselves, which each task parses.
 
         Give it the *streaming* frame and pass the result to ``foreachBatch``: Spark then
         plans it once per batch inside the JVM (about 10 ms). Building the same columns
         from Python for every batch cost 200-700 ms of py4j calls and eager analysis on
         this 2-core machine, most of a micro-batch's fixed cost."""
+        if self.settings.spark.parse is ParsePath.PYTHON:
+            # The records as Kafka gave them: each task parses its own (apply_records_arrow).
+            raw = records.select(*RECORD_COLUMNS)
+            return by_key(raw, self.opts.min_partitions, key="key")
         prefix = self.settings.kafka.topic_prefix
         records = avro_as_json(records, self.settings)
         events = classify(parse_events(records, prefix, self.opts.heartbeat_topic))
@@ -335,7 +374,17 @@ class ApplyBatch:
 
     def _run(self, events: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        apply = functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
+        apply = (
+            functools.partial(
+                apply_records_arrow,
+                self.settings,
+                self.opts.name,
+                self.make_sink,
+                self.opts.heartbeat_topic,
+            )
+            if self.settings.spark.parse is ParsePath.PYTHON
+            else functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
+        )
         total = BatchStats()
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.

@@ -22,6 +22,7 @@ from pgcdc.core.contract import VersionOrder, decode_unchanged_header
 from pgcdc.core.errors import SinkError
 from sinks.base import Change, fill_unchanged, key_id
 from spark_jobs.convert import RowConverter, after_schema
+from spark_jobs.parse import parsed_after
 
 # Called with (table, Debezium value schema) the first time a schema is used.
 OnNewSchema = Callable[[str, Mapping[str, Any]], None]
@@ -71,7 +72,7 @@ class ChangeBuilder:
                 return Change(table, key, r["commit_lsn"], r["tx_order"], None)
             conv = self._converter(table, r["schema_id"])
             if not r["history"]:
-                doc, unchanged = _row(conv, r["after_json"], r["op"], r["unchanged"])
+                doc, unchanged = _row(conv, _after(r), r["op"], r["unchanged"])
                 return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
             return self._folded(r, table, key)
         except RecordError:
@@ -89,12 +90,13 @@ class ChangeBuilder:
         )
         changes = []
         for h in history:
-            if h["is_delete"] or h["after_json"] is None:
+            after = None if h["is_delete"] else _after(h)
+            if after is None:
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
             else:
                 # A history from before schema ids were kept: the newest event's schema.
                 conv = self._converter(table, h.get("schema_id", r["schema_id"]))
-                doc, unchanged = _row(conv, h["after_json"], None, h["unchanged"])
+                doc, unchanged = _row(conv, after, None, h["unchanged"])
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged))
         return fill_unchanged(changes)
 
@@ -112,13 +114,22 @@ def _key(key_json: str | None) -> str:
     return key_id(payload)
 
 
+def _after(r: Mapping[str, Any]) -> Any:
+    """The row's ``after`` image (None if null): parsed in the task already (``after``,
+    :mod:`spark_jobs.parse`) or JSON text (``after_json``, the JVM's parse)."""
+    after = parsed_after(r)
+    if after is not None:
+        return after
+    text = r["after_json"]
+    return None if text is None else orjson.loads(text)
+
+
 def _row(
-    conv: RowConverter, after_json: str | None, op: str | None, unchanged_header: str | None
+    conv: RowConverter, after: Any, op: str | None, unchanged_header: str | None
 ) -> tuple[dict[str, Any], frozenset[str]]:
     """The ``after`` image as a document and its unchanged columns."""
-    if after_json is None:
+    if after is None:
         raise RecordError(f"a {op or 'c/u/r'} event without an 'after' image")
-    after = orjson.loads(after_json)
     if not isinstance(after, dict):
         raise RecordError("the 'after' image is not a JSON object")
     return conv(after, decode_unchanged_header(unchanged_header))

@@ -112,10 +112,11 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
             ready, health_port, settings.health_host, metrics=batch.metrics.render
         ).start()
     log.info(
-        "started %s: topics=%s checkpoint=%s",
+        "started %s: topics=%s checkpoint=%s parse=%s",
         opts.name,
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
+        settings.spark.parse,
         extra={"job": opts.name},
     )
     try:

@@ -31,8 +31,8 @@ from typing import Any
 import orjson
 from pyspark.sql import Row
 
-from sinks.base import PLACEHOLDER_TEXTS
-from spark_jobs.transforms import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA
+from sinks.base import PLACEHOLDER_TEXTS, is_placeholder
+from spark_jobs.parse import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA, parsed_after
 
 # A commit LSN header beyond 2**63-1 reads as null: it sorts after every other version, so
 # it wins and the change builder stops on it (no later change could be ordered either).
@@ -76,6 +76,9 @@ def _version(row: Mapping[str, Any]) -> tuple[int, int, int]:
 def _has_placeholder(row: Mapping[str, Any]) -> bool:
     if row["unchanged"]:
         return True
+    image = parsed_after(row)
+    if image is not None:
+        return any(is_placeholder(v) for v in image.values())
     after = row["after_json"]
     return after is not None and any(text in after for text in PLACEHOLDER_TEXTS)
 
@@ -119,9 +122,10 @@ def latest_per_key(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             newest[key] = row
     for key, row in newest.items():
         change = {f: row[f] for f in _CHANGE_FIELDS}
+        change["after"] = parsed_after(row)
         events = older.get(key)
         change["history"] = (
-            [{f: e[f] for f in _HISTORY_FIELDS} for e in events]
+            [{**{f: e[f] for f in _HISTORY_FIELDS}, "after": parsed_after(e)} for e in events]
             if events is not None and _has_placeholder(row)
             else None
         )

@@ -18,6 +18,10 @@ each (topic, ``schema_id``) in the partition gets it as a Python string, the oth
 records keep theirs: the task may read one again with a schema of its own, so it cannot
 stand for the others of its id.
 
+With ``spark.parse = "python"`` the task gets the Kafka source's own columns instead
+(:data:`RECORD_COLUMNS`: key, value and header bytes, no parse in the JVM) and
+:func:`records_from_arrow` hands them to :mod:`spark_jobs.parse` as they are.
+
 A task returns one row: its :class:`~spark_jobs.stats.BatchStats`, pickled, in the binary
 column of :data:`STATS_SCHEMA`.
 
@@ -32,8 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_jobs.parse import KafkaRecord, carries_schema
 from spark_jobs.stats import BatchStats
-from spark_jobs.transforms import DEAD
 
 SCHEMA_COLUMN = "value_schema_json"
 # What each task returns to the driver (a DDL string for mapInArrow).
@@ -58,17 +62,53 @@ def rows_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any
             ids = columns[names.index("schema_id")]
             kinds = columns[names.index("kind")]
             only_first: list[Any] = [None] * batch.num_rows
-            for i, (kind, sid) in enumerate(zip(kinds, zip(topics, ids, strict=True), strict=True)):
-                if kind == DEAD:
-                    # A dead record may be read again in the task and get a schema of its
-                    # own (spark_jobs.reduce.reparse): it does not stand for its id's.
-                    only_first[i] = _py(schemas, i)
-                elif sid not in seen:
-                    seen.add(sid)
+            for i, (kind, topic, sid) in enumerate(zip(kinds, topics, ids, strict=True)):
+                if carries_schema(seen, kind, topic, sid):
                     only_first[i] = _py(schemas, i)
             columns[at] = only_first
         for values in zip(*columns, strict=True):
             yield dict(zip(names, values, strict=True))
+
+
+# The Kafka source's columns the ``python`` parse reads (spark.parse; spark_jobs.parse).
+RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers")
+
+
+def records_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[KafkaRecord]:
+    """The Kafka records of ``batches`` (the source's :data:`RECORD_COLUMNS`), bytes as
+    they are: the task parses them itself (:mod:`spark_jobs.parse`). Column by column: the
+    headers as one flat list of (name, value) pairs, sliced per record (a dict per header
+    through ``to_pylist`` cost more than the rest of the record)."""
+    for batch in batches:
+        names = batch.schema.names
+        topics, partitions, offsets, keys, values, headers = (
+            batch.column(names.index(name)) for name in RECORD_COLUMNS
+        )
+        yield from map(
+            KafkaRecord,
+            topics.to_pylist(),
+            partitions.to_pylist(),
+            offsets.to_pylist(),
+            keys.to_pylist(),
+            values.to_pylist(),
+            _header_pairs(headers),
+        )
+
+
+def _header_pairs(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each record's headers as (name, value) pairs; None for a null list."""
+    bounds = headers.offsets.to_pylist()
+    names, values = headers.flatten().flatten()
+    pairs = list(zip(names.to_pylist(), values.to_pylist(), strict=True))
+    base = bounds[0]
+    out: list[list[tuple[str, bytes | None]] | None] = [
+        pairs[bounds[i] - base : bounds[i + 1] - base] for i in range(len(headers))
+    ]
+    if headers.null_count:
+        for i, valid in enumerate(headers.is_valid().to_pylist()):
+            if not valid:
+                out[i] = None
+    return out
 
 
 def _pylist(column: pa.Array) -> list[Any]:

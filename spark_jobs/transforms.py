@@ -30,6 +30,30 @@ from pgcdc.core.contract import (
     HEADER_UNCHANGED,
     HEARTBEAT_LSN_FIELD,
 )
+from spark_jobs.parse import (
+    BAD_COMMIT_LSN,
+    BAD_ORDER,
+    CHANGE,
+    DEAD,
+    HEARTBEAT,
+    KEYLESS,
+    NOT_DEBEZIUM,
+    SCHEMA,
+    TRUNCATE,
+)
+
+__all__ = [
+    "CHANGE",
+    "DEAD",
+    "HEARTBEAT",
+    "KEYLESS",
+    "NOT_DEBEZIUM",
+    "SCHEMA",
+    "TRUNCATE",
+    "by_key",
+    "classify",
+    "parse_events",
+]
 
 # The Debezium envelope, with row images and the schema kept as raw JSON text: the sinks
 # decode them per table, and Spark does not have to know every table's columns.
@@ -55,9 +79,9 @@ _PAYLOAD = StructType(
 )
 
 
-# Spark's JSON reader refuses some values Python reads (e.g. a string over Jackson's length
-# limit, tens of MB): such records get a second parse in the task (spark_jobs.reduce).
-NOT_DEBEZIUM = "value is not a Debezium event"
+# NOT_DEBEZIUM: Spark's JSON reader refuses some values Python reads (e.g. a string over
+# Jackson's length limit, tens of MB): such records get a second parse in the task
+# (spark_jobs.reduce).
 
 
 def _header(name: str) -> Column:
@@ -141,18 +165,12 @@ def parse_events(df: DataFrame, topic_prefix: str, heartbeat_topic: str | None =
         (F.col("is_tombstone") | (F.col("p.op") == "d")).alias("is_delete"),
         F.when(F.col("is_heartbeat"), F.lit(None))
         .when(F.col("decode_error").isNotNull(), F.col("decode_error"))
-        .when(_bad_header("h_commit_lsn_raw"), F.lit(f"the {HEADER_COMMIT_LSN} header is no LSN"))
-        .when(_bad_header("h_order_raw"), F.lit(f"the {HEADER_ORDER} header is no number"))
+        .when(_bad_header("h_commit_lsn_raw"), F.lit(BAD_COMMIT_LSN))
+        .when(_bad_header("h_order_raw"), F.lit(BAD_ORDER))
         .when(F.col("is_tombstone"), F.lit(None))
         .when(F.col("p").isNull() | F.col("p.op").isNull(), F.lit(NOT_DEBEZIUM))
         .alias("parse_error"),
     )
-
-
-CHANGE, DEAD, HEARTBEAT, TRUNCATE, SCHEMA = "change", "dead", "heartbeat", "truncate", "schema"
-# Records with a null key on a table topic: a keyless table's events (its topic is not
-# compacted). No follower can tell its rows apart, so they are skipped and counted.
-KEYLESS = "keyless"
 
 
 def classify(events: DataFrame) -> DataFrame:
@@ -195,14 +213,19 @@ def classify(events: DataFrame) -> DataFrame:
     )
 
 
-def by_key(events: DataFrame, partitions: int | None) -> DataFrame:
+def by_key(events: DataFrame, partitions: int | None, key: str = "key_json") -> DataFrame:
     """The frame as the tasks apply it: every event of one (topic, key) in one partition.
 
     Without ``partitions`` it is the Kafka source's own partitioning, one Spark partition
     per Kafka partition, which already holds every event of its keys: no shuffle. With
     ``partitions`` (``--min-partitions``: the source then splits a Kafka partition's offset
-    range across tasks) the frame is hash-partitioned by (topic, key) into that many.
+    range across tasks) the frame is hash-partitioned by (topic, ``key``) into that many:
+    the parsed ``key_json``, or the raw ``key`` bytes of the Kafka records the ``python``
+    parse reads in the task. (By bytes, one key written with two key schemas in one batch,
+    e.g. across a change of its column's type, may be reduced in two tasks: each write
+    still carries its version, so the follower keeps the newer; only the folding of
+    unchanged TOAST across the two is lost.)
     """
     if not partitions:
         return events
-    return events.repartition(partitions, "topic", "key_json")
+    return events.repartition(partitions, "topic", key)

@@ -96,6 +96,14 @@ class ValueFormat(StrEnum):
     AVRO = "avro"
 
 
+class ParsePath(StrEnum):
+    """Where the sync jobs parse the Debezium JSON: Spark SQL's ``from_json`` in the JVM, or
+    orjson in the Python task that applies it (:mod:`spark_jobs.parse`)."""
+
+    JVM = "jvm"
+    PYTHON = "python"
+
+
 class PublicationAutocreate(StrEnum):
     """Debezium's ``publication.autocreate.mode``: what the reader may do to the publication."""
 
@@ -525,6 +533,9 @@ class SparkSettings(BaseModel):
     # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
     job_endpoints: dict[str, str] = Field(default_factory=dict)
     starting_offsets: str = "earliest"
+    # Where the jobs parse each record: `jvm` (Spark SQL's from_json) or `python` (orjson
+    # in the task that applies it, one parse per record: spark_jobs/parse.py).
+    parse: ParsePath = ParsePath.JVM
 
     @field_validator("checkpoint_dir")
     @classmethod

@@ -38,6 +38,12 @@ SPARK_SUBMIT = ROOT / "scripts" / "spark-submit"
 CDC = [sys.executable, "-m", "cdc"]
 
 
+def spark_parse() -> str:
+    """The parse path (``spark.parse``) the tests run the jobs with: ``CDC_SPARK__PARSE`` of
+    the test run (``jvm`` by default), so the same tests prove both paths."""
+    return os.environ.get("CDC_SPARK__PARSE", "jvm")
+
+
 @dataclass(frozen=True)
 class Pipeline:
     endpoints: Endpoints
@@ -63,6 +69,7 @@ class Pipeline:
             CDC_SEARCH__URL=self.endpoints.search_url,
             CDC_SEARCH__INDEX_PREFIX=self.index_prefix,
             CDC_SPARK__CHECKPOINT_DIR=str(self.checkpoint_dir),
+            CDC_SPARK__PARSE=spark_parse(),
         )
         env.update(self.settings_env)
         env.update(extra)
@@ -188,7 +195,7 @@ def run_jobs_in_session(spark: Any, p: Pipeline, timeout: float = 600) -> None:
         },
         redis={"url": ep.redis_url, "key_prefix": p.key_prefix},  # type: ignore[arg-type]
         search={"url": ep.search_url, "index_prefix": p.index_prefix},  # type: ignore[arg-type]
-        spark={"checkpoint_dir": str(p.checkpoint_dir)},  # type: ignore[arg-type]
+        spark={"checkpoint_dir": str(p.checkpoint_dir), "parse": spark_parse()},  # type: ignore[arg-type]
     )
     queries = []
     for job, make_sink in ((CACHE_JOB, cache_sink), (SEARCH_JOB, search_sink)):

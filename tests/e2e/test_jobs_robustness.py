@@ -40,6 +40,7 @@ from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, VersionOrder, redis_water
 from pgcdc.core.settings import Settings
 from schemas.convert import DATE_POSITIVE_INFINITY_DAYS
 from tests.conftest import Endpoints, unique, wait_until
+from tests.e2e.pipeline import spark_parse
 from tests.e2e.proxy import Proxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -225,7 +226,11 @@ def test_poison_records_and_follower_outages(
         },
         redis={"url": redis_proxy.url("redis") + redis_url.path, "key_prefix": key_prefix},  # type: ignore[arg-type]
         search={"url": search_proxy.url("http"), "index_prefix": index_prefix},  # type: ignore[arg-type]
-        spark={"checkpoint_dir": str(tmp_path), "follower_retry_s": 300},  # type: ignore[arg-type]
+        spark={  # type: ignore[arg-type]
+            "checkpoint_dir": str(tmp_path),
+            "follower_retry_s": 300,
+            "parse": spark_parse(),
+        },
     )
 
     def options(job: str, *topic_names: str) -> JobOptions:

@@ -364,3 +364,32 @@ def test_a_value_sparks_json_reader_refused_is_read_again_in_the_task(
     assert sink.schemas == [("public.items", SCHEMA)]
     (letter,) = published
     assert letter["offset"] == 2 and letter["reason"] == NOT_DEBEZIUM
+
+
+def test_rows_of_the_python_parse_are_applied_and_dead_lettered_alike(
+    sink: RecordingSink, published: list[dead_letter.DeadLetter]
+) -> None:
+    """``spark.parse = "python"``: the task's own parse (spark_jobs.parse) feeds the same
+    reduction and apply; a change that cannot be built is dead-lettered with its image."""
+    from spark_jobs.parse import KafkaRecord, RecordParser
+
+    def event(after: dict[str, Any]) -> bytes:
+        return orjson.dumps({"schema": SCHEMA, "payload": {"op": "c", "after": after}})
+
+    records = [
+        KafkaRecord("shop.public.items", 0, 1, b'{"id":1}', event({"v": "skipped"}), None),
+        KafkaRecord("shop.public.items", 0, 2, b'{"id":1}', event({"v": "applied", "n": 2}), None),
+        KafkaRecord("shop.public.items", 0, 3, b"{not json", event({"v": "applied"}), None),
+        KafkaRecord("shop.public.items", 0, 4, b'{"id":2}', b"junk", None),
+        KafkaRecord("__cdc-heartbeat.shop", 0, 5, None, b'{"lsn":77}', None),
+    ]
+    rows = RecordParser("shop", "__cdc-heartbeat.shop").rows(records)
+    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    assert (stats.applied, stats.dead_lettered, stats.heartbeat_lsn) == (1, 2, 77)
+    ((change,),) = sink.batches
+    assert change.key == "1" and change.doc == {"v": "applied", "n": 2}
+    assert sink.schemas == [("public.items", SCHEMA)]
+    letters = {letter["offset"]: letter for letter in published}
+    assert orjson.loads(str(letters[3]["value"])) == {"v": "applied"}
+    assert "not JSON" in str(letters[3]["reason"])
+    assert letters[4]["value"] == "junk" and letters[4]["reason"] == "value is not a Debezium event"

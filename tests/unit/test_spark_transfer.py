@@ -344,3 +344,54 @@ def _apply_fn(batch: Any) -> Any:
     from spark_jobs.apply_loop import apply_arrow
 
     return functools.partial(apply_arrow, batch.settings, batch.opts.name, batch.make_sink)
+
+
+def test_kafka_records_come_through_as_bytes_with_their_headers() -> None:
+    """The python parse's input (spark.parse = "python"): the source's columns as they are,
+    headers per record in order, null lists and values kept, across sliced batches."""
+    from spark_jobs.parse import KafkaRecord
+    from spark_jobs.transfer import records_from_arrow
+
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    schema = pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us")),
+            ("headers", pa.list_(header)),
+        ]
+    )
+    headers = [
+        [{"key": "cdc.commit_lsn", "value": b"10"}, {"key": "cdc.order", "value": b"2"}],
+        None,
+        [],
+        [{"key": "cdc.unchanged", "value": None}],
+        [{"key": "a", "value": b"\xff"}],
+    ]
+    n = len(headers)
+    table = pa.Table.from_pydict(
+        {
+            "key": [b'{"id":1}', None, b"k", b"\xfe", b"x"],
+            "value": [b"{}", b"v", None, b"w", b"\x00" * 3],
+            "topic": ["t"] * n,
+            "partition": [0, 1, 2, 3, 4],
+            "offset": [10, 11, 12, 13, 14],
+            "timestamp": [None] * n,
+            "headers": headers,
+        },
+        schema,
+    )
+    batches = [table.slice(0, 2).to_batches()[0], table.slice(2).to_batches()[0]]
+    got = list(records_from_arrow(batches))
+    assert got == [
+        KafkaRecord(
+            "t", 0, 10, b'{"id":1}', b"{}", [("cdc.commit_lsn", b"10"), ("cdc.order", b"2")]
+        ),
+        KafkaRecord("t", 1, 11, None, b"v", None),
+        KafkaRecord("t", 2, 12, b"k", None, []),
+        KafkaRecord("t", 3, 13, b"\xfe", b"w", [("cdc.unchanged", None)]),
+        KafkaRecord("t", 4, 14, b"x", b"\x00" * 3, [("a", b"\xff")]),
+    ]

@@ -73,17 +73,15 @@ _IN_PROGRESS = sql.SQL(
 
 
 def _wait_visible(conn: psycopg.Connection[Any], xid: int, timeout_s: float) -> bool:
-    """Wait until transaction ``xid`` is not in progress for a new snapshot; True if it was
-    still in progress at first (so a second read may find what the first missed)."""
+    """Wait until transaction ``xid`` is not in progress for a new snapshot; False if it
+    still was when ``timeout_s`` ran out."""
     deadline = time.monotonic() + timeout_s
-    waited = False
     while True:
         row = conn.execute(_IN_PROGRESS, (str(xid), str(xid))).fetchone()
         if not (row and row[0]):
-            return waited
+            return True
         if time.monotonic() >= deadline:
-            return waited
-        waited = True
+            return False
         time.sleep(0.01)
 
 
@@ -103,7 +101,9 @@ def fetch_current(
     ``xid`` is the transaction that wrote ``row``. A walsender may send a commit a moment
     before the transaction is visible to other sessions' snapshots; if the row is not found,
     we wait (up to ``visible_within_s``) until the transaction is no longer in progress for
-    a new snapshot and read once more, so "not found" really means "gone since".
+    a new snapshot and read once more, so "not found" really means "gone since". The second
+    read happens whether or not we had to wait: the first may have run a moment before the
+    transaction became visible, and the look after it a moment after.
     """
     if not positions or not table.key_columns:
         return tuple(row)
@@ -121,7 +121,10 @@ def fetch_current(
         ),
     )
     found = conn.execute(query, key_values).fetchone()
-    if found is None and xid is not None and _wait_visible(conn, xid, visible_within_s):
+    if found is None and xid is not None:
+        # Read again once the transaction is visible, even if it already is when we look:
+        # it may have become visible between the first read and that look.
+        _wait_visible(conn, xid, visible_within_s)
         found = conn.execute(query, key_values).fetchone()
     if found is None:
         return tuple(row)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 
+from cdc.catalog import load_table
+from cdc.toast import fetch_current
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
+from pgcdc.core.values import UNCHANGED_TOAST
 from tests.conftest import Endpoints, unique
 from tests.integration.reader_support import ReaderEnv, Record, read_topic
 
@@ -100,3 +105,47 @@ def test_pk_change_of_a_row_deleted_since_keeps_the_marker(reader: ReaderEnv) ->
     assert create is not None
     # The row is gone when the reader looks: the marker stays, and the delete follows.
     assert create["after"]["description"] == UNAVAILABLE_VALUE_PLACEHOLDER
+
+
+class _CommitsAfterFirstRead:
+    """The reader's connection, with the writer's transaction committed right after the
+    reader's first read of the row: the race of a commit that the walsender sent a moment
+    before it was visible, and that became visible before the reader looked again."""
+
+    def __init__(self, conn: psycopg.Connection[Any], writer: psycopg.Connection[Any]) -> None:
+        self.conn, self.writer = conn, writer
+        self.first_read: Any = "not read"
+
+    def execute(self, query: Any, params: Any = None) -> Any:
+        cur = self.conn.execute(query, params)
+        if self.first_read == "not read" and "description" in str(query.as_string(self.conn)):
+            self.first_read = cur.fetchone()
+            self.writer.commit()
+            return _Fetched(self.first_read)
+        return cur
+
+
+class _Fetched:
+    def __init__(self, row: Any) -> None:
+        self.row = row
+
+    def fetchone(self) -> Any:
+        return self.row
+
+
+def test_a_row_that_becomes_visible_between_two_looks_is_read(pg_database: str) -> None:
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute("CREATE TABLE docs (id int PRIMARY KEY, title text, description text)")
+        table = load_table(conn, "docs")
+    with (
+        psycopg.connect(pg_database) as writer,
+        psycopg.connect(pg_database, autocommit=True) as reader_conn,
+    ):
+        writer.execute(f"INSERT INTO docs VALUES (101, 't', {BIG})", ("1",))
+        xid_row = writer.execute("SELECT xid(pg_current_xact_id())::text").fetchone()
+        assert xid_row is not None
+        conn_seen = _CommitsAfterFirstRead(reader_conn, writer)
+        row = ("101", "t", UNCHANGED_TOAST)
+        filled = fetch_current(conn_seen, table, row, [2], int(xid_row[0]))  # type: ignore[arg-type]
+        assert conn_seen.first_read is None  # the path under test: the first read missed
+        assert filled[2] == _descriptions(pg_database, "docs")[101]

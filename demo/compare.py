@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 import psycopg
 import redis
-from opensearchpy import OpenSearch
 from redis.cluster import RedisCluster
 
 from pgcdc.core.follower_clients import redis_cluster_url
+from pgcdc.core.search_documents import every_document
 from sinks.search_index import index_name
 
 
@@ -83,33 +83,10 @@ def search_state(
 ) -> dict[str, dict[str, Any]]:
     """The search follower's documents of ``table`` (index ``<index_prefix>-<table>``)."""
     types = column_types(dsn, table)
-    client = OpenSearch(search_url, timeout=60)
-    index = index_name(index_prefix, table)
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        if not client.indices.exists(index=index):
-            return out
-        client.indices.refresh(index=index)
-        after: list[Any] | None = None
-        while True:
-            body: dict[str, Any] = {
-                "size": 5000,
-                "sort": [{"_id": "asc"}],
-                "query": {"match_all": {}},
-            }
-            if after:
-                body["search_after"] = after
-            hits = client.search(index=index, body=body)["hits"]["hits"]
-            if not hits:
-                break
-            for h in hits:
-                out[h["_id"]] = {
-                    c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()
-                }
-            after = hits[-1]["sort"]
-    finally:
-        client.close()
-    return out
+    return {
+        h["_id"]: {c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()}
+        for h in every_document(search_url, index_name(index_prefix, table), page=5000)
+    }
 
 
 def diff(leader: Mapping[str, Any], follower: Mapping[str, Any], limit: int = 5) -> str:

@@ -176,7 +176,8 @@ def search_products(
         "track_total_hits": True,
         "query": {"multi_match": {"query": text, "fields": ["title^3", "description"]}},
         "_source": ["title", "price"],
-        "sort": [{"_score": "desc"}, {"_id": "asc"}],
+        # Ties by the product id field: sorting on _id is deprecated (a warning).
+        "sort": [{"_score": "desc"}, {"id": {"order": "asc", "unmapped_type": "long"}}],
     }
     try:
         res = client.search(index=index, body=body)

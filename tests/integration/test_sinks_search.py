@@ -12,6 +12,7 @@ from opensearchpy.exceptions import NotFoundError
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError, SinkError
+from pgcdc.core.search_documents import every_document
 from sinks.base import Change
 from sinks.search import SearchSink
 from tests.conftest import Endpoints, wait_until
@@ -415,3 +416,15 @@ def test_an_unreachable_cluster_raises_retryable() -> None:
         assert len(delays) == 2
     finally:
         sink.close()
+
+
+def test_every_document_pages_through_an_index_without_an_id_sort(
+    sink: SearchSink, endpoints: Endpoints
+) -> None:
+    sink.apply([Change(T, str(i), 100 + i, 0, {"id": i, "n": i / 10}) for i in range(7)])
+    index = sink.index_for(T)
+    base = endpoints.search_url
+    # Pages of 3: the scroll is followed past its first page.
+    docs = {h["_id"]: h["_source"] for h in every_document(base, index, page=3)}
+    assert docs == {str(i): {"id": i, "n": i / 10} for i in range(7)}
+    assert list(every_document(base, index + "-absent")) == []

@@ -4,9 +4,6 @@ dead-letter topic read back, for cases where a value must be exact or dead-lette
 from __future__ import annotations
 
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,10 +11,10 @@ import orjson
 import psycopg
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from opensearchpy import OpenSearch
 from psycopg import sql
 
 from pgcdc.core.contract import table_index
+from pgcdc.core.search_documents import every_document
 from sinks.base import key_id
 from tests.integration.real_databases.canonical import (
     ColumnType,
@@ -75,40 +72,13 @@ def cache_exact(p: Pipeline, table: Table) -> Rows:
     return _canonical_rows(raw, _types(p, table), "follower")
 
 
-def _post(url: str, body: dict[str, Any]) -> Any:
-    """POST JSON, answer read with exact decimals (the client's parser makes doubles)."""
-    req = urllib.request.Request(
-        url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return loads_exact(resp.read())
-
-
-def _search_hits(p: Pipeline, index: str) -> Iterator[dict[str, Any]]:
-    client = OpenSearch(p.endpoints.search_url, timeout=120)
-    try:
-        if not client.indices.exists(index=index):
-            return
-        client.indices.refresh(index=index)
-    finally:
-        client.close()
-    url = f"{p.endpoints.search_url.rstrip('/')}/{urllib.parse.quote(index)}/_search"
-    after: list[Any] | None = None
-    while True:
-        body: dict[str, Any] = {"size": 2000, "sort": [{"_id": "asc"}]}
-        if after:
-            body["search_after"] = after
-        hits = _post(url, body)["hits"]["hits"]
-        if not hits:
-            return
-        yield from hits
-        after = hits[-1]["sort"]
-
-
 def search_exact(p: Pipeline, table: Table) -> Rows:
     """The OpenSearch follower's documents (``_source``), exactly."""
     index = table_index(p.index_prefix, table.follower_id(p.name))
-    raw = {h["_id"]: h["_source"] for h in _search_hits(p, index)}
+    raw = {
+        h["_id"]: h["_source"]
+        for h in every_document(p.endpoints.search_url, index, loads=loads_exact)
+    }
     return _canonical_rows(raw, _types(p, table), "follower")
 
 

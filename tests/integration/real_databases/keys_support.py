@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
     table_index,
 )
+from pgcdc.core.search_documents import every_document
 from sinks.base import key_id
 from tests.conftest import ROOT, Endpoints
 from tests.e2e.pipeline import CDC, kill_group, start_job, tail
@@ -132,26 +131,10 @@ def _search_raw(p: Pipeline, table: Table) -> dict[str, dict[str, Any]]:
         client.indices.refresh(index=index)
     finally:
         client.close()
-    return {h["_id"]: h["_source"] for h in _hits(p, index)}
-
-
-def _hits(p: Pipeline, index: str) -> Iterator[dict[str, Any]]:
-    """Every document, read with exact decimals (the client's parser makes doubles)."""
-    url = f"{p.endpoints.search_url.rstrip('/')}/{urllib.parse.quote(index)}/_search"
-    after: list[Any] | None = None
-    while True:
-        body: dict[str, Any] = {"size": 2000, "sort": [{"_id": "asc"}]}
-        if after:
-            body["search_after"] = after
-        req = urllib.request.Request(
-            url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            hits = loads_exact(resp.read())["hits"]["hits"]
-        if not hits:
-            return
-        yield from hits
-        after = hits[-1]["sort"]
+    return {
+        h["_id"]: h["_source"]
+        for h in every_document(p.endpoints.search_url, index, loads=loads_exact)
+    }
 
 
 def _follower_value(value: Any, t: ColumnType, binary_mode: str) -> Any:

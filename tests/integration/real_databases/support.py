@@ -22,6 +22,7 @@ from psycopg import sql
 
 from demo.compare import canonical, diff
 from pgcdc.core.contract import JOBS, table_id, table_index, table_of_topic, table_topic
+from pgcdc.core.search_documents import every_document
 from sinks.base import key_id
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import Pipeline, run_jobs_available_now, run_reader_until_current
@@ -168,28 +169,10 @@ def _glob_escape(s: str) -> str:
 def search_rows(p: Pipeline, table: Table) -> dict[str, dict[str, Any]]:
     types = column_types(p.dsn, table)
     index = table_index(p.index_prefix, table.follower_id(p.name))
-    client = OpenSearch(p.endpoints.search_url, timeout=60)
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        if not client.indices.exists(index=index):
-            return out
-        client.indices.refresh(index=index)
-        after: list[Any] | None = None
-        while True:
-            body: dict[str, Any] = {"size": 5000, "sort": [{"_id": "asc"}]}
-            if after:
-                body["search_after"] = after
-            hits = client.search(index=index, body=body)["hits"]["hits"]
-            if not hits:
-                break
-            for h in hits:
-                out[h["_id"]] = {
-                    c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()
-                }
-            after = hits[-1]["sort"]
-    finally:
-        client.close()
-    return out
+    return {
+        h["_id"]: {c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()}
+        for h in every_document(p.endpoints.search_url, index, page=5000)
+    }
 
 
 def assert_followers_equal(

@@ -17,7 +17,6 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from confluent_kafka.admin import AdminClient, ConfigResource
 
 from pgcdc.core.contract import JOBS, redis_watermark_key
 from tests.conftest import Endpoints, unique, wait_until
@@ -33,6 +32,7 @@ from tests.e2e.pipeline import (
     search_state,
     start_job,
 )
+from tests.integration.reader_support import force_compaction
 from tests.integration.real_databases.support import cleanup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
@@ -294,30 +294,10 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
     assert_followers_equal_leader(fresh)
 
 
-def _force_compaction(p: Pipeline) -> None:
-    """Make the cleaner compact our topics soon: tiny segments, any dirt is enough."""
-    admin = AdminClient({"bootstrap.servers": p.endpoints.kafka_bootstrap})
-    topics = [f"{p.name}.{t}" for t in TABLES]
-    for t in topics:
-        res = ConfigResource(
-            ConfigResource.Type.TOPIC,
-            t,
-            set_config={
-                "cleanup.policy": "compact",
-                "segment.ms": "100",
-                "min.cleanable.dirty.ratio": "0.01",
-                "delete.retention.ms": "100",
-                "min.compaction.lag.ms": "0",
-            },
-        )
-        for fut in admin.alter_configs([res]).values():
-            fut.result(timeout=30)
-
-
 def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    _force_compaction(converged)
+    force_compaction(converged.endpoints.kafka_bootstrap, [f"{converged.name}.{t}" for t in TABLES])
     # New writes (more than segment.ms later) roll the active segment, which the cleaner
     # never touches, so the older segments become cleanable.
     run_workload(converged.dsn, seed=4, changes_wanted=300)

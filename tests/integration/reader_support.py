@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from benchmarks.workload import Change, Workload
 
@@ -285,3 +286,28 @@ def assert_no_change_missing(records: list[Record], log: list[Change]) -> None:
         assert not lost, f"{len(lost)} committed changes missing from Kafka, e.g. {lost[0]}"
         checked += len(changes) - first
     assert checked > 0, "no streamed change to check"
+
+
+def force_compaction(bootstrap: str, topics: list[str]) -> None:
+    """Topic settings under which the cleaner compacts every rolled segment at once."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    configs = {
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "100",
+        "min.compaction.lag.ms": "0",
+    }
+    resources = [
+        ConfigResource(
+            ConfigResource.Type.TOPIC,
+            topic,
+            incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ],
+        )
+        for topic in topics
+    ]
+    for fut in admin.incremental_alter_configs(resources).values():
+        fut.result(30)

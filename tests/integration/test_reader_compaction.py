@@ -6,13 +6,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from tests.conftest import Endpoints, unique, wait_until
 from tests.integration.reader_support import (
     ReaderEnv,
     Record,
     assert_topic_equals_table,
+    force_compaction,
     read_topic,
 )
 
@@ -22,26 +22,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture
 def reader(endpoints: Endpoints, pg_database: str, topic_prefix: str) -> ReaderEnv:
     return ReaderEnv(pg_database, endpoints.kafka_bootstrap, topic_prefix, unique("slot"))
-
-
-def _force_compaction(bootstrap: str, topic: str) -> None:
-    """Topic settings under which the cleaner compacts every rolled segment at once."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    res = ConfigResource(
-        ConfigResource.Type.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-            for k, v in {
-                "segment.ms": "100",
-                "min.cleanable.dirty.ratio": "0.01",
-                "delete.retention.ms": "100",
-                "min.compaction.lag.ms": "0",
-            }.items()
-        ],
-    )
-    for fut in admin.incremental_alter_configs([res]).values():
-        fut.result(30)
 
 
 def test_compaction_keeps_latest_per_live_key(reader: ReaderEnv, tmp_path: Path) -> None:
@@ -62,7 +42,7 @@ def test_compaction_keeps_latest_per_live_key(reader: ReaderEnv, tmp_path: Path)
             assert nxt.key == r.key and nxt.value is None, "a delete without its tombstone"
     assert sum(1 for r in before if r.value is None) == 20
 
-    _force_compaction(reader.bootstrap, topic)
+    force_compaction(reader.bootstrap, [topic])
     # The active segment is never cleaned, and tombstones go only in a cleaning pass after
     # delete.retention.ms: each poll writes one more update (more than segment.ms after the
     # last), which rolls the segment and gives the cleaner new dirty data.

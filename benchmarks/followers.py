@@ -77,6 +77,8 @@ class SparkJobs:
         master: str | None = None,
         starting_offsets: str | None = None,
         total_cores: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        parse: str | None = None,
     ) -> None:
         # BENCH_SPARK_ROOT: run the jobs of another checkout (e.g. a known-good commit).
         self.root = Path(os.environ.get("BENCH_SPARK_ROOT") or ROOT)
@@ -87,6 +89,8 @@ class SparkJobs:
         self.master = master
         self.starting_offsets = starting_offsets
         self.total_cores = total_cores
+        self.extra_args = extra_args  # after each job's own options, e.g. --available-now
+        self.parse = parse  # spark.parse (None: the settings')
         self.workdir = workdir
         self.checkpoints = workdir / f"checkpoints-{self.follower_prefix}"
         self.procs: dict[str, Measured] = {}
@@ -104,6 +108,8 @@ class SparkJobs:
         })  # fmt: skip
         if self.starting_offsets:
             e["CDC_SPARK__STARTING_OFFSETS"] = self.starting_offsets
+        if self.parse:
+            e["CDC_SPARK__PARSE"] = self.parse
         return e
 
     def start(self) -> None:
@@ -115,14 +121,17 @@ class SparkJobs:
         if self.total_cores:
             master += ["--total-executor-cores", str(self.total_cores), "--executor-cores", "1"]
         for job in self.jobs:
+            # "sync:cache,search" is the shared job serving the followers it names.
+            script, _, followers = job.partition(":")
             cmd = [
                 str(self.root / "scripts" / "spark-submit"), *master, "--driver-memory", "512m",
-                f"spark_jobs/{job}.py", "--trigger-interval", TRIGGER,
+                f"spark_jobs/{script}.py", "--trigger-interval", TRIGGER,
+                *(["--followers", followers] if followers else []), *self.extra_args,
             ]  # fmt: skip
             self.procs[job] = Measured(cmd, env=env, cwd=self.root, log_path=self.log_path(job))
 
     def log_path(self, job: str) -> Path:
-        return self.workdir / f"{job}-{self.follower_prefix}.log"
+        return self.workdir / f"{job.replace(':', '-')}-{self.follower_prefix}.log"
 
     def alive(self) -> bool:
         return all(m.running() for m in self.procs.values())

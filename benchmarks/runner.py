@@ -33,6 +33,7 @@ from benchmarks.context import BIG, SMALL, STREAM, Bench
 from benchmarks.debezium import DebeziumServer
 from benchmarks.envelope import measure_envelope
 from benchmarks.follower_run import followers, start_followers
+from benchmarks.followers_backlog import backlog
 from benchmarks.incremental import incremental_large, incremental_snapshot
 from benchmarks.ours import OursReader
 from benchmarks.results import Figure
@@ -172,6 +173,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "envelope": envelope,
     "hotpath": hotpath,
     "followers": followers,
+    "backlog": backlog,
     "incremental": incremental_snapshot,
     # Not in the full run (15-20 min, gigabytes): --only incremental_large.
     "incremental_large": incremental_large,
@@ -221,3 +223,10 @@ def run_all(b: Bench) -> None:
     envelope(b)
     hotpath(b)
     followers(b)
+    if b.env.quick:
+        b.record.notes.append(
+            "quick run: the backlog group (both followers from a backlog, shared job vs "
+            "separate jobs) is left out; BENCH_ONLY=backlog runs it"
+        )
+    else:
+        backlog(b)

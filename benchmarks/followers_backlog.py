@@ -1,0 +1,255 @@
+"""A backlog applied into both followers, against the rate at which the reader produced it
+(issue 30): ``python -m benchmarks.followers_backlog [--rows 100000] [--modes shared,separate]
+[--parse python]``, and the ``backlog`` group of ``make bench``.
+
+The run loads ``--rows`` rows of the benchmark's 10-column table into a database of its own,
+snapshots them into Kafka with ``cdc run --until current`` (the reader's rate: rows over its
+wall time, its start included), then applies the topics into Redis and OpenSearch, once per
+mode, each into follower prefixes of its own from offset 0 with ``--available-now``:
+
+* ``shared``: ``spark_jobs/sync.py --followers cache,search``, one read for both;
+* ``separate``: ``cache_sync.py`` and ``search_sync.py`` side by side, as users ran them.
+
+A job's *apply window* runs from its ``started`` log line (the streaming query is running:
+the JVM's start is behind it) to its last batch line; a mode's window from its first job's
+start to its last job's end. The mode's rate is rows over that window, and its CPU is the
+CPU seconds its process trees (JVM and Python workers) spent inside the window, over rows
+(each row is one change, applied to both followers). Peak RSS is each job's process tree
+over its whole run. Both followers must hold every row at the end, else the mode fails.
+Every ratio compares figures of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+from opensearchpy import OpenSearch
+
+from benchmarks.context import Bench
+from benchmarks.env import ROOT, BenchEnv
+from benchmarks.followers import SparkJobs
+from benchmarks.ours import OursReader
+from benchmarks.proc import ProcStats
+from benchmarks.results import Figure, NotMeasured
+from benchmarks.workload.orders import bulk_load, create_table
+from pgcdc.core.settings import load_settings
+
+log = logging.getLogger("bench.backlog")
+
+TABLE = "public.orders_backlog"
+MODES: dict[str, tuple[str, ...]] = {
+    "shared": ("sync:cache,search",),
+    "separate": ("cache_sync", "search_sync"),
+}
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    parse: str
+    rows_per_s: float
+    ratio_to_reader: float
+    cpu_us_per_change: float
+    window_s: float
+    peak_rss_mib: dict[str, float]
+    held: dict[str, int]
+
+
+def _stamp(line: str) -> float | None:
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def apply_window(log_text: str) -> tuple[float, float]:
+    """(start, end) wall times of a job's applying: its ``started`` line to its last batch
+    line (``ValueError`` if either is missing: the job applied nothing)."""
+    start = end = None
+    for line in log_text.splitlines():
+        if " spark_jobs.job: started " in line and start is None:
+            start = _stamp(line)
+        elif " spark_jobs.apply_loop: batch " in line and "applied=" in line:
+            end = _stamp(line) or end
+    if start is None or end is None:
+        raise ValueError("no 'started' line or no batch line in the job's log")
+    return start, end
+
+
+def cpu_at(stats: ProcStats, started_wall: float, at: float) -> float:
+    """CPU seconds of a measured tree at wall time ``at`` (the nearest sample at or before)."""
+    best = 0.0
+    for offset, cpu in stats.samples:
+        if started_wall + offset > at:
+            break
+        best = cpu
+    return best
+
+
+def held_counts(redis_url: str, search_url: str, prefix: str) -> dict[str, int]:
+    """Rows each follower holds under ``prefix``."""
+    r = redis.Redis.from_url(redis_url)
+    try:
+        in_redis = sum(1 for _ in r.scan_iter(match=f"{prefix}:{TABLE}:*", count=10_000))
+    finally:
+        r.close()
+    client = OpenSearch(hosts=[search_url])
+    try:
+        index = f"{prefix}-{TABLE}"
+        client.indices.refresh(index=index)
+        in_search = int(client.count(index=index)["count"])
+    except Exception:  # no index: nothing held
+        in_search = 0
+    finally:
+        client.close()
+    return {"redis": in_redis, "search": in_search}
+
+
+def produce(env: BenchEnv, rows: int) -> tuple[OursReader, float, float]:
+    """Load and snapshot ``rows`` rows; (reader, reader rows/s, reader CPU µs per change)."""
+    env.create_database()
+    with env.connect() as conn:
+        create_table(conn, TABLE)
+        bulk_load(conn, TABLE, rows)
+    reader = OursReader(env, [TABLE], role="bl")
+    m = reader.launch(until_current=True, snapshot_mode="initial")
+    st = m.wait(3600)
+    if st.returncode != 0:
+        raise RuntimeError(f"the reader exited {st.returncode}: {reader.log_tail(5)}")
+    return reader, rows / st.wall_s, st.cpu_s / rows * 1e6
+
+
+def apply_mode(
+    env: BenchEnv, reader: OursReader, rows: int, mode: str, parse: str, reader_rate: float
+) -> ModeResult:
+    """Apply the backlog once with ``mode``'s jobs; its figures."""
+    settings = load_settings()
+    redis_url = settings.redis.url.get_secret_value()
+    search_url = settings.search.url.get_secret_value()
+    prefix = env.name(f"bl_{mode}_{parse}")
+    jobs = SparkJobs(
+        env, reader.prefix, reader.workdir, jobs=MODES[mode], follower_prefix=prefix,
+        starting_offsets="earliest", extra_args=("--available-now",), parse=parse,
+    )  # fmt: skip
+    started = time.time()
+    jobs.start()
+    try:
+        stats: dict[str, ProcStats] = {}
+        for job, m in jobs.procs.items():
+            st = m.wait(3600)
+            if st.returncode != 0:
+                raise RuntimeError(f"{job} exited {st.returncode}: {jobs.first_error(job)}")
+            stats[job] = st
+        windows = {j: apply_window(jobs.log_path(j).read_text(errors="replace")) for j in stats}
+        start = min(w[0] for w in windows.values())
+        end = max(w[1] for w in windows.values())
+        cpu = sum(cpu_at(st, started, end) - cpu_at(st, started, start) for st in stats.values())
+        held = held_counts(redis_url, search_url, prefix)
+        if held != {"redis": rows, "search": rows}:
+            raise RuntimeError(f"{mode}: the followers hold {held}, not {rows} rows each")
+        window = max(end - start, 1e-3)
+        return ModeResult(
+            mode=mode,
+            parse=parse,
+            rows_per_s=rows / window,
+            ratio_to_reader=rows / window / reader_rate,
+            cpu_us_per_change=cpu / rows * 1e6,
+            window_s=window,
+            peak_rss_mib={j: round(st.peak_rss_mb) for j, st in stats.items()},
+            held=held,
+        )
+    finally:
+        jobs.stop()
+        if not env.keep:
+            for problem in jobs.drop_follower_state(redis_url, search_url):
+                log.warning("cleanup: %s", problem)
+
+
+def run(env: BenchEnv, rows: int, modes: list[str], parses: list[str]) -> dict[str, Any]:
+    """Produce once, apply once per mode and parse path; every figure of the run."""
+    reader, reader_rate, reader_cpu = produce(env, rows)
+    log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, reader_rate,
+             reader_cpu)  # fmt: skip
+    results = []
+    for parse in parses:
+        for mode in modes:
+            r = apply_mode(env, reader, rows, mode, parse, reader_rate)
+            log.info("%s (parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
+                     "peak RSS %s MiB", mode, parse, r.rows_per_s, r.ratio_to_reader,
+                     r.cpu_us_per_change, r.peak_rss_mib)  # fmt: skip
+            results.append(asdict(r))
+    return {
+        "rows": rows,
+        "reader_rows_per_s": round(reader_rate),
+        "reader_cpu_us_per_change": round(reader_cpu, 1),
+        "modes": results,
+    }
+
+
+def backlog(b: Bench) -> None:
+    """The ``backlog`` group: both modes on the python parse, 100,000 rows (quick: 10,000);
+    figures under ``followers``."""
+    rows = 10_000 if b.env.quick else 100_000
+    detail = f"{rows:,}-row backlog (10 columns), both followers, --available-now, local[2]"
+    names = [f"backlog applied × the reader's rate ({m})" for m in MODES]
+    names += [f"backlog CPU µs per change ({m})" for m in MODES]
+    with b.record.guarded("followers", names, detail):
+        if not (ROOT / "spark_jobs" / "sync.py").exists():
+            raise NotMeasured("spark_jobs/sync.py (the shared job) is not in this checkout")
+        result = run(b.env, rows, list(MODES), ["python"])
+        b.record.add(Figure("followers", "backlog reader rows/s", result["reader_rows_per_s"],
+                            "rows/s", detail))  # fmt: skip
+        for r in result["modes"]:
+            m = r["mode"]
+            b.record.add(Figure("followers", f"backlog applied × the reader's rate ({m})",
+                                r["ratio_to_reader"], "×",
+                                f"{detail}; {r['rows_per_s']:,.0f} rows/s"))  # fmt: skip
+            b.record.add(Figure("followers", f"backlog CPU µs per change ({m})",
+                                r["cpu_us_per_change"], "µs",
+                                f"{detail}; JVM + Python CPU of the jobs' trees"))  # fmt: skip
+            for job, mib in r["peak_rss_mib"].items():
+                b.record.add(Figure("followers", f"backlog peak RSS {job} ({m})", mib, "MiB",
+                                    "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.followers_backlog", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--modes", default="shared,separate", help="shared, separate or both")
+    p.add_argument("--parse", default="python", help="the jobs' spark.parse: python, jvm or both")
+    p.add_argument("--keep", action="store_true", help="keep the database, topics and keys")
+    a = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("opensearch").setLevel(logging.WARNING)  # a line per request
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    parses = [x.strip() for x in a.parse.split(",") if x.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
+    env = BenchEnv.from_environ()
+    env.keep = env.keep or a.keep
+    try:
+        result = run(env, a.rows, modes, parses)
+    finally:
+        if not env.keep:
+            env.cleanup()
+    out: Path = env.run_dir / "followers_backlog.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

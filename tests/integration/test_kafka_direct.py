@@ -1,0 +1,62 @@
+"""The direct read against a real broker: a task's range, the marks the driver plans from."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pgcdc.core.settings import KafkaSettings
+from spark_jobs.kafka_direct import DirectReader, Range, Subscription, read_range
+from tests.conftest import Endpoints
+
+pytestmark = pytest.mark.integration
+
+
+def _topic(endpoints: Endpoints, name: str, records: int) -> None:
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
+    p = Producer({"bootstrap.servers": endpoints.kafka_bootstrap})
+    for i in range(records):
+        p.produce(name, f"v{i}".encode(), f"k{i}".encode(), partition=i % 2, headers=[("h", b"1")])
+    assert p.flush(30) == 0
+
+
+def test_a_range_is_read_exactly_and_its_end_may_be_the_high_mark(
+    endpoints: Endpoints, topic_prefix: str
+) -> None:
+    topic = f"{topic_prefix}.public.items"
+    _topic(endpoints, topic, 40)  # 20 a partition, offsets 0..19
+    conf = {"bootstrap.servers": endpoints.kafka_bootstrap}
+    middle = list(read_range(conf, Range(topic, 0, 3, 8)))
+    assert [r.offset for r in middle] == [3, 4, 5, 6, 7]
+    assert [r.value for r in middle] == [f"v{2 * o}".encode() for o in range(3, 8)]
+    assert middle[0].headers == [("h", b"1")]
+    assert [r.offset for r in read_range(conf, Range(topic, 1, 15, 20))] == list(range(15, 20))
+
+
+def test_records_gone_before_the_range_start_at_the_log_start(
+    endpoints: Endpoints, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = f"{topic_prefix}.public.items"
+    _topic(endpoints, topic, 20)
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    for fut in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
+        fut.result(30)
+    conf = {"bootstrap.servers": endpoints.kafka_bootstrap}
+    assert [r.offset for r in read_range(conf, Range(topic, 0, 2, 9))] == [6, 7, 8]
+    reader = DirectReader(
+        KafkaSettings(bootstrap_servers=endpoints.kafka_bootstrap),
+        Subscription((), rf"{topic_prefix}\..*"),
+        "earliest",
+        None,
+        lambda records: iter(()),
+    )
+    marks = reader.marks()
+    assert marks == {topic: {"0": (6, 10), "1": (0, 10)}}
+    # The driver's next end: partition 0 starts over at its log start, and says so.
+    assert reader.latestOffset({topic: {"0": 2, "1": 4}}, reader.getDefaultReadLimit()) == {
+        topic: {"0": 6, "1": 10}
+    }
+    assert f"{topic}[0]: offsets 2..5 are gone (log start 6)" in caplog.text
+    assert reader.initialOffset() == {topic: {"0": 6, "1": 0}}

@@ -1,0 +1,71 @@
+"""The direct read's offset planning (spark_jobs.kafka_direct): pure rules, no Kafka."""
+
+from __future__ import annotations
+
+from spark_jobs.kafka_direct import (
+    Range,
+    Subscription,
+    admit,
+    plan_ranges,
+    reconcile,
+    starting_offsets,
+)
+
+MARKS = {"p.public.a": {"0": (5, 50), "1": (0, 10)}, "hb": {"0": (0, 3)}}
+
+
+def test_starting_offsets_earliest_latest_and_json() -> None:
+    assert starting_offsets(MARKS, "earliest") == {
+        "p.public.a": {"0": 5, "1": 0},
+        "hb": {"0": 0},
+    }
+    assert starting_offsets(MARKS, "latest") == {"p.public.a": {"0": 50, "1": 10}, "hb": {"0": 3}}
+    # Spark's Kafka source's JSON: -2 earliest, -1 latest, absent earliest.
+    assert starting_offsets(MARKS, '{"p.public.a": {"0": 7, "1": -1}}') == {
+        "p.public.a": {"0": 7, "1": 10},
+        "hb": {"0": 0},
+    }
+
+
+def test_reconcile_keeps_what_fits_and_says_what_was_lost() -> None:
+    start = {"p.public.a": {"0": 2, "1": 12}, "gone": {"0": 9}}
+    begin, lost = reconcile(start, MARKS)
+    # 0: offsets 2..4 fell out of retention; 1: past the end (the topic was made again);
+    # hb: a new topic from its start; gone: dropped.
+    assert begin == {"p.public.a": {"0": 5, "1": 0}, "hb": {"0": 0}}
+    assert len(lost) == 2
+    assert "p.public.a[0]: offsets 2..4 are gone" in lost[0]
+    assert "p.public.a[1]: offset 12 is past the end 10" in lost[1]
+    assert reconcile({"p.public.a": {"0": 6, "1": 10}, "hb": {"0": 1}}, MARKS) == (
+        {"p.public.a": {"0": 6, "1": 10}, "hb": {"0": 1}},
+        [],
+    )
+
+
+def test_admit_shares_a_limit_in_proportion_to_each_backlog() -> None:
+    start = {"a": {"0": 0, "1": 100}, "b": {"0": 10}}
+    latest = {"a": {"0": 300, "1": 200}, "b": {"0": 10}}
+    assert admit(start, latest, None) == latest
+    assert admit(start, latest, 1000) == latest  # the whole backlog fits
+    # 400 of a backlog of 300 + 100: three quarters and a quarter; b has none.
+    assert admit(start, latest, 40) == {"a": {"0": 30, "1": 110}, "b": {"0": 10}}
+    # A tiny limit still moves every partition with records by one.
+    assert admit(start, latest, 1) == {"a": {"0": 1, "1": 101}, "b": {"0": 10}}
+
+
+def test_plan_ranges_one_task_per_partition_with_records() -> None:
+    start = {"a": {"0": 0, "1": 5}, "b": {"0": 3}}
+    end = {"a": {"0": 4, "1": 5}, "b": {"0": 9}, "new": {"0": 2}}
+    # A partition the start does not know is recorded first, read from the next batch.
+    assert plan_ranges(start, end) == [Range("a", 0, 0, 4), Range("b", 0, 3, 9)]
+
+
+def test_subscription_matches_whole_names_like_spark() -> None:
+    pattern = Subscription((), r"shop\.[^.]+\.[^.]+|__cdc-heartbeat\.shop")
+    assert pattern.wants("shop.public.orders")
+    assert pattern.wants("__cdc-heartbeat.shop")
+    assert not pattern.wants("shop.public.orders.extra")
+    assert not pattern.wants("xshop.public.orders")
+    named = Subscription(("shop.public.orders",), None)
+    assert named.wants("shop.public.orders")
+    assert not named.wants("shop.public.other")

@@ -1,25 +1,22 @@
 """The jobs' Kafka read with ``spark.read = "direct"``: each task reads its own offset range
-from Kafka (librdkafka), parses and applies it, and hands Spark only its counts.
+from Kafka (librdkafka), so no record crosses the JVM.
 
 With Spark's Kafka source every record crosses the JVM: fetched, made a row, written to
 the Python worker as Arrow. Measured on this machine (4 kB events, ``local[2]``), that
 costs the JVM 30-80 µs per record, more than the task's whole Python work. Here Spark
 keeps what it is for (the micro-batches, the offsets in the checkpoint, task scheduling
 and retries, ``--available-now`` and ``maxOffsetsPerTrigger``) through a Python streaming
-data source (PySpark 4.2's ``DataSourceStreamReader``), and no record enters the JVM:
+data source (PySpark 4.2's ``DataSourceStreamReader``) whose rows are not records but the
+batch's offset ranges:
 
-* the source's offsets are ``{topic: {partition: next offset}}``, planned on the driver from
-  the brokers' low and high marks (:func:`reconcile`, :func:`admit`);
-* a micro-batch is one task per topic-partition range with records (:func:`plan_ranges`):
-  one partition holds every event of its keys, so the task's reduction is whole, as with
-  one task per Kafka partition on the Kafka source;
-* the task (:meth:`DirectReader.read`) consumes its range, gives the records to the job's
-  apply function (parse, reduce, apply to each follower) and yields its stats, which is
-  all the micro-batch's frame holds; ``foreachBatch`` collects them once.
-
-The writes happen while Spark reads the source, before the batch's offsets are committed:
-a batch that fails (or is run again) applies its records again, which the followers'
-versions make harmless, as for every replay.
+* the source's offsets are ``{topic: {partition: next offset}}`` (the shape of the Kafka
+  source's, so the checkpoint's offset log reads the same), planned on the driver from the
+  brokers' low and high marks (:func:`reconcile`, :func:`admit`);
+* a micro-batch's frame is a row per topic-partition range with records
+  (:func:`plan_ranges`): ``foreachBatch`` collects those few rows and runs a task per range
+  (:func:`spark_jobs.apply_loop`), which reads it (:func:`read_range`), parses, reduces and
+  applies it. One partition holds every event of its keys, so the task's reduction is
+  whole, as with one task per Kafka partition on the Kafka source.
 
 What Spark's Kafka source does with ``failOnDataLoss=false`` is done here too: a partition
 whose log start passed the next offset (retention, or a topic deleted and made again)
@@ -32,11 +29,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -48,8 +44,6 @@ from pyspark.sql.streaming.datasource import (
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import KafkaSettings
 from spark_jobs.parse import KafkaRecord
-from spark_jobs.stats import BatchStats
-from spark_jobs.transfer import STATS_SCHEMA, stats_batch
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +53,7 @@ Offsets = dict[str, dict[str, int]]
 Marks = dict[str, dict[str, tuple[int, int]]]
 
 SOURCE_NAME = "cdc_kafka_direct"
+RANGE_SCHEMA = "topic string, partition int, start long, end long"
 _POLL_S = 1.0
 _STALL_S = 120.0  # a range that yields nothing for this long fails its task (Spark retries)
 
@@ -85,6 +80,11 @@ class Range(InputPartition):
 
     def __repr__(self) -> str:
         return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+    @classmethod
+    def of(cls, row: Any) -> Range:
+        """The range of a collected row of :data:`RANGE_SCHEMA`."""
+        return cls(row["topic"], row["partition"], row["start"], row["end"])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Range) and vars(self) == vars(other)
@@ -216,10 +216,6 @@ def read_range(
         consumer.close()
 
 
-# The job's per-task work: the records of one range to the tasks' stats.
-Apply = Callable[[Iterable[KafkaRecord]], Iterator[BatchStats]]
-
-
 class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader (see the module's docstring). It is built in the driver's source
     process and pickled into each task, so it holds no client: those are made where used."""
@@ -230,13 +226,11 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         subscription: Subscription,
         starting: str,
         max_rows: int | None,
-        apply: Apply,
     ) -> None:
         self.kafka = kafka
         self.subscription = subscription
         self.starting = starting
         self.max_rows = max_rows
-        self.apply = apply
         self.target: Offsets | None = None  # --available-now: where the run ends
         self._admin: Any = None
 
@@ -308,10 +302,10 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offsets, end: Offsets) -> list[Range]:
         return plan_ranges(start, end)
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
+        """The range itself: the batch's task reads it (no record goes through Spark)."""
         assert isinstance(partition, Range)
-        conf = client_config(self.kafka)
-        yield stats_batch(self.apply(read_range(conf, partition)))
+        yield (partition.topic, partition.partition, partition.start, partition.end)
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: the offsets live in Spark's checkpoint."""
@@ -322,11 +316,10 @@ def direct_source(
     subscription: Subscription,
     starting: str,
     max_rows: int | None,
-    apply: Apply,
 ) -> type[DataSource]:
     """A data source class for one job (register it, then ``readStream.format(SOURCE_NAME)``):
-    the class carries the job's settings, so they reach the driver's source process and the
-    tasks pickled, never as options (which plans and the UI show)."""
+    the class carries the job's Kafka settings, so they reach the driver's source process
+    pickled, never as options (which plans and the UI show)."""
 
     class CdcKafkaDirect(DataSource):
         @classmethod
@@ -334,9 +327,9 @@ def direct_source(
             return SOURCE_NAME
 
         def schema(self) -> str:
-            return STATS_SCHEMA
+            return RANGE_SCHEMA
 
         def streamReader(self, schema: Any) -> DirectReader:
-            return DirectReader(kafka, subscription, starting, max_rows, apply)
+            return DirectReader(kafka, subscription, starting, max_rows)
 
     return CdcKafkaDirect

@@ -50,7 +50,6 @@ def test_records_gone_before_the_range_start_at_the_log_start(
         Subscription((), rf"{topic_prefix}\..*"),
         "earliest",
         None,
-        lambda records: iter(()),
     )
     marks = reader.marks()
     assert marks == {topic: {"0": (6, 10), "1": (0, 10)}}

@@ -169,12 +169,23 @@ def _decimal(text: str | None) -> tuple[bool, int | None]:
     return True, n if n <= _LONG_MAX else None
 
 
-def _header(headers: Sequence[tuple[str, bytes | None]] | None, name: str) -> str | None:
-    """The first header called ``name``, as text (None if absent or null)."""
+def _version_headers(
+    headers: Sequence[tuple[str, bytes | None]] | None,
+) -> tuple[str | None, str | None, str | None]:
+    """The first commit LSN, order and unchanged-columns headers, as text: one pass over
+    the headers (a scan per header was a tenth of the parse)."""
+    commit = order = unchanged = None
+    seen = 0
     for key, value in headers or ():
-        if key == name:
-            return _text(value)
-    return None
+        if key == HEADER_COMMIT_LSN:
+            if not seen & 1:
+                commit, seen = _text(value), seen | 1
+        elif key == HEADER_ORDER:
+            if not seen & 2:
+                order, seen = _text(value), seen | 2
+        elif key == HEADER_UNCHANGED and not seen & 4:
+            unchanged, seen = _text(value), seen | 4
+    return commit, order, unchanged
 
 
 def _heartbeat_lsn(value: bytes | None) -> int | None:
@@ -214,6 +225,7 @@ class RecordParser:
     def __call__(self, rec: KafkaRecord) -> dict[str, Any]:
         """The classified row of one record."""
         topic, key, value = rec.topic, rec.key, rec.value
+        commit, order, unchanged = _version_headers(rec.headers)
         row: dict[str, Any] = {
             "kind": CHANGE,
             "topic": topic,
@@ -225,7 +237,7 @@ class RecordParser:
             "op": None,
             "after_json": None,
             "after": None,
-            "unchanged": _header(rec.headers, HEADER_UNCHANGED),
+            "unchanged": unchanged,
             "schema_id": None,
             "value_schema_json": None,
             "commit_lsn": 0,
@@ -244,8 +256,8 @@ class RecordParser:
             key, value, decode_error = self._transcode(topic, key, value)
         row["key_json"] = self._key_json(key)
         event = self._event(row, value)
-        self._version(row, rec.headers, event)
-        error = decode_error or self._header_error(rec.headers)
+        self._version(row, commit, order, event)
+        error = decode_error or self._header_error(commit, order)
         if error is None and value is not None and event is None:
             error = NOT_DEBEZIUM
         if error is not None:
@@ -325,24 +337,20 @@ class RecordParser:
 
     @staticmethod
     def _version(
-        row: dict[str, Any],
-        headers: Sequence[tuple[str, bytes | None]] | None,
-        event: dict[str, Any] | None,
+        row: dict[str, Any], commit: str | None, order: str | None, event: dict[str, Any] | None
     ) -> None:
-        commit = _header(headers, HEADER_COMMIT_LSN)
         if commit is None:
             source = event.get("source") if event is not None else None
             lsn = _long(source.get("lsn")) if isinstance(source, dict) else None
             row["commit_lsn"] = lsn if lsn is not None else 0
         else:
             row["commit_lsn"] = _decimal(commit)[1]
-        order = _decimal(_header(headers, HEADER_ORDER))[1]
-        row["tx_order"] = order if order is not None else 0
+        n = _decimal(order)[1]
+        row["tx_order"] = n if n is not None else 0
 
     @staticmethod
-    def _header_error(headers: Sequence[tuple[str, bytes | None]] | None) -> str | None:
-        for name, reason in ((HEADER_COMMIT_LSN, BAD_COMMIT_LSN), (HEADER_ORDER, BAD_ORDER)):
-            text = _header(headers, name)
+    def _header_error(commit: str | None, order: str | None) -> str | None:
+        for text, reason in ((commit, BAD_COMMIT_LSN), (order, BAD_ORDER)):
             if text is not None and not _decimal(text)[0]:
                 return reason
         return None

@@ -1,0 +1,81 @@
+"""A follower behind the shared job (spark_jobs.behind): its state file, the offsets a batch
+starts at (Spark's own offsets log) and the range it catches up on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import behind
+from spark_jobs.behind import EARLIEST, Behind
+
+pytestmark = pytest.mark.unit
+
+# As Spark 4 writes them (offsets/<n>: version, metadata, the source's offsets; the initial
+# offsets sources/0/0 begin with a NUL).
+OFFSETS_1 = (
+    'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1795883853156,"conf":{"a":"b"}}\n'
+    '{"hb":{"0":28},"t":{"0":467,"1":531}}'
+)
+INITIAL = '\x00v1\n{"hb":{"0":0},"t":{"0":0,"1":0}}'
+
+
+def test_the_state_round_trips_and_is_replaced_whole(tmp_path: Path) -> None:
+    assert behind.load(tmp_path) == {}
+    state = {"search_sync": Behind(7, {"t": {"0": 5, "1": 9}})}
+    behind.save(tmp_path, state)
+    assert behind.load(tmp_path) == state
+    # Readers beside a writer only ever see a whole file (written, then renamed over).
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(len(behind.load(tmp_path)))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(200):
+        behind.save(tmp_path, {**state, "cache_sync": Behind(i, {})} if i % 2 else state)
+    stop.set()
+    reader.join()
+    assert seen and set(seen) <= {1, 2}
+    behind.save(tmp_path, {})
+    assert behind.load(tmp_path) == {}
+    assert [p.name for p in tmp_path.iterdir()] == [behind.STATE_FILE]  # no temporary left
+
+
+def test_a_batch_starts_where_the_offsets_log_says(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "1").write_text(OFFSETS_1)
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text(INITIAL)
+    assert behind.batch_start(tmp_path, 2) == {"hb": {"0": 28}, "t": {"0": 467, "1": 531}}
+    assert behind.batch_start(tmp_path, 0) == {"hb": {"0": 0}, "t": {"0": 0, "1": 0}}
+    with pytest.raises(FileNotFoundError):
+        behind.batch_start(tmp_path, 5)
+    with pytest.raises(ValueError):
+        behind.logged_offsets("not a log")
+
+
+def test_local_dir() -> None:
+    assert behind.local_dir("/c/sync") == Path("/c/sync")
+    assert behind.local_dir("file:///c/sync") == Path("/c/sync")
+    assert behind.local_dir("file:/c/sync") == Path("/c/sync")
+    with pytest.raises(ValueError):
+        behind.local_dir("s3a://bucket/c")
+
+
+def test_the_catch_up_range() -> None:
+    since = {"t": {"0": 10, "1": 20}, "gone": {"0": 3}}
+    until = {"t": {"0": 15, "1": 20, "2": 4}, "new": {"0": 6}}
+    # Partition 1 missed nothing; partition 2 and the new topic appeared since: from their
+    # earliest offset; a topic no longer read is not read.
+    assert behind.catch_up_range(since, until) == (
+        {"t": {"0": 10, "2": EARLIEST}, "new": {"0": EARLIEST}},
+        {"t": {"0": 15, "2": 4}, "new": {"0": 6}},
+    )
+    assert behind.catch_up_range(until, until) is None
+    assert behind.catch_up_range({}, {}) is None

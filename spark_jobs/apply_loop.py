@@ -303,6 +303,21 @@ def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRe
     )
 
 
+class _QuietProbe(logging.Filter):
+    """Keeps a background probe's failed attempts (a sink logs each, with its traceback)
+    out of the job's log: the batch lines say that a follower is behind."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.threadName or "").startswith("probe-") or record.levelno >= logging.ERROR
+
+
+def _quiet_probes() -> None:
+    """Install :class:`_QuietProbe` on the root logger's handlers (once each)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _QuietProbe) for f in handler.filters):
+            handler.addFilter(_QuietProbe())
+
+
 class ApplyBatch:
     """The ``foreachBatch`` function: apply the micro-batch in the workers to each follower,
     then record each follower's watermark. Its frame is ``batch.events(<the Kafka stream>)``.
@@ -346,10 +361,12 @@ class ApplyBatch:
         self.stopping = threading.Event()
         # Who is behind since where (several followers only: one alone never falls behind).
         self._state_dir = behind.local_dir(opts.checkpoint) if len(self.followers) > 1 else None
+        # (A follower this run does not apply to keeps its entry, untouched.)
         self.behind = behind.load(self._state_dir) if self._state_dir else {}
         self._answering: dict[str, threading.Event] = {}
-        for job in self.behind:
-            self._probe(job)
+        for f in self.followers:
+            if f.job in self.behind:
+                self._probe(f.job)
 
     def _follower(self, job: str) -> Follower:
         return next(f for f in self.followers if f.job == job)
@@ -501,6 +518,7 @@ class ApplyBatch:
         (a batch never waits for a follower that is behind)."""
         answered = self._answering[job] = threading.Event()
         follower = self._follower(job)
+        _quiet_probes()
 
         def probe() -> None:
             while not self.stopping.is_set():
@@ -524,7 +542,8 @@ class ApplyBatch:
         this batch's start, alone; then they rejoin (with this batch)."""
         assert self._state_dir is not None
         for job, since in list(self.behind.items()):
-            if not self._answering[job].is_set():
+            answered = self._answering.get(job)
+            if answered is None or not answered.is_set():
                 continue
             t0 = time.monotonic()
             span = behind.catch_up_range(

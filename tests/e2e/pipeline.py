@@ -23,6 +23,7 @@ from tests.conftest import ROOT, Endpoints
 __all__ = [
     "Pipeline",
     "cache_state",
+    "cache_watermark",
     "diff",
     "kill_group",
     "leader_state",
@@ -30,6 +31,7 @@ __all__ = [
     "run_jobs_available_now",
     "run_reader_until_current",
     "search_state",
+    "search_watermark",
     "start_job",
     "tail",
 ]
@@ -172,6 +174,31 @@ def cache_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
 
 def search_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
     return compare.search_state(p.dsn, p.endpoints.search_url, p.index_prefix, table)
+
+
+def cache_watermark(p: Pipeline, job: str) -> int | None:
+    """``job``'s watermark in Redis (None: never recorded)."""
+    import redis
+
+    from pgcdc.core.contract import redis_watermark_key
+
+    r = redis.Redis.from_url(p.endpoints.redis_url)
+    try:
+        raw = r.get(redis_watermark_key(p.key_prefix, job))
+    finally:
+        r.close()
+    return int(raw) if raw else None
+
+
+def search_watermark(p: Pipeline, job: str) -> int | None:
+    """``job``'s watermark in OpenSearch (None: never recorded)."""
+    from sinks.search import SearchSink
+
+    sink = SearchSink(p.endpoints.search_url, p.index_prefix)
+    try:
+        return sink.read_watermark(job)
+    finally:
+        sink.close()
 
 
 def run_jobs_in_session(spark: Any, p: Pipeline, timeout: float = 600) -> None:

@@ -19,11 +19,12 @@ import pytest
 import redis
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from pgcdc.core.contract import JOBS, redis_watermark_key
+from pgcdc.core.contract import JOBS
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
     Pipeline,
     cache_state,
+    cache_watermark,
     diff,
     kill_group,
     leader_state,
@@ -31,6 +32,7 @@ from tests.e2e.pipeline import (
     run_jobs_available_now,
     run_reader_until_current,
     search_state,
+    search_watermark,
     start_job,
 )
 from tests.integration.real_databases.support import cleanup
@@ -236,15 +238,6 @@ def test_followers_converge_to_the_database(converged: Pipeline) -> None:
     assert any(len(r["description"] or "") >= 8000 for r in big.values())
 
 
-def _watermark(p: Pipeline, job: str) -> int | None:
-    r = redis.Redis.from_url(p.endpoints.redis_url)
-    try:
-        raw = r.get(redis_watermark_key(p.key_prefix, job))
-    finally:
-        r.close()
-    return int(raw) if raw else None
-
-
 def test_kill_mid_batch_then_restart_and_replay_from_zero(
     converged: Pipeline, tmp_path: Path
 ) -> None:
@@ -419,12 +412,4 @@ def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: P
 
 
 def _watermark_any(p: Pipeline, job: str) -> int | None:
-    if job == "cache_sync":
-        return _watermark(p, job)
-    from sinks.search import SearchSink
-
-    sink = SearchSink(p.endpoints.search_url, p.index_prefix)
-    try:
-        return sink.read_watermark(job)
-    finally:
-        sink.close()
+    return cache_watermark(p, job) if job == "cache_sync" else search_watermark(p, job)

@@ -674,6 +674,7 @@ class ApplyBatch:
                 extra=extra,
             )
         for f in self.followers:
+            self.metrics.behind.labels(f.job).set(1 if f.job in self.behind else 0)
             total = done.get(f.job)
             if total is None:
                 continue  # behind

@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from pgcdc.core.errors import ConfigError
+
 # topic -> partition (as Spark writes it: a string) -> offset
 Offsets = dict[str, dict[str, int]]
 
@@ -47,13 +49,17 @@ class Behind:
 
 
 def local_dir(checkpoint: str) -> Path:
-    """The checkpoint as a local directory (``file:`` URIs too); ValueError for others."""
+    """The checkpoint as a local directory (``file:`` URIs too); ConfigError for others."""
     if checkpoint.startswith("file:"):
         checkpoint = checkpoint[len("file:") :]
         while checkpoint.startswith("//"):
             checkpoint = checkpoint[1:]
     elif "://" in checkpoint:
-        raise ValueError(f"the checkpoint {checkpoint} is not a local directory")
+        raise ConfigError(
+            f"the checkpoint {checkpoint} is not a local directory: spark_jobs/sync.py with "
+            "several followers keeps who is behind there (give --checkpoint a local or "
+            "mounted path)"
+        )
     return Path(checkpoint)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
+from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
@@ -86,10 +87,12 @@ def run(
     settings_env_from_conf(submitted_conf())  # --conf spark.cdc.redis.url=... and the like
     try:
         settings, opts = parse_args(job, argv, names)
+        chosen = [followers[n] for n in opts.followers] if followers else []
+        if len(chosen) > 1:
+            behind.local_dir(opts.checkpoint)  # where it keeps who is behind
     except ConfigError as e:  # one line, as the reader's: a variable no setting has, a value
         print(f"error: {e}", file=sys.stderr)
         return 2
-    chosen = [followers[n] for n in opts.followers] if followers else []
     configure_logging(settings.log_level, json_logs=settings.log_json)
     quiet_per_batch_loggers(logging.getLogger().level)
     spark = spark_session(settings, f"cdc-{opts.name}")

@@ -11,7 +11,9 @@ Counted in the driver from what the tasks report for each micro-batch:
 - ``cdc_job_lag_lsn_bytes{job}``: WAL bytes between the reader's acknowledged position (the
   newest heartbeat read) and the follower's watermark;
 - ``cdc_job_watermark_lsn{job}`` and ``cdc_job_commit_age_seconds{job}`` (now minus the
-  commit time of the newest change of the last batch).
+  commit time of the newest change of the last batch);
+- ``cdc_job_behind{job}``: 1 while a follower of the shared job is left out (unreachable),
+  to catch up when it answers (:mod:`spark_jobs.behind`), else 0.
 """
 
 from __future__ import annotations
@@ -83,10 +85,17 @@ class JobMetrics:
             ["job"],
             registry=self.registry,
         )
+        self.behind = Gauge(
+            "cdc_job_behind",
+            "1 while the follower is left out, to catch up later (spark_jobs/sync.py)",
+            ["job"],
+            registry=self.registry,
+        )
         self.jobs = (job, *more_jobs)
         for name in self.jobs:
             for outcome in OUTCOMES:
                 self.records.labels(name, outcome)
+            self.behind.labels(name).set(0)
         self._heartbeat: dict[str, int] = dict.fromkeys(self.jobs, 0)
         self._watermark: dict[str, int] = dict.fromkeys(self.jobs, 0)
 

@@ -33,6 +33,7 @@ __all__ = [
     "search_state",
     "search_watermark",
     "start_job",
+    "start_reader",
     "tail",
 ]
 
@@ -122,6 +123,20 @@ def run_reader_until_current(p: Pipeline, timeout: float = 600) -> None:
         check=False,
     )
     assert out.returncode == 0, f"cdc run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+
+
+def start_reader(p: Pipeline, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``cdc run`` (streaming until stopped, a heartbeat every second) in its own
+    process group."""
+    with log.open("ab") as f:
+        return subprocess.Popen(
+            [*CDC, "run"],
+            env=p.env(),
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def start_job(p: Pipeline, job: str, *args: str, log: Path) -> subprocess.Popen[bytes]:

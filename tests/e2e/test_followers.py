@@ -34,6 +34,7 @@ from tests.e2e.pipeline import (
     search_state,
     search_watermark,
     start_job,
+    start_reader,
 )
 from tests.integration.real_databases.support import cleanup
 
@@ -349,19 +350,10 @@ def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> N
 
 
 def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     from opensearchpy import OpenSearch
 
     fresh = converged.with_follower("w")
-    reader = subprocess.Popen(
-        [sys.executable, "-m", "cdc", "run"],
-        env=fresh.env(),
-        stdout=(tmp_path / "reader.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    reader = start_reader(fresh, tmp_path / "reader.log")
     jobs = [
         start_job(fresh, job, "--trigger-interval", "200 milliseconds", log=tmp_path / f"{job}.log")
         for job in JOBS

@@ -4,12 +4,17 @@ starts at (Spark's own offsets log) and the range it catches up on."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from pgcdc.core.errors import ConfigError, RetryableSinkError
+from pgcdc.core.settings import load_settings
 from spark_jobs import behind
+from spark_jobs.apply_loop import ApplyBatch, Follower
 from spark_jobs.behind import EARLIEST, Behind
+from spark_jobs.options import JobOptions
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +69,7 @@ def test_local_dir() -> None:
     assert behind.local_dir("/c/sync") == Path("/c/sync")
     assert behind.local_dir("file:///c/sync") == Path("/c/sync")
     assert behind.local_dir("file:/c/sync") == Path("/c/sync")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="not a local directory"):
         behind.local_dir("s3a://bucket/c")
 
 
@@ -79,3 +84,69 @@ def test_the_catch_up_range() -> None:
     )
     assert behind.catch_up_range(until, until) is None
     assert behind.catch_up_range({}, {}) is None
+
+
+class _Answers:
+    """A sink that answers the background probe (nothing else is called here)."""
+
+    def read_watermark(self, job: str) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _batch(tmp_path: Path, *jobs: str) -> ApplyBatch:
+
+    spark = load_settings().spark.model_copy(
+        update={"follower_behind_after_s": 0.3, "follower_retry_s": 0.6}
+    )
+    opts = JobOptions(
+        name="sync",
+        heartbeat_topic=None,
+        topics=("t",),
+        topic_pattern=None,
+        starting_offsets="earliest",
+        checkpoint=str(tmp_path),
+        available_now=False,
+        trigger_interval="1 second",
+        max_offsets_per_trigger=None,
+    )
+    followers = [Follower(job, lambda _s: _Answers()) for job in jobs]  # type: ignore[arg-type,return-value]
+    return ApplyBatch(load_settings().model_copy(update={"spark": spark}), opts, None, followers)
+
+
+def test_one_follower_down_is_retried_alone_then_falls_behind(tmp_path: Path) -> None:
+    """The outage rule of the shared job (ApplyBatch._each): the follower that answered is
+    not asked again; the one down is, until follower_behind_after_s, then it is behind
+    since the batch's start offsets (the previous batch's end, from the offsets log)."""
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "1").write_text(OFFSETS_1)
+    batch = _batch(tmp_path, "cache_sync", "search_sync")
+    calls: list[tuple[str, ...]] = []
+
+    def step(followers: Sequence[Follower]) -> dict[str, str]:
+        jobs = tuple(f.job for f in followers)
+        calls.append(jobs)
+        return {"search_sync": "down"} if "search_sync" in jobs else {}
+
+    batch._each(2, batch.followers, step)
+    assert calls[0] == ("cache_sync", "search_sync")
+    assert len(calls) > 1 and set(calls[1:]) == {("search_sync",)}  # alone, again
+    assert batch.outage_retries == len(calls) - 1
+    want = {"search_sync": Behind(2, {"hb": {"0": 28}, "t": {"0": 467, "1": 531}})}
+    assert batch.behind == want
+    assert behind.load(tmp_path) == want  # a restart knows it too
+    # Every follower down: no one goes on, so none falls behind; the job stops.
+    calls.clear()
+    with pytest.raises(RetryableSinkError, match="cache_sync unreachable: down"):
+        batch._each(3, batch.followers[:1], lambda fs: {"cache_sync": "down"})
+    assert behind.load(tmp_path) == want
+    batch.stopping.set()
+
+
+def test_a_single_follower_never_falls_behind(tmp_path: Path) -> None:
+    batch = _batch(tmp_path, "cache_sync")
+    with pytest.raises(RetryableSinkError):
+        batch._each(0, batch.followers, lambda fs: {"cache_sync": "down"})
+    assert batch.behind == {} and not (tmp_path / behind.STATE_FILE).exists()

@@ -48,6 +48,7 @@ from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
+from spark_jobs.progress import AVAILABLE_NOW_BATCH_RECORDS
 from spark_jobs.reduce import latest_per_key
 from spark_jobs.source import catch_up_records
 from spark_jobs.stats import BatchStats
@@ -538,9 +539,11 @@ class ApplyBatch:
         threading.Thread(target=probe, name=f"probe-{job}", daemon=True).start()
 
     def _catch_up(self, events: DataFrame, batch_id: int) -> None:
-        """Followers behind that answer again replay the Kafka range they missed, up to
-        this batch's start, alone; then they rejoin (with this batch)."""
+        """Followers behind that answer again replay the Kafka range they missed, up to this
+        batch's start, alone: one step (at most a batch's records) per batch; after the last
+        one they rejoin (with this batch)."""
         assert self._state_dir is not None
+        most = self.opts.max_offsets_per_trigger or AVAILABLE_NOW_BATCH_RECORDS
         for job, since in list(self.behind.items()):
             answered = self._answering.get(job)
             if answered is None or not answered.is_set():
@@ -550,8 +553,13 @@ class ApplyBatch:
                 since.offsets, behind.batch_start(self._state_dir, batch_id)
             )
             caught = BatchStats(job=job)
+            reached: behind.Offsets = {}
             if span is not None:
-                records = catch_up_records(events.sparkSession, self.settings, self.opts, *span)
+                start, end = span
+                reached = behind.catch_up_step(start, end, most)
+                records = catch_up_records(
+                    events.sparkSession, self.settings, self.opts, start, reached
+                )
                 try:
                     caught = self._tasks(self.events(records), [self._follower(job)])[job]
                 except Exception as e:
@@ -569,6 +577,26 @@ class ApplyBatch:
                     self._probe(job)
                     continue
             self.catch_ups += 1
+            extra = {"job": self.opts.name, "batch_id": batch_id}
+            if span is not None and reached != span[1]:
+                self.behind[job] = behind.Behind(
+                    since.since_batch, behind.advanced(since.offsets, reached)
+                )
+                behind.save(self._state_dir, self.behind)
+                log.info(
+                    "batch %d: %s catching up: replayed %s of the %s records it still "
+                    "missed since batch %d (applied=%d skipped=%d, %.0f ms)",
+                    batch_id,
+                    job,
+                    behind.records_between(span[0], reached),
+                    behind.records_between(*span),
+                    since.since_batch,
+                    caught.applied,
+                    caught.skipped,
+                    (time.monotonic() - t0) * 1e3,
+                    extra=extra,
+                )
+                continue
             del self.behind[job]
             behind.save(self._state_dir, self.behind)
             log.warning(
@@ -583,7 +611,7 @@ class ApplyBatch:
                 caught.failed,
                 caught.dead_lettered,
                 (time.monotonic() - t0) * 1e3,
-                extra={"job": self.opts.name, "batch_id": batch_id},
+                extra=extra,
             )
 
     def _watermark(self, batch_id: int, total: BatchStats) -> int:

@@ -6,6 +6,8 @@ The rule: a follower left out of batch ``b`` (it stayed unreachable for
 ``b``'s start offsets, and leaves out every later batch until it answers again. Then, before
 batch ``c`` applies to it, it replays the Kafka range [behind-since, ``c``'s start) alone;
 with ``c`` it has every record before ``c``'s end again, and its watermark may advance.
+A long range is read in steps of a batch's size (:func:`catch_up_step`), one a batch, so the
+other followers wait for one step at a time; the behind-since offsets move on after each.
 
 Why nothing is lost. Batch ``c`` starts at ``c - 1``'s end offsets, which Spark wrote to the
 checkpoint's offsets log (``offsets/<c-1>``; ``sources/0/0``, the query's initial offsets,
@@ -129,6 +131,42 @@ def catch_up_range(since: Offsets, until: Offsets) -> tuple[Offsets, Offsets] | 
             start.setdefault(topic, {})[part] = first
             end.setdefault(topic, {})[part] = last
     return (start, end) if end else None
+
+
+def catch_up_step(start: Offsets, end: Offsets, most: int) -> Offsets:
+    """Where the first step of the range [``start``, ``end``) stops so that it reads about
+    ``most`` records at most: each partition's share (``most`` split evenly, at least one
+    record). A partition starting at its earliest offset is read whole (its first offset
+    is not known here)."""
+    parts = sum(len(p) for p in end.values())
+    share = max(1, most // max(1, parts))
+    return {
+        topic: {
+            part: last if start[topic][part] == EARLIEST else min(last, start[topic][part] + share)
+            for part, last in ps.items()
+        }
+        for topic, ps in end.items()
+    }
+
+
+def advanced(since: Offsets, reached: Offsets) -> Offsets:
+    """``since`` moved on to ``reached`` where that says (a step of the catch-up done)."""
+    out = {topic: dict(parts) for topic, parts in since.items()}
+    for topic, parts in reached.items():
+        out.setdefault(topic, {}).update(parts)
+    return out
+
+
+def records_between(start: Offsets, end: Offsets) -> int | None:
+    """How many offsets lie in [``start``, ``end``) (None if a start is the earliest)."""
+    total = 0
+    for topic, parts in end.items():
+        for part, last in parts.items():
+            first = start.get(topic, {}).get(part, EARLIEST)
+            if first == EARLIEST:
+                return None
+            total += max(0, last - first)
+    return total
 
 
 def _offsets(raw: Any) -> Offsets:

@@ -109,7 +109,8 @@ def test_a_follower_that_stays_down_falls_behind_then_catches_up(
     reader = start_reader(p, tmp_path / "reader.log")
     job: subprocess.Popen[bytes] | None = None
     try:
-        job = start_job(p, "sync", *FOLLOWERS, log=log)
+        # Batches of 150 records at most: the catch-up (400 records) goes in steps too.
+        job = start_job(p, "sync", *FOLLOWERS, "--max-offsets-per-trigger", "150", log=log)
         mark = search_watermark(pipeline, SEARCH_JOB)
         # Search is cut: the cache still converges, and search falls behind.
         _write(p, 1, read=False)
@@ -144,6 +145,7 @@ def test_a_follower_that_stays_down_falls_behind_then_catches_up(
             lambda: _equal(p, search_state), timeout=120, interval=0.5, what="search, caught up"
         )
         text = log.read_text(errors="replace")
+        assert f"{SEARCH_JOB} catching up: replayed" in text, text[-3000:]
         assert re.search(rf"{SEARCH_JOB} caught up on batches \d+ to \d+ \(applied=[1-9]", text), (
             text[-3000:]
         )

@@ -86,6 +86,26 @@ def test_the_catch_up_range() -> None:
     assert behind.catch_up_range({}, {}) is None
 
 
+def test_a_long_catch_up_goes_in_steps_of_a_batch() -> None:
+    start = {"t": {"0": 100, "1": 0, "2": EARLIEST}, "hb": {"0": 7}}
+    end = {"t": {"0": 1100, "1": 5, "2": 40}, "hb": {"0": 9}}
+    # 400 records a step: 100 a partition; a partition from its earliest offset goes whole.
+    first = behind.catch_up_step(start, end, 400)
+    assert first == {"t": {"0": 200, "1": 5, "2": 40}, "hb": {"0": 9}}
+    since = behind.advanced(start, first)
+    assert since == first and start["t"]["0"] == 100  # a new value, the old one kept
+    steps, at = [first], since
+    while (span := behind.catch_up_range(at, end)) is not None:
+        steps.append(behind.catch_up_step(*span, 400))
+        assert behind.records_between(span[0], steps[-1]) == min(400, 1100 - at["t"]["0"])
+        at = behind.advanced(at, steps[-1])
+    # Partition 0's other 900 records, 400 a step once it is the only one left.
+    assert [step["t"]["0"] for step in steps] == [200, 600, 1000, 1100] and at == end
+    assert behind.records_between({"t": {"0": 100}}, {"t": {"0": 250}}) == 150
+    assert behind.records_between(start, end) is None  # an earliest start: not known
+    assert behind.catch_up_step({"t": {"0": 5}}, {"t": {"0": 9}}, 0) == {"t": {"0": 6}}
+
+
 class _Answers:
     """A sink that answers the background probe (nothing else is called here)."""
 

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -129,92 +129,124 @@ def drop_sink(settings: Settings, job: str) -> None:
 
 
 @dataclass
-class _Built:
-    """A partition's rows made into what every follower applies: the changes (with their
-    Kafka records), the records no follower can apply, the schemas the changes use, and
-    the counts that are the same for every follower."""
+class _Target:
+    """One follower of a task: its sink, its counts, its refusals, and whether it was
+    found unreachable (then it gets nothing more in this task)."""
 
-    changes: list[Change] = field(default_factory=list)
-    where: list[tuple[str, int, int]] = field(default_factory=list)  # each change's record
-    unreadable: list[dead_letter.DeadLetter] = field(default_factory=list)
-    schemas: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
-    stats: BatchStats = field(default_factory=BatchStats)
+    follower: Follower
+    stats: BatchStats
+    refused: list[dead_letter.DeadLetter] = field(default_factory=list)
+    sink: Sink | None = None
+    unreachable: str | None = None
+
+    def writer(self) -> Sink:
+        """The follower's sink (opened when the task starts)."""
+        assert self.sink is not None
+        return self.sink
 
 
-def _build(rows: list[Mapping[str, Any]]) -> _Built:
-    """The changes of the reduced partition ``rows``, built once for every follower."""
-    out = _Built()
-    stats = out.stats
-    schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
-    build = ChangeBuilder(schemas, lambda table, schema: out.schemas.append((table, schema)))
-    for row in rows:
-        kind = row["kind"]
-        if kind == CHANGE:
-            stats.newest_commit_ms = max(stats.newest_commit_ms, row["source_ts_ms"] or 0)
+class _Targets:
+    """The task's followers; :meth:`each` runs an action on each one still reachable."""
+
+    def __init__(self, settings: Settings, followers: Sequence[Follower]) -> None:
+        self.settings = settings
+        self.all = [_Target(f, BatchStats(job=f.job)) for f in followers]
+        self.each(self._open)
+
+    def _open(self, target: _Target) -> None:
+        target.sink = cached_sink(self.settings, target.follower.job, target.follower.make_sink)
+
+    def each(self, action: Callable[[_Target], None]) -> None:
+        """``action(target)`` for each reachable one. One that turns out unreachable
+        (:class:`RetryableSinkError`) is marked and its sink dropped; the others go on.
+        Any other error fails the task (its sink dropped too)."""
+        for target in self.all:
+            if target.unreachable is not None:
+                continue
             try:
-                out.changes.append(build(row))
-            except RecordError as e:
-                out.unreadable.append(_unreadable(row, str(e)))
-                continue
-            except SinkError:
-                raise  # no later change could be ordered either: the job stops
-            except Exception as e:  # a record never stops the job: dead-lettered
-                reason = f"cannot build the change: {type(e).__name__}: {e}"
-                out.unreadable.append(_unreadable(row, reason[:1000]))
-                continue
-            out.where.append((row["topic"], row["partition"], row["offset"]))
-        elif kind == HEARTBEAT:
-            stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
-        elif kind == KEYLESS:
-            stats.keyless += 1
-            stats.keyless_tables.add(row["table"])
-        elif kind == TRUNCATE:
-            stats.truncates += 1
-        elif kind == DEAD:
-            out.unreadable.append(_unreadable(row, row["parse_error"]))
-    return out
+                action(target)
+            except RetryableSinkError as e:
+                drop_sink(self.settings, target.follower.job)
+                target.unreachable = str(e)[:300] or type(e).__name__
+            except BaseException:
+                drop_sink(self.settings, target.follower.job)
+                raise
 
 
 def apply_partition(
     settings: Settings, followers: Sequence[Follower], rows: Iterable[Mapping[str, Any]]
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch to each follower; yields each follower's
-    stats (``job`` names it). The changes are built once; each follower gets them in
-    chunks, and dead-letters under its own job name the records nobody can apply
-    (unparseable, undecodable) and those its sink refused for good. Records of keyless
-    tables and truncate events are counted and skipped; heartbeats only raise the
-    partition's heartbeat LSN.
+    stats (``job`` names it).
 
+    Each change is built once and goes to every follower, in chunks; records nobody can
+    apply (unparseable, undecodable) are dead-lettered by each follower under its own job
+    name, as are those its sink refused for good; records of keyless tables and truncate
+    events are counted and skipped; heartbeats only raise the partition's heartbeat LSN.
     A follower that is unreachable (:class:`RetryableSinkError`) does not stop the others:
     its stats say ``unreachable`` and the driver runs the batch again for it alone.
     """
     # Schema rows may come after the changes that need them: read the partition first.
-    built = _build(list(rows))
-    for follower in followers:
-        yield _apply_to(settings, follower, built)
+    rows = list(rows)
+    schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
+    targets = _Targets(settings, followers)
 
+    def register(table: str, schema: Mapping[str, Any]) -> None:
+        targets.each(lambda t: t.writer().register_schema(table, schema))
 
-def _apply_to(settings: Settings, follower: Follower, built: _Built) -> BatchStats:
-    """Apply ``built`` to one follower; its stats."""
-    job = follower.job
-    stats = replace(built.stats, job=job, keyless_tables=set(built.stats.keyless_tables))
-    refused = list(built.unreadable)
-    try:
-        sink = cached_sink(settings, job, follower.make_sink)
-        for table, schema in built.schemas:
-            sink.register_schema(table, schema)
-        for at in range(0, len(built.changes), _CHUNK):
-            chunk = slice(at, at + _CHUNK)
-            _apply_chunk(sink, job, built.changes[chunk], built.where[chunk], stats, refused)
-        if refused:
-            stats.dead_lettered += dead_letter.publish(settings, job, refused)
-    except RetryableSinkError as e:
-        drop_sink(settings, job)
-        return BatchStats(job=job, unreachable=str(e)[:300] or type(e).__name__)
-    except BaseException:
-        drop_sink(settings, job)
-        raise
-    return stats
+    build = ChangeBuilder(schemas, register)
+    common = BatchStats()  # what every follower counts alike
+    unreadable: list[dead_letter.DeadLetter] = []
+    chunk: list[Change] = []
+    where: list[tuple[str, int, int]] = []  # each change's Kafka record
+
+    def apply(t: _Target) -> None:
+        _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+
+    for row in rows:
+        kind = row["kind"]
+        if kind == CHANGE:
+            common.newest_commit_ms = max(common.newest_commit_ms, row["source_ts_ms"] or 0)
+            try:
+                chunk.append(build(row))
+            except RecordError as e:
+                unreadable.append(_unreadable(row, str(e)))
+                continue
+            except SinkError:
+                raise  # no later change could be ordered either: the job stops
+            except Exception as e:  # a record never stops the job: dead-lettered
+                reason = f"cannot build the change: {type(e).__name__}: {e}"
+                unreadable.append(_unreadable(row, reason[:1000]))
+                continue
+            where.append((row["topic"], row["partition"], row["offset"]))
+            if len(chunk) >= _CHUNK:
+                targets.each(apply)
+                chunk.clear()
+                where.clear()
+        elif kind == HEARTBEAT:
+            common.heartbeat_lsn = max(common.heartbeat_lsn, row["heartbeat_lsn"] or 0)
+        elif kind == KEYLESS:
+            common.keyless += 1
+            common.keyless_tables.add(row["table"])
+        elif kind == TRUNCATE:
+            common.truncates += 1
+        elif kind == DEAD:
+            unreadable.append(_unreadable(row, row["parse_error"]))
+    if chunk:
+        targets.each(apply)
+
+    def publish(t: _Target) -> None:
+        letters = [*unreadable, *t.refused]
+        if letters:
+            t.stats.dead_lettered += dead_letter.publish(settings, t.follower.job, letters)
+
+    targets.each(publish)
+    for t in targets.all:
+        if t.unreachable is not None:
+            yield BatchStats(job=t.follower.job, unreachable=t.unreachable)
+        else:
+            t.stats.add(common)
+            yield t.stats
 
 
 def apply_events(

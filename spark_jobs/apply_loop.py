@@ -8,18 +8,22 @@ batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's s
 and each task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
 itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
 :mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
-(:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends unparseable
-records to the dead-letter topic; applies through the sink (every write carries an
-LSN-derived version, so a replay can never go backwards); dead-letters what the sink
-refused for good. Once every task is done the driver records the follower's watermark.
+(:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); builds each change
+once and applies it through each follower's sink (one for ``cache_sync``/``search_sync``,
+those ``spark_jobs/sync.py --followers`` names for the shared job; every write carries an
+LSN-derived version, so a replay can never go backwards); each follower dead-letters, under
+its own job name, the unparseable records and what its sink refused for good. Once every
+task is done the driver records each follower's watermark.
 
 No record stops a job: one that cannot become a change (a key that is not JSON, a c/u/r
 event without ``after``, a value its schema cannot decode) or that the sink refuses for good
 goes to the dead-letter topic with the reason, and the rest of the batch is applied.
 Records of keyless tables (null key) and Debezium ``t`` events (the reader also writes a
 delete per removed row) are skipped and counted, with one log line per batch. Only what no
-later record could get past stops the job: a follower that stays unreachable, or a commit
-LSN beyond what the followers can order. Spark commits the batch's
+later record could get past stops the job: every follower unreachable for
+``spark.follower_retry_s`` (with several, one that stays down falls behind instead, and
+catches up later: :class:`ApplyBatch`), or a commit LSN beyond what the followers can
+order. Spark commits the batch's
 offsets to the checkpoint after :class:`ApplyBatch` returns, so a crash anywhere replays
 the batch: the versions make the replay harmless.
 """

@@ -47,9 +47,10 @@ def _store(settings: Settings, job: str) -> str:
     return f"{'Redis' if job == CACHE_JOB else 'OpenSearch'} at {where}"
 
 
-def parse_metrics(text: str) -> dict[str, float]:
+def parse_metrics(text: str, job: str | None = None) -> dict[str, float]:
     """``name{labels}`` → value of a Prometheus text exposition, the ``job`` label dropped
-    (one job's endpoint is read at a time)."""
+    (one job's endpoint is read at a time); with ``job``, only that job's series (the
+    shared job, spark_jobs/sync.py, serves one per follower)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -57,9 +58,12 @@ def parse_metrics(text: str) -> dict[str, float]:
         name, _, value = line.rpartition(" ")
         if "{" in name:
             base, _, labels = name.partition("{")
-            kept = [
-                lab for lab in labels.rstrip("}").split(",") if lab and not lab.startswith("job=")
-            ]
+            split = [lab for lab in labels.rstrip("}").split(",") if lab]
+            if job is not None and any(
+                lab.startswith("job=") and lab != f'job="{job}"' for lab in split
+            ):
+                continue
+            kept = [lab for lab in split if not lab.startswith("job=")]
             name = base + ("{" + ",".join(kept) + "}" if kept else "")
         try:
             out[name] = float(value)
@@ -68,12 +72,13 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def job_metrics(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """What a running job's ``/metrics`` says, for ``cdc status``: records by outcome,
-    batches and their mean duration, lag in records and in WAL bytes; or an error line."""
+def job_metrics(url: str, timeout_s: float = 5.0, job: str | None = None) -> dict[str, Any]:
+    """What a running job's ``/metrics`` says (of follower ``job`` only, if given), for
+    ``cdc status``: records by outcome, batches and their mean duration, lag in records and
+    in WAL bytes; or an error line."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
-            m = parse_metrics(r.read().decode())
+            m = parse_metrics(r.read().decode(), job)
     except OSError as e:
         return {"error": f"{url}: {e}"}
     batches = m.get("cdc_job_batch_seconds_count", 0.0)
@@ -117,7 +122,7 @@ def follower_status(
         }
         url = settings.spark.job_endpoints.get(job)
         if url:
-            out[job]["job"] = job_metrics(url)
+            out[job]["job"] = job_metrics(url, job=job)
     return out
 
 

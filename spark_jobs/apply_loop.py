@@ -8,18 +8,22 @@ batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's s
 and each task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
 itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
 :mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
-(:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); sends unparseable
-records to the dead-letter topic; applies through the sink (every write carries an
-LSN-derived version, so a replay can never go backwards); dead-letters what the sink
-refused for good. Once every task is done the driver records the follower's watermark.
+(:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); builds each change
+once and applies it through each follower's sink (one for ``cache_sync``/``search_sync``,
+those ``spark_jobs/sync.py --followers`` names for the shared job; every write carries an
+LSN-derived version, so a replay can never go backwards); each follower dead-letters, under
+its own job name, the unparseable records and what its sink refused for good. Once every
+task is done the driver records each follower's watermark.
 
 No record stops a job: one that cannot become a change (a key that is not JSON, a c/u/r
 event without ``after``, a value its schema cannot decode) or that the sink refuses for good
 goes to the dead-letter topic with the reason, and the rest of the batch is applied.
 Records of keyless tables (null key) and Debezium ``t`` events (the reader also writes a
 delete per removed row) are skipped and counted, with one log line per batch. Only what no
-later record could get past stops the job: a follower that stays unreachable, or a commit
-LSN beyond what the followers can order. Spark commits the batch's
+later record could get past stops the job: every follower unreachable for
+``spark.follower_retry_s`` (with several, one that stays down falls behind instead, and
+catches up later: :class:`ApplyBatch`), or a commit LSN beyond what the followers can
+order. Spark commits the batch's
 offsets to the checkpoint after :class:`ApplyBatch` returns, so a crash anywhere replays
 the batch: the versions make the replay harmless.
 """
@@ -30,8 +34,9 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -40,14 +45,16 @@ from pyspark.sql import DataFrame
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.settings import ParsePath, Settings, ValueFormat
 from sinks.base import Change, Outcome, Sink
-from spark_jobs import dead_letter
+from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
+from spark_jobs.progress import AVAILABLE_NOW_BATCH_RECORDS
 from spark_jobs.reduce import latest_per_key
+from spark_jobs.source import catch_up_records
 from spark_jobs.stats import BatchStats
 from spark_jobs.transfer import (
     RECORD_COLUMNS,
@@ -71,13 +78,13 @@ from spark_jobs.transforms import (
 from spark_jobs.watermark import Watermark, progress_complete
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Builds a job's sink from the settings (the sink's ``from_settings``).
 SinkFactory = Callable[[Settings], Sink]
 
 _CHUNK = 2000  # changes per sink.apply call
 _MAX_PAUSE_S = 15.0  # longest wait between two runs of a batch during an outage
+_PROBE_EVERY_S = 2.0  # how often a follower that is behind is asked whether it answers
 
 
 def unreachable_reason(e: BaseException) -> str | None:
@@ -89,6 +96,15 @@ def unreachable_reason(e: BaseException) -> str | None:
         if at >= 0:
             return line[at + len(marker) :].strip()[:300]
     return None
+
+
+@dataclass(frozen=True)
+class Follower:
+    """A follower a job applies to: its job name (its watermark, its dead letters, its
+    metrics) and how its sink is built."""
+
+    job: str
+    make_sink: SinkFactory
 
 
 _SINKS: dict[tuple[str, str], Sink] = {}
@@ -108,85 +124,154 @@ def cached_sink(settings: Settings, job: str, make_sink: SinkFactory) -> Sink:
     return sink
 
 
-def apply_partition(
-    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Mapping[str, Any]]
-) -> Iterator[BatchStats]:
-    """Apply one partition of the reduced batch; yields its stats. Retryable failures raise.
+def drop_sink(settings: Settings, job: str) -> None:
+    """Close ``job``'s cached sink: one in an unknown state is not reused (the next use
+    builds a new one)."""
+    sink = _SINKS.pop(_sink_key(settings, job), None)
+    if sink is not None:
+        sink.close()
 
-    Changes go to the sink in chunks; records nobody can apply (unparseable, undecodable,
-    refused by the sink for good) go to the dead-letter topic with the reason; records of
-    keyless tables and truncate events are counted and skipped; heartbeats only raise the
-    partition's heartbeat LSN.
+
+@dataclass
+class _Target:
+    """One follower of a task: its sink, its counts, its refusals, and whether it was
+    found unreachable (then it gets nothing more in this task)."""
+
+    follower: Follower
+    stats: BatchStats
+    refused: list[dead_letter.DeadLetter] = field(default_factory=list)
+    sink: Sink | None = None
+    unreachable: str | None = None
+
+    def writer(self) -> Sink:
+        """The follower's sink (opened when the task starts)."""
+        assert self.sink is not None
+        return self.sink
+
+
+class _Targets:
+    """The task's followers; :meth:`each` runs an action on each one still reachable."""
+
+    def __init__(self, settings: Settings, followers: Sequence[Follower]) -> None:
+        self.settings = settings
+        self.all = [_Target(f, BatchStats(job=f.job)) for f in followers]
+        self.each(self._open)
+
+    def _open(self, target: _Target) -> None:
+        target.sink = cached_sink(self.settings, target.follower.job, target.follower.make_sink)
+
+    def each(self, action: Callable[[_Target], None]) -> None:
+        """``action(target)`` for each reachable one. One that turns out unreachable
+        (:class:`RetryableSinkError`) is marked and its sink dropped; the others go on.
+        Any other error fails the task (its sink dropped too)."""
+        for target in self.all:
+            if target.unreachable is not None:
+                continue
+            try:
+                action(target)
+            except RetryableSinkError as e:
+                drop_sink(self.settings, target.follower.job)
+                target.unreachable = str(e)[:300] or type(e).__name__
+            except BaseException:
+                drop_sink(self.settings, target.follower.job)
+                raise
+
+
+def apply_partition(
+    settings: Settings, followers: Sequence[Follower], rows: Iterable[Mapping[str, Any]]
+) -> Iterator[BatchStats]:
+    """Apply one partition of the reduced batch to each follower; yields each follower's
+    stats (``job`` names it).
+
+    Each change is built once and goes to every follower, in chunks; records nobody can
+    apply (unparseable, undecodable) are dead-lettered by each follower under its own job
+    name, as are those its sink refused for good; records of keyless tables and truncate
+    events are counted and skipped; heartbeats only raise the partition's heartbeat LSN.
+    A follower that is unreachable (:class:`RetryableSinkError`) does not stop the others:
+    its stats say ``unreachable`` and the driver runs the batch again for it alone.
     """
     # Schema rows may come after the changes that need them: read the partition first.
     rows = list(rows)
     schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
-    sink = cached_sink(settings, job, make_sink)
-    build = ChangeBuilder(schemas, sink.register_schema)
-    stats = BatchStats()
-    refused: list[dead_letter.DeadLetter] = []
-    try:
-        chunk: list[Change] = []
-        where: list[tuple[str, int, int]] = []  # each change's Kafka record
-        for row in rows:
-            kind = row["kind"]
-            if kind == CHANGE:
-                stats.newest_commit_ms = max(stats.newest_commit_ms, row["source_ts_ms"] or 0)
-                try:
-                    chunk.append(build(row))
-                except RecordError as e:
-                    refused.append(_unreadable(row, str(e)))
-                    continue
-                except SinkError:
-                    raise  # no later change could be ordered either: the job stops
-                except Exception as e:  # a record never stops the job: dead-lettered
-                    reason = f"cannot build the change: {type(e).__name__}: {e}"
-                    refused.append(_unreadable(row, reason[:1000]))
-                    continue
-                where.append((row["topic"], row["partition"], row["offset"]))
-                if len(chunk) >= _CHUNK:
-                    _apply_chunk(sink, job, chunk, where, stats, refused)
-            elif kind == HEARTBEAT:
-                stats.heartbeat_lsn = max(stats.heartbeat_lsn, row["heartbeat_lsn"] or 0)
-            elif kind == KEYLESS:
-                stats.keyless += 1
-                stats.keyless_tables.add(row["table"])
-            elif kind == TRUNCATE:
-                stats.truncates += 1
-            elif kind == DEAD:
-                refused.append(_unreadable(row, row["parse_error"]))
-        if chunk:
-            _apply_chunk(sink, job, chunk, where, stats, refused)
-        if refused:
-            stats.dead_lettered += dead_letter.publish(settings, job, refused)
-    except BaseException:
-        # A sink in an unknown state is not reused: the retried batch gets a new one.
-        _SINKS.pop(_sink_key(settings, job), None)
-        sink.close()
-        raise
-    yield stats
+    targets = _Targets(settings, followers)
+
+    def register(table: str, schema: Mapping[str, Any]) -> None:
+        targets.each(lambda t: t.writer().register_schema(table, schema))
+
+    build = ChangeBuilder(schemas, register)
+    common = BatchStats()  # what every follower counts alike
+    unreadable: list[dead_letter.DeadLetter] = []
+    chunk: list[Change] = []
+    where: list[tuple[str, int, int]] = []  # each change's Kafka record
+
+    def apply(t: _Target) -> None:
+        _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+
+    for row in rows:
+        kind = row["kind"]
+        if kind == CHANGE:
+            common.newest_commit_ms = max(common.newest_commit_ms, row["source_ts_ms"] or 0)
+            try:
+                chunk.append(build(row))
+            except RecordError as e:
+                unreadable.append(_unreadable(row, str(e)))
+                continue
+            except SinkError:
+                raise  # no later change could be ordered either: the job stops
+            except Exception as e:  # a record never stops the job: dead-lettered
+                reason = f"cannot build the change: {type(e).__name__}: {e}"
+                unreadable.append(_unreadable(row, reason[:1000]))
+                continue
+            where.append((row["topic"], row["partition"], row["offset"]))
+            if len(chunk) >= _CHUNK:
+                targets.each(apply)
+                chunk.clear()
+                where.clear()
+        elif kind == HEARTBEAT:
+            common.heartbeat_lsn = max(common.heartbeat_lsn, row["heartbeat_lsn"] or 0)
+        elif kind == KEYLESS:
+            common.keyless += 1
+            common.keyless_tables.add(row["table"])
+        elif kind == TRUNCATE:
+            common.truncates += 1
+        elif kind == DEAD:
+            unreadable.append(_unreadable(row, row["parse_error"]))
+    if chunk:
+        targets.each(apply)
+
+    def publish(t: _Target) -> None:
+        letters = [*unreadable, *t.refused]
+        if letters:
+            t.stats.dead_lettered += dead_letter.publish(settings, t.follower.job, letters)
+
+    targets.each(publish)
+    for t in targets.all:
+        if t.unreachable is not None:
+            yield BatchStats(job=t.follower.job, unreachable=t.unreachable)
+        else:
+            t.stats.add(common)
+            yield t.stats
 
 
 def apply_events(
-    settings: Settings, job: str, make_sink: SinkFactory, rows: Iterable[Mapping[str, Any]]
+    settings: Settings, followers: Sequence[Follower], rows: Iterable[Mapping[str, Any]]
 ) -> Iterator[BatchStats]:
     """Reduce one partition of the classified frame to the newest event per key
     (:func:`spark_jobs.reduce.latest_per_key`) and apply it (:func:`apply_partition`)."""
-    return apply_partition(settings, job, make_sink, latest_per_key(rows))
+    return apply_partition(settings, followers, latest_per_key(rows))
 
 
 def apply_arrow(
-    settings: Settings, job: str, make_sink: SinkFactory, batches: Iterator[pa.RecordBatch]
+    settings: Settings, followers: Sequence[Follower], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: :func:`apply_events` over one partition's Arrow batches
     (all of them: the reduction sees the whole partition); yields the task's stats."""
-    yield stats_batch(apply_events(settings, job, make_sink, rows_from_arrow(batches)))
+    yield stats_batch(apply_events(settings, followers, rows_from_arrow(batches)))
 
 
 def apply_records_arrow(
     settings: Settings,
-    job: str,
-    make_sink: SinkFactory,
+    followers: Sequence[Follower],
     heartbeat_topic: str | None,
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
@@ -199,19 +284,19 @@ def apply_records_arrow(
     )
     parser = RecordParser(settings.kafka.topic_prefix, heartbeat_topic, transcode)
     rows = parser.rows(records_from_arrow(batches))
-    yield stats_batch(apply_events(settings, job, make_sink, rows))
+    yield stats_batch(apply_events(settings, followers, rows))
 
 
 def _apply_chunk(
     sink: Sink,
     job: str,
-    chunk: list[Change],
-    where: list[tuple[str, int, int]],
+    chunk: Sequence[Change],
+    where: Sequence[tuple[str, int, int]],
     stats: BatchStats,
     refused: list[dead_letter.DeadLetter],
 ) -> None:
-    """Apply ``chunk`` (then empty it and ``where``, its records' Kafka positions),
-    counting outcomes; refusals join ``refused``."""
+    """Apply ``chunk`` (``where``: its records' Kafka positions), counting outcomes;
+    refusals join ``refused``."""
     results = sink.apply(chunk)
     for change, (topic, partition, offset), res in zip(chunk, where, results, strict=True):
         if res.outcome is Outcome.APPLIED:
@@ -235,8 +320,6 @@ def _apply_chunk(
                 )
             )
         stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
-    chunk.clear()
-    where.clear()
 
 
 def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:
@@ -257,14 +340,50 @@ def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRe
     )
 
 
-class ApplyBatch:
-    """The ``foreachBatch`` function: reduce the micro-batch, apply it in the workers, then
-    record the follower's watermark. Its frame is ``batch.events(<the Kafka stream>)``."""
+class _QuietProbe(logging.Filter):
+    """Keeps a background probe's failed attempts (a sink logs each, with its traceback)
+    out of the job's log: the batch lines say that a follower is behind."""
 
-    def __init__(self, settings: Settings, opts: JobOptions, make_sink: SinkFactory) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.threadName or "").startswith("probe-") or record.levelno >= logging.ERROR
+
+
+def _quiet_probes() -> None:
+    """Install :class:`_QuietProbe` on the root logger's handlers (once each)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _QuietProbe) for f in handler.filters):
+            handler.addFilter(_QuietProbe())
+
+
+class ApplyBatch:
+    """The ``foreachBatch`` function: apply the micro-batch in the workers to each follower,
+    then record each follower's watermark. Its frame is ``batch.events(<the Kafka stream>)``.
+
+    With several followers (spark_jobs/sync.py) each task parses and reduces its partition
+    once and applies it to every follower. A follower that is unreachable gets the batch
+    again, alone (the others' writes are not repeated), with backoff. When it stays
+    unreachable for ``spark.follower_behind_after_s`` while another follower applied the
+    batch, it falls *behind* (:mod:`spark_jobs.behind`): the others go on without it, its
+    watermark stays where it is, and once it answers again (probed in the background) a
+    batch read of the Kafka range it missed is applied to it alone, with the same task
+    code, before it rejoins. The job stops (one line saying why) only when no follower has
+    been reachable for ``spark.follower_retry_s``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        opts: JobOptions,
+        make_sink: SinkFactory | None = None,
+        followers: Sequence[Follower] = (),
+    ) -> None:
         self.settings = settings
         self.opts = opts
-        self.make_sink = make_sink
+        if not followers:
+            if make_sink is None:
+                raise ValueError("a job needs a sink or followers")
+            followers = (Follower(opts.name, make_sink),)
+        self.followers = tuple(followers)
         # Heartbeats give an exact watermark (spark_jobs.watermark); without them, the
         # highest applied commit LSN stands in (approximate across partitions).
         self.exact = opts.heartbeat_topic is not None
@@ -272,62 +391,264 @@ class ApplyBatch:
         # The query's last progress report (set by the job once the query started): under
         # a rate limit it tells whether the previous batch reached the end of the topics.
         self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
-        self.metrics = JobMetrics(opts.name)
-        self.outage_retries = 0  # batches run again because the follower was unreachable
+        self.metrics = JobMetrics(*(f.job for f in self.followers))
+        self.outage_retries = 0  # batches run again because a follower was unreachable
+        self.catch_ups = 0  # followers caught up on what they missed while behind
         # Set when the job is asked to stop (Ctrl-C: spark_jobs.interrupt).
         self.stopping = threading.Event()
+        # Who is behind since where (several followers only: one alone never falls behind).
+        self._state_dir = behind.local_dir(opts.checkpoint) if len(self.followers) > 1 else None
+        # (A follower this run does not apply to keeps its entry, untouched.)
+        self.behind = behind.load(self._state_dir) if self._state_dir else {}
+        self._answering: dict[str, threading.Event] = {}
+        for f in self.followers:
+            if f.job in self.behind:
+                self._probe(f.job)
+
+    def _follower(self, job: str) -> Follower:
+        return next(f for f in self.followers if f.job == job)
+
+    def _tasks(self, events: DataFrame, followers: Sequence[Follower]) -> dict[str, BatchStats]:
+        """Run the batch's tasks once for ``followers``: each follower's summed stats, with
+        ``unreachable`` set for one that was unreachable in any task."""
+        fs = tuple(followers)
+        apply = (
+            functools.partial(apply_records_arrow, self.settings, fs, self.opts.heartbeat_topic)
+            if self.settings.spark.parse is ParsePath.PYTHON
+            else functools.partial(apply_arrow, self.settings, fs)
+        )
+        totals = {f.job: BatchStats(job=f.job) for f in fs}
+        # One stage, a task per Kafka partition (or per key-hash partition): each task
+        # reduces and applies its own keys; the driver only gathers the counts.
+        for stats in stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect()):
+            total = totals[stats.job]
+            if stats.unreachable:
+                total.unreachable = total.unreachable or stats.unreachable
+            else:
+                total.add(stats)
+        return totals
 
     def _apply(
-        self,
-        events: DataFrame,
-        apply: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
-        batch_id: int,
-    ) -> list[BatchStats]:
-        """Run the batch's tasks (again while the follower is unreachable)."""
-        return self._while_unreachable(
-            batch_id, lambda: stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect())
-        )
+        self, events: DataFrame, batch_id: int, followers: Sequence[Follower]
+    ) -> dict[str, BatchStats]:
+        """Apply the batch to ``followers`` (again to those unreachable: :meth:`_each`);
+        the stats of those that got it."""
+        done: dict[str, BatchStats] = {}
 
-    def _while_unreachable(self, batch_id: int, step: Callable[[], T]) -> T:
-        """``step()``; while the follower is unreachable, again with backoff, for at most
-        ``spark.follower_retry_s`` (then the job stops, saying why). Running a batch or a
-        watermark write again is harmless: every write carries its version."""
-        deadline: float | None = None
+        def run(pending: Sequence[Follower]) -> dict[str, str]:
+            failed: dict[str, str] = {}
+            for job, total in self._tasks(events, pending).items():
+                if total.unreachable:
+                    failed[job] = total.unreachable
+                else:
+                    done[job] = total
+            return failed
+
+        self._each(batch_id, followers, run)
+        return done
+
+    def _each(
+        self,
+        batch_id: int,
+        followers: Sequence[Follower],
+        step: Callable[[Sequence[Follower]], dict[str, str]],
+    ) -> None:
+        """``step(followers)``, which returns the reasons of those it found unreachable;
+        ``step`` again for those only, with backoff. One that stays unreachable for
+        ``spark.follower_behind_after_s`` while another follower went on falls behind;
+        when none went on, the job stops after ``spark.follower_retry_s``, saying why.
+        Running a batch or a watermark write again is harmless: every write carries its
+        version."""
+        pending = list(followers)
+        down_since: float | None = None
         attempt = 0
-        while True:
+        while pending:
             try:
-                return step()
-            except Exception as e:
+                failed = step(pending)
+            except Exception as e:  # a task failed outright: unreachable, or a real error
                 reason = str(e) if isinstance(e, RetryableSinkError) else unreachable_reason(e)
                 if reason is None:
                     raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.settings.spark.follower_retry_s
-                if now >= deadline:
-                    log.error(
-                        "batch %d: the follower stayed unreachable for %.0fs "
-                        "(spark.follower_retry_s): stopping; a restart resumes here. %s",
+                failed = {f.job: reason for f in pending}
+            pending = [f for f in pending if f.job in failed]
+            if not pending:
+                return
+            now = time.monotonic()
+            if down_since is None:
+                down_since = now
+            going_on = [
+                f.job for f in self.followers if f.job not in self.behind and f not in pending
+            ]
+            limit = (
+                self.settings.spark.follower_behind_after_s
+                if going_on
+                else self.settings.spark.follower_retry_s
+            )
+            jobs = ", ".join(f.job for f in pending)
+            reason = "; ".join(dict.fromkeys(failed[f.job] for f in pending))
+            extra = {"job": self.opts.name, "batch_id": batch_id}
+            if now - down_since >= limit:
+                if going_on:
+                    self._fall_behind(batch_id, pending, now - down_since, going_on, reason)
+                    return
+                log.error(
+                    "batch %d: %s stayed unreachable for %.0fs (spark.follower_retry_s): "
+                    "stopping; a restart resumes here. %s",
+                    batch_id,
+                    jobs,
+                    limit,
+                    reason,
+                    extra=extra,
+                )
+                raise RetryableSinkError(f"{jobs} unreachable: {reason}")
+            delay = min(_MAX_PAUSE_S, 0.5 * 2**attempt, max(0.0, down_since + limit - now))
+            attempt += 1
+            self.outage_retries += 1
+            log.warning(
+                "batch %d: %s unreachable (%s); applying the batch again to %s in %.1fs "
+                "(attempt %d; %s after %.0fs of this)",
+                batch_id,
+                jobs,
+                reason,
+                "it" if len(pending) == 1 else "them",
+                delay,
+                attempt + 1,
+                "it falls behind" if going_on else "the job stops",
+                limit,
+                extra=extra,
+            )
+            time.sleep(delay)
+
+    # -- followers behind ---------------------------------------------------------------
+
+    def _fall_behind(
+        self,
+        batch_id: int,
+        followers: Sequence[Follower],
+        down_s: float,
+        going_on: Sequence[str],
+        reason: str,
+    ) -> None:
+        """Leave ``followers`` out from batch ``batch_id`` on; remember where they left."""
+        assert self._state_dir is not None  # a single follower never falls behind
+        since = behind.batch_start(self._state_dir, batch_id)
+        for f in followers:
+            self.behind[f.job] = behind.Behind(batch_id, since)
+        behind.save(self._state_dir, self.behind)
+        for f in followers:
+            log.warning(
+                "batch %d: %s is behind: unreachable for %.0fs (spark.follower_behind_after_s) "
+                "while %s went on; it catches up from batch %d's offsets when it answers "
+                "again (%s)",
+                batch_id,
+                f.job,
+                down_s,
+                ", ".join(going_on),
+                batch_id,
+                reason,
+                extra={"job": self.opts.name, "batch_id": batch_id},
+            )
+            self._probe(f.job)
+
+    def _probe(self, job: str) -> None:
+        """Ask ``job``'s follower in the background, every few seconds, until it answers
+        (a batch never waits for a follower that is behind)."""
+        answered = self._answering[job] = threading.Event()
+        follower = self._follower(job)
+        _quiet_probes()
+
+        def probe() -> None:
+            while not self.stopping.is_set():
+                try:
+                    sink = follower.make_sink(self.settings)
+                    try:
+                        sink.read_watermark(job)
+                    finally:
+                        sink.close()
+                except Exception as e:  # still unreachable (or not yet answering right)
+                    log.debug("%s still unreachable: %s", job, e)
+                else:
+                    answered.set()
+                    return
+                self.stopping.wait(_PROBE_EVERY_S)
+
+        threading.Thread(target=probe, name=f"probe-{job}", daemon=True).start()
+
+    def _catch_up(self, events: DataFrame, batch_id: int) -> None:
+        """Followers behind that answer again replay the Kafka range they missed, up to this
+        batch's start, alone: one step (at most a batch's records) per batch; after the last
+        one they rejoin (with this batch)."""
+        assert self._state_dir is not None
+        most = self.opts.max_offsets_per_trigger or AVAILABLE_NOW_BATCH_RECORDS
+        for job, since in list(self.behind.items()):
+            answered = self._answering.get(job)
+            if answered is None or not answered.is_set():
+                continue
+            t0 = time.monotonic()
+            span = behind.catch_up_range(
+                since.offsets, behind.batch_start(self._state_dir, batch_id)
+            )
+            caught = BatchStats(job=job)
+            reached: behind.Offsets = {}
+            if span is not None:
+                start, end = span
+                reached = behind.catch_up_step(start, end, most)
+                records = catch_up_records(
+                    events.sparkSession, self.settings, self.opts, start, reached
+                )
+                try:
+                    caught = self._tasks(self.events(records), [self._follower(job)])[job]
+                except Exception as e:
+                    if unreachable_reason(e) is None:
+                        raise
+                    caught.unreachable = unreachable_reason(e)
+                if caught.unreachable:
+                    log.warning(
+                        "batch %d: %s answered, then failed its catch-up: still behind (%s)",
                         batch_id,
-                        self.settings.spark.follower_retry_s,
-                        reason,
+                        job,
+                        caught.unreachable,
                         extra={"job": self.opts.name, "batch_id": batch_id},
                     )
-                    raise
-                delay = min(_MAX_PAUSE_S, 0.5 * 2**attempt, max(0.0, deadline - now))
-                attempt += 1
-                self.outage_retries += 1
-                log.warning(
-                    "batch %d: follower unreachable (%s); applying the batch again in %.1fs "
-                    "(attempt %d; the job stops after %.0fs of this)",
-                    batch_id,
-                    reason,
-                    delay,
-                    attempt + 1,
-                    self.settings.spark.follower_retry_s,
-                    extra={"job": self.opts.name, "batch_id": batch_id},
+                    self._probe(job)
+                    continue
+            self.catch_ups += 1
+            extra = {"job": self.opts.name, "batch_id": batch_id}
+            if span is not None and reached != span[1]:
+                self.behind[job] = behind.Behind(
+                    since.since_batch, behind.advanced(since.offsets, reached)
                 )
-                time.sleep(delay)
+                behind.save(self._state_dir, self.behind)
+                log.info(
+                    "batch %d: %s catching up: replayed %s of the %s records it still "
+                    "missed since batch %d (applied=%d skipped=%d, %.0f ms)",
+                    batch_id,
+                    job,
+                    behind.records_between(span[0], reached),
+                    behind.records_between(*span),
+                    since.since_batch,
+                    caught.applied,
+                    caught.skipped,
+                    (time.monotonic() - t0) * 1e3,
+                    extra=extra,
+                )
+                continue
+            del self.behind[job]
+            behind.save(self._state_dir, self.behind)
+            log.warning(
+                "batch %d: %s caught up on batches %d to %d (applied=%d skipped=%d failed=%d "
+                "dead_lettered=%d, %.0f ms); it rejoins",
+                batch_id,
+                job,
+                since.since_batch,
+                batch_id - 1,
+                caught.applied,
+                caught.skipped,
+                caught.failed,
+                caught.dead_lettered,
+                (time.monotonic() - t0) * 1e3,
+                extra=extra,
+            )
 
     def _watermark(self, batch_id: int, total: BatchStats) -> int:
         """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
@@ -372,64 +693,77 @@ class ApplyBatch:
             # the cancelled collect()'s: a short error instead, and no chained one.
             raise BatchInterrupted(f"batch {batch_id} interrupted by a stop") from None
 
+    def _record(self, followers: Sequence[Follower], watermark: int) -> dict[str, str]:
+        """Record ``watermark`` for each of ``followers``; the reasons of those unreachable."""
+        failed: dict[str, str] = {}
+        for f in followers:
+            sink = cached_sink(self.settings, f.job, f.make_sink)
+            try:
+                sink.record_watermark(f.job, watermark)
+            except RetryableSinkError as e:
+                drop_sink(self.settings, f.job)
+                failed[f.job] = str(e)[:300]
+            except BaseException:
+                drop_sink(self.settings, f.job)
+                raise
+        return failed
+
     def _run(self, events: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        apply = (
-            functools.partial(
-                apply_records_arrow,
-                self.settings,
-                self.opts.name,
-                self.make_sink,
-                self.opts.heartbeat_topic,
-            )
-            if self.settings.spark.parse is ParsePath.PYTHON
-            else functools.partial(apply_arrow, self.settings, self.opts.name, self.make_sink)
-        )
-        total = BatchStats()
-        # One stage, a task per Kafka partition (or per key-hash partition): each task
-        # reduces and applies its own keys; the driver only gathers the counts.
-        for stats in self._apply(events, apply, batch_id):
-            total.add(stats)
-        watermark = self._watermark(batch_id, total)
+        if self.behind:
+            self._catch_up(events, batch_id)
+        current = [f for f in self.followers if f.job not in self.behind]
+        done = self._apply(events, batch_id, current)
+        seen = BatchStats()  # the same batch for every follower: its heartbeats and LSNs
+        for stats in done.values():
+            seen.heartbeat_lsn = max(seen.heartbeat_lsn, stats.heartbeat_lsn)
+            seen.max_commit_lsn = max(seen.max_commit_lsn, stats.max_commit_lsn)
+            seen.keyless, seen.keyless_tables = stats.keyless, stats.keyless_tables
+        watermark = self._watermark(batch_id, seen)
         if watermark:
-
-            def record() -> None:
-                sink = cached_sink(self.settings, self.opts.name, self.make_sink)
-                try:
-                    sink.record_watermark(self.opts.name, watermark)
-                except BaseException:
-                    _SINKS.pop(_sink_key(self.settings, self.opts.name), None)
-                    sink.close()
-                    raise
-
-            self._while_unreachable(batch_id, record)
-        try:
-            self.metrics.batch(total, time.monotonic() - t0, watermark)
-            self.metrics.progress(self.last_progress())
-        except Exception:  # metrics never stop a job
-            log.exception("batch %d: metrics not updated", batch_id)
+            self._each(
+                batch_id,
+                [f for f in self.followers if f.job in done and f.job not in self.behind],
+                lambda fs: self._record(fs, watermark),
+            )
+        seconds = time.monotonic() - t0
         extra = {"job": self.opts.name, "batch_id": batch_id}
-        if total.keyless:
+        if seen.keyless:
             log.warning(
                 "batch %d: skipped %d records of keyless tables %s (no key to apply them by; "
                 "name key columns with CDC_POSTGRES__MESSAGE_KEY_COLUMNS)",
                 batch_id,
-                total.keyless,
-                ", ".join(sorted(total.keyless_tables)),
+                seen.keyless,
+                ", ".join(sorted(seen.keyless_tables)),
                 extra=extra,
             )
-        if total.busy:
-            log.info(
-                "batch %d: applied=%d skipped=%d failed=%d dead_lettered=%d keyless=%d "
-                "truncates=%d watermark=%d (%.0f ms)",
-                batch_id,
-                total.applied,
-                total.skipped,
-                total.failed,
-                total.dead_lettered,
-                total.keyless,
-                total.truncates,
-                watermark,
-                (time.monotonic() - t0) * 1e3,
-                extra=extra,
-            )
+        for f in self.followers:
+            self.metrics.behind.labels(f.job).set(1 if f.job in self.behind else 0)
+            total = done.get(f.job)
+            if total is None:
+                continue  # behind
+            marked = 0 if f.job in self.behind else watermark
+            try:
+                self.metrics.batch(total, seconds, marked, f.job)
+            except Exception:  # metrics never stop a job
+                log.exception("batch %d: metrics not updated", batch_id)
+            if total.busy:
+                log.info(
+                    "batch %d: %sapplied=%d skipped=%d failed=%d dead_lettered=%d keyless=%d "
+                    "truncates=%d watermark=%d (%.0f ms)",
+                    batch_id,
+                    f"{f.job} " if len(self.followers) > 1 else "",
+                    total.applied,
+                    total.skipped,
+                    total.failed,
+                    total.dead_lettered,
+                    total.keyless,
+                    total.truncates,
+                    marked,
+                    seconds * 1e3,
+                    extra={**extra, "follower": f.job},
+                )
+        try:
+            self.metrics.progress(self.last_progress())
+        except Exception:  # metrics never stop a job
+            log.exception("batch %d: metrics not updated", batch_id)

@@ -13,14 +13,15 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
-from spark_jobs.apply_loop import ApplyBatch, SinkFactory
+from spark_jobs import behind
+from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
@@ -70,15 +71,25 @@ def quiet_per_batch_loggers(level: int) -> None:
         )
 
 
-def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> int:
-    """Run the sync job ``job`` with the sink ``make_sink`` builds; the exit status."""
+def run(
+    job: str,
+    make_sink: SinkFactory | None = None,
+    argv: Sequence[str] | None = None,
+    followers: Mapping[str, Follower] | None = None,
+) -> int:
+    """Run the sync job ``job`` with the sink ``make_sink`` builds, or (the shared job)
+    with the ``followers`` its ``--followers`` option names; the exit status."""
     given = sys.argv[1:] if argv is None else list(argv)
+    names = tuple(followers or ())
     if "-h" in given or "--help" in given:
-        parser(job).parse_args(["--help"])  # prints the options and exits 0: no JVM needed
+        parser(job, names).parse_args(["--help"])  # prints the options, exits 0: no JVM needed
     health_port, argv = split_health_port(argv)
     settings_env_from_conf(submitted_conf())  # --conf spark.cdc.redis.url=... and the like
     try:
-        settings, opts = parse_args(job, argv)
+        settings, opts = parse_args(job, argv, names)
+        chosen = [followers[n] for n in opts.followers] if followers else []
+        if len(chosen) > 1:
+            behind.local_dir(opts.checkpoint)  # where it keeps who is behind
     except ConfigError as e:  # one line, as the reader's: a variable no setting has, a value
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -88,7 +99,7 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
     spark.sparkContext.setLogLevel("WARN")
     interrupt = install_interrupt(spark, opts.name)
 
-    batch = ApplyBatch(settings, opts, make_sink)
+    batch = ApplyBatch(settings, opts, make_sink, chosen)
     batch.stopping = interrupt.stop
     writer = (
         batch.events(kafka_stream(spark, settings, opts))
@@ -112,8 +123,9 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
             ready, health_port, settings.health_host, metrics=batch.metrics.render
         ).start()
     log.info(
-        "started %s: topics=%s checkpoint=%s parse=%s",
+        "started %s: %stopics=%s checkpoint=%s parse=%s",
         opts.name,
+        f"followers={','.join(f.job for f in batch.followers)} " if followers else "",
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
         settings.spark.parse,
@@ -128,5 +140,15 @@ def run(job: str, make_sink: SinkFactory, argv: Sequence[str] | None = None) -> 
     exc = query.exception()
     if exc is not None and not interrupt.stop.is_set():
         log.error("%s stopped: %s", opts.name, exc, extra={"job": opts.name})
+        return 1
+    left = [f.job for f in batch.followers if f.job in batch.behind]
+    if opts.available_now and left:
+        # The others got everything; these did not (the next run catches them up).
+        log.error(
+            "%s done, but %s stayed unreachable and is behind: the next run catches it up",
+            opts.name,
+            ", ".join(left),
+            extra={"job": opts.name},
+        )
         return 1
     return 0

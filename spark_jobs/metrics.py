@@ -11,7 +11,9 @@ Counted in the driver from what the tasks report for each micro-batch:
 - ``cdc_job_lag_lsn_bytes{job}``: WAL bytes between the reader's acknowledged position (the
   newest heartbeat read) and the follower's watermark;
 - ``cdc_job_watermark_lsn{job}`` and ``cdc_job_commit_age_seconds{job}`` (now minus the
-  commit time of the newest change of the last batch).
+  commit time of the newest change of the last batch);
+- ``cdc_job_behind{job}``: 1 while a follower of the shared job is left out (unreachable),
+  to catch up when it answers (:mod:`spark_jobs.behind`), else 0.
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ def lag_records(progress: Mapping[str, Any] | None) -> int | None:
 
 
 class JobMetrics:
-    """One job's metrics, in a registry of their own."""
+    """One job's metrics, in a registry of their own, labelled by follower job (the shared
+    job, spark_jobs/sync.py, counts each of its followers under its own name; the first
+    is the default)."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, *more_jobs: str) -> None:
         self.job = job
         self.registry = CollectorRegistry()
         self.records = Counter(
@@ -81,32 +85,46 @@ class JobMetrics:
             ["job"],
             registry=self.registry,
         )
-        for outcome in OUTCOMES:
-            self.records.labels(job, outcome)
-        self._heartbeat = 0
-        self._watermark = 0
+        self.behind = Gauge(
+            "cdc_job_behind",
+            "1 while the follower is left out, to catch up later (spark_jobs/sync.py)",
+            ["job"],
+            registry=self.registry,
+        )
+        self.jobs = (job, *more_jobs)
+        for name in self.jobs:
+            for outcome in OUTCOMES:
+                self.records.labels(name, outcome)
+            self.behind.labels(name).set(0)
+        self._heartbeat: dict[str, int] = dict.fromkeys(self.jobs, 0)
+        self._watermark: dict[str, int] = dict.fromkeys(self.jobs, 0)
 
-    def batch(self, stats: BatchStats, seconds: float, watermark: int) -> None:
-        """Count one applied micro-batch."""
+    def batch(
+        self, stats: BatchStats, seconds: float, watermark: int, job: str | None = None
+    ) -> None:
+        """Count one applied micro-batch (of follower ``job``, default the first)."""
+        job = job or self.job
         for outcome in OUTCOMES:
             n = getattr(stats, outcome)
             if n:
-                self.records.labels(self.job, outcome).inc(n)
-        self.batch_seconds.labels(self.job).observe(seconds)
-        self._heartbeat = max(self._heartbeat, stats.heartbeat_lsn)
-        self._watermark = max(self._watermark, watermark)
-        if self._watermark:
-            self.watermark.labels(self.job).set(self._watermark)
-        if self._heartbeat and self._watermark:
-            self.lag_lsn_bytes.labels(self.job).set(max(0, self._heartbeat - self._watermark))
+                self.records.labels(job, outcome).inc(n)
+        self.batch_seconds.labels(job).observe(seconds)
+        heartbeat = self._heartbeat[job] = max(self._heartbeat.get(job, 0), stats.heartbeat_lsn)
+        mark = self._watermark[job] = max(self._watermark.get(job, 0), watermark)
+        if mark:
+            self.watermark.labels(job).set(mark)
+        if heartbeat and mark:
+            self.lag_lsn_bytes.labels(job).set(max(0, heartbeat - mark))
         if stats.newest_commit_ms:
-            self.commit_age.labels(self.job).set(time.time() - stats.newest_commit_ms / 1000)
+            self.commit_age.labels(job).set(time.time() - stats.newest_commit_ms / 1000)
 
     def progress(self, progress: Mapping[str, Any] | None) -> None:
-        """The query's last progress report: records not yet read."""
+        """The query's last progress report: records not yet read (the same for every
+        follower of the query)."""
         lag = lag_records(progress)
         if lag is not None:
-            self.lag_records.labels(self.job).set(lag)
+            for job in self.jobs:
+                self.lag_records.labels(job).set(lag)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgcdc.core.contract import heartbeat_topic, table_topic_pattern
+from pgcdc.core.errors import ConfigError
 from pgcdc.core.settings import Settings, load_settings
 from spark_jobs.progress import batch_limit
 
@@ -27,11 +28,17 @@ class JobOptions:
     # More tasks than Kafka partitions: the source splits offset ranges, and the batch is
     # then hash-partitioned by (topic, key) into this many (None: a task per partition).
     min_partitions: int | None = None
+    # The followers the shared job applies to (spark_jobs/sync.py --followers); () for a
+    # job of one follower.
+    followers: tuple[str, ...] = ()
 
 
-def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, JobOptions]:
-    """Command-line options over the shared settings (``CDC_*`` env, ``--config`` file)."""
-    a = parser(job).parse_args(argv)
+def parse_args(
+    job: str, argv: Sequence[str] | None = None, followers: Sequence[str] = ()
+) -> tuple[Settings, JobOptions]:
+    """Command-line options over the shared settings (``CDC_*`` env, ``--config`` file);
+    ``followers``: the names ``--followers`` chooses from (the shared job)."""
+    a = parser(job, followers).parse_args(argv)
     settings = load_settings(a.config)
     topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
     opts = JobOptions(
@@ -50,19 +57,48 @@ def parse_args(job: str, argv: Sequence[str] | None = None) -> tuple[Settings, J
             a.available_now,
         ),
         min_partitions=a.min_partitions or settings.spark.min_partitions,
+        followers=chosen_followers(a.followers, followers) if followers else (),
     )
     return settings, opts
 
 
-def parser(job: str) -> argparse.ArgumentParser:
-    """The job's options (``--help`` prints them without starting Spark)."""
+def chosen_followers(given: str | None, known: Sequence[str]) -> tuple[str, ...]:
+    """The followers ``--followers`` names (comma-separated; default all of ``known``)."""
+    names = tuple(dict.fromkeys(n.strip() for n in (given or ",".join(known)).split(",")))
+    names = tuple(n for n in names if n)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError(
+            f"--followers {given!r}: name one or more of {', '.join(known)}, comma-separated"
+        )
+    return names
+
+
+def parser(job: str, followers: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The job's options (``--help`` prints them without starting Spark); ``followers``:
+    the names the shared job's ``--followers`` chooses from."""
     p = argparse.ArgumentParser(
         prog=f"spark_jobs/{job}.py",
-        description=f"{job}: keep a follower in sync with the CDC topics (Structured Streaming).",
+        description=f"{job}: keep "
+        + ("followers" if followers else "a follower")
+        + " in sync with the CDC topics (Structured Streaming).",
     )
+    if followers:
+        p.add_argument(
+            "--followers",
+            help=f"comma-separated followers to keep in sync from one read of the topics: "
+            f"{', '.join(followers)} (default: all)",
+        )
     p.add_argument("--config", help="TOML settings file (else CDC_CONFIG, CDC_* env, defaults)")
     p.add_argument(
-        "--name", default=job, help="job name, used for the watermark (default %(default)s)"
+        "--name",
+        default=job,
+        help=(
+            "job name, used for the checkpoint (each follower's watermark keeps its own name)"
+            if followers
+            else "job name, used for the watermark"
+        )
+        + " (default %(default)s)",
     )
     p.add_argument(
         "--topics", help="comma-separated topics (default: every table topic under the prefix)"

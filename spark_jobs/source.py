@@ -93,3 +93,28 @@ def source_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
 def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> DataFrame:
     """The streaming frame of the table topics (and the heartbeat topic), with headers."""
     return spark.readStream.format("kafka").options(**source_options(settings, opts)).load()
+
+
+def catch_up_records(
+    spark: SparkSession,
+    settings: Settings,
+    opts: JobOptions,
+    starting: dict[str, dict[str, int]],
+    ending: dict[str, dict[str, int]],
+) -> DataFrame:
+    """A batch read of the records from ``starting`` up to (not including) ``ending``, the
+    same columns as the stream's: what a follower that fell behind missed
+    (:mod:`spark_jobs.behind`). Records compacted away meanwhile are no loss (a newer one
+    of their key is read) and do not fail the read."""
+    import json
+
+    options = source_options(settings, opts)
+    for stream_only in ("subscribe", "subscribePattern", "maxOffsetsPerTrigger"):
+        options.pop(stream_only, None)
+    options.update(
+        assign=json.dumps({t: sorted(int(p) for p in parts) for t, parts in ending.items()}),
+        startingOffsets=json.dumps(starting),
+        endingOffsets=json.dumps(ending),
+        failOnDataLoss="false",
+    )
+    return spark.read.format("kafka").options(**options).load()

@@ -19,6 +19,10 @@ class BatchStats:
     heartbeat_lsn: int = 0
     newest_commit_ms: int = 0  # commit time (source.ts_ms) of the newest change seen
     keyless_tables: set[str] = field(default_factory=set)
+    job: str = ""  # the follower these counts are of
+    # Set when the follower was unreachable (the sink's retries exhausted): the reason; the
+    # counts are then void and the batch runs again for that follower.
+    unreachable: str | None = None
 
     def add(self, other: BatchStats) -> None:
         self.applied += other.applied

@@ -524,6 +524,10 @@ class SparkSettings(BaseModel):
     # How long a job keeps running a batch again while its follower is unreachable (the
     # sink's own retries exhausted) before it stops with one line; a restart resumes there.
     follower_retry_s: float = Field(default=600.0, ge=0)
+    # The shared job (spark_jobs/sync.py, several followers): how long one follower may stay
+    # unreachable within a batch while another follower applies it before the job goes on
+    # without it; it is then *behind* and catches up from Kafka when it answers again.
+    follower_behind_after_s: float = Field(default=30.0, ge=0)
     # `cdc status` is unhealthy (exit 3) when a follower's watermark has not advanced for
     # this long while the reader has acknowledged changes past it (a stopped or stuck job;
     # an idle database is not). A rate-limited catch-up longer than this counts too: its

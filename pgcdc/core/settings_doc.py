@@ -121,6 +121,8 @@ MEANINGS = {
     "(spread by key hash); none: a task per Kafka partition",
     "spark.follower_retry_s": "seconds a job keeps retrying a batch while its follower is "
     "unreachable, then stops",
+    "spark.follower_behind_after_s": "seconds one follower of `spark_jobs/sync.py` may stay "
+    "unreachable while another applies the batch; then it falls behind and catches up later",
     "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",

@@ -23,6 +23,7 @@ from tests.conftest import ROOT, Endpoints
 __all__ = [
     "Pipeline",
     "cache_state",
+    "cache_watermark",
     "diff",
     "kill_group",
     "leader_state",
@@ -30,7 +31,9 @@ __all__ = [
     "run_jobs_available_now",
     "run_reader_until_current",
     "search_state",
+    "search_watermark",
     "start_job",
+    "start_reader",
     "tail",
 ]
 
@@ -122,6 +125,20 @@ def run_reader_until_current(p: Pipeline, timeout: float = 600) -> None:
     assert out.returncode == 0, f"cdc run failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
 
+def start_reader(p: Pipeline, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``cdc run`` (streaming until stopped, a heartbeat every second) in its own
+    process group."""
+    with log.open("ab") as f:
+        return subprocess.Popen(
+            [*CDC, "run"],
+            env=p.env(),
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def start_job(p: Pipeline, job: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
     """Start a sync job through scripts/spark-submit in its own process group."""
     with log.open("ab") as f:
@@ -172,6 +189,31 @@ def cache_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
 
 def search_state(p: Pipeline, table: str) -> dict[str, dict[str, Any]]:
     return compare.search_state(p.dsn, p.endpoints.search_url, p.index_prefix, table)
+
+
+def cache_watermark(p: Pipeline, job: str) -> int | None:
+    """``job``'s watermark in Redis (None: never recorded)."""
+    import redis
+
+    from pgcdc.core.contract import redis_watermark_key
+
+    r = redis.Redis.from_url(p.endpoints.redis_url)
+    try:
+        raw = r.get(redis_watermark_key(p.key_prefix, job))
+    finally:
+        r.close()
+    return int(raw) if raw else None
+
+
+def search_watermark(p: Pipeline, job: str) -> int | None:
+    """``job``'s watermark in OpenSearch (None: never recorded)."""
+    from sinks.search import SearchSink
+
+    sink = SearchSink(p.endpoints.search_url, p.index_prefix)
+    try:
+        return sink.read_watermark(job)
+    finally:
+        sink.close()
 
 
 def run_jobs_in_session(spark: Any, p: Pipeline, timeout: float = 600) -> None:

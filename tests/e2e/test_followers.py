@@ -18,11 +18,12 @@ import psycopg
 import pytest
 import redis
 
-from pgcdc.core.contract import JOBS, redis_watermark_key
+from pgcdc.core.contract import JOBS
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
     Pipeline,
     cache_state,
+    cache_watermark,
     diff,
     kill_group,
     leader_state,
@@ -30,7 +31,9 @@ from tests.e2e.pipeline import (
     run_jobs_available_now,
     run_reader_until_current,
     search_state,
+    search_watermark,
     start_job,
+    start_reader,
 )
 from tests.integration.reader_support import force_compaction
 from tests.integration.real_databases.support import cleanup
@@ -236,15 +239,6 @@ def test_followers_converge_to_the_database(converged: Pipeline) -> None:
     assert any(len(r["description"] or "") >= 8000 for r in big.values())
 
 
-def _watermark(p: Pipeline, job: str) -> int | None:
-    r = redis.Redis.from_url(p.endpoints.redis_url)
-    try:
-        raw = r.get(redis_watermark_key(p.key_prefix, job))
-    finally:
-        r.close()
-    return int(raw) if raw else None
-
-
 def test_kill_mid_batch_then_restart_and_replay_from_zero(
     converged: Pipeline, tmp_path: Path
 ) -> None:
@@ -336,19 +330,10 @@ def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> N
 
 
 def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     from opensearchpy import OpenSearch
 
     fresh = converged.with_follower("w")
-    reader = subprocess.Popen(
-        [sys.executable, "-m", "cdc", "run"],
-        env=fresh.env(),
-        stdout=(tmp_path / "reader.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    reader = start_reader(fresh, tmp_path / "reader.log")
     jobs = [
         start_job(fresh, job, "--trigger-interval", "200 milliseconds", log=tmp_path / f"{job}.log")
         for job in JOBS
@@ -399,12 +384,4 @@ def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: P
 
 
 def _watermark_any(p: Pipeline, job: str) -> int | None:
-    if job == "cache_sync":
-        return _watermark(p, job)
-    from sinks.search import SearchSink
-
-    sink = SearchSink(p.endpoints.search_url, p.index_prefix)
-    try:
-        return sink.read_watermark(job)
-    finally:
-        sink.close()
+    return cache_watermark(p, job) if job == "cache_sync" else search_watermark(p, job)

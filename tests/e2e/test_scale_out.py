@@ -40,7 +40,6 @@ from pgcdc.stack.redis_cluster import RedisClusterService
 from pgcdc.stack.spark_cluster import SparkCluster
 from tests.conftest import ROOT, Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
-    CDC,
     SPARK_SUBMIT,
     Pipeline,
     cache_state,
@@ -48,6 +47,7 @@ from tests.e2e.pipeline import (
     kill_group,
     leader_state,
     run_reader_until_current,
+    start_reader,
     tail,
 )
 
@@ -182,18 +182,6 @@ class Workload(threading.Thread):
         self.join(60)
         assert self.error is None, f"the workload failed: {self.error!r}"
         return self.changes
-
-
-def start_reader(p: Pipeline, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as f:
-        return subprocess.Popen(
-            [*CDC, "run"],
-            env=p.env(),
-            cwd=ROOT,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def stop_reader(proc: subprocess.Popen[bytes]) -> None:

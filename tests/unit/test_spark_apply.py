@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import Row
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
-from pgcdc.core.errors import RetryableSinkError, SinkError
+from pgcdc.core.errors import SinkError
 from pgcdc.core.settings import Settings, load_settings
 from sinks.base import ApplyResult, Change, Outcome
 from spark_jobs import apply_loop, dead_letter
@@ -111,8 +111,12 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[dead_letter.DeadLetter]:
     return out
 
 
+def _one(sink: RecordingSink) -> list[apply_loop.Follower]:
+    return [apply_loop.Follower("job", lambda _s: sink)]
+
+
 def _apply(sink: RecordingSink, rows: list[Row]) -> apply_loop.BatchStats:
-    (stats,) = apply_loop.apply_partition(load_settings(), "job", lambda _s: sink, rows)
+    (stats,) = apply_loop.apply_partition(load_settings(), _one(sink), rows)
     return stats
 
 
@@ -165,13 +169,55 @@ def test_changes_heartbeats_and_refusals(
     assert not sink.closed
 
 
-def test_a_retryable_failure_fails_the_partition_and_drops_the_sink(
+def test_a_retryable_failure_marks_the_follower_unreachable_and_drops_the_sink(
     sink: RecordingSink, published: list[dead_letter.DeadLetter]
 ) -> None:
-    with pytest.raises(RetryableSinkError):
-        _apply(sink, [_change(1, {"v": "failed-retry"}, 100)])
+    stats = _apply(sink, [_change(1, {"v": "failed-retry"}, 100)])
+    assert stats.job == "job" and stats.unreachable and "failed-retry" in stats.unreachable
+    assert (stats.applied, stats.failed, stats.dead_lettered) == (0, 0, 0)
     assert sink.closed and not apply_loop._SINKS
     assert published == []
+
+
+def test_each_follower_gets_the_changes_built_once_and_its_own_dead_letters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One partition, two followers: the second is unreachable and does not stop the
+    first; the unreadable record is dead-lettered once per follower that got the batch,
+    under that follower's job name."""
+    letters: list[tuple[str, int]] = []
+
+    def publish(settings: Settings, job: str, records: list[dead_letter.DeadLetter]) -> int:
+        letters.extend((job, r["offset"]) for r in records)
+        return len(records)
+
+    monkeypatch.setattr(dead_letter, "publish", publish)
+    up, down = RecordingSink(), RecordingSink()
+    down.apply = lambda changes: [  # type: ignore[method-assign]
+        ApplyResult.of(c, Outcome.FAILED, "unreachable", retryable=True) for c in changes
+    ]
+    rows = [
+        _change(1, {"v": "applied"}, 100),
+        _row("dead", offset=7, key_json='{"id":4}', raw_value="junk", parse_error="bad"),
+        _row("schema", schema_id=1, schema_json=orjson.dumps(SCHEMA).decode()),
+    ]
+    followers = [
+        apply_loop.Follower("up", lambda _s: up),
+        apply_loop.Follower("down", lambda _s: down),
+        apply_loop.Follower("up2", lambda _s: up),
+    ]
+    try:
+        first, second, third = apply_loop.apply_partition(load_settings(), followers, rows)
+    finally:
+        apply_loop._SINKS.clear()
+    assert (first.job, first.applied, first.dead_lettered, first.unreachable) == ("up", 1, 1, None)
+    assert (second.job, second.applied, second.dead_lettered) == ("down", 0, 0)
+    assert second.unreachable and "unreachable" in second.unreachable
+    assert (third.job, third.applied, third.dead_lettered, third.unreachable) == ("up2", 1, 1, None)
+    # The same Change objects reached both sinks: built once.
+    assert up.batches[0][0] is up.batches[1][0]
+    assert down.closed and not up.closed
+    assert letters == [("up", 7), ("up2", 7)]
 
 
 def test_unchanged_toast_is_folded_from_the_history(sink: RecordingSink) -> None:
@@ -329,7 +375,7 @@ def test_reduced_changes_that_cannot_be_built_are_dead_lettered(
         {**classified, "offset": 4, "key_json": '{"id":5}', "after_json": '{"v":"applied"}',
          "commit_lsn": 110},
     ]  # fmt: skip
-    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    (stats,) = apply_loop.apply_events(load_settings(), _one(sink), rows)
     assert (stats.applied, stats.dead_lettered) == (1, 1)
     (letter,) = published
     assert (letter["partition"], letter["offset"]) == (2, 3)
@@ -357,7 +403,7 @@ def test_a_value_sparks_json_reader_refused_is_read_again_in_the_task(
         Row(**{**dead, "offset": 1, "raw_value": orjson.dumps(event).decode()}),
         {**dead, "offset": 2, "key_json": '{"id":10}', "raw_value": "not json"},
     ]
-    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    (stats,) = apply_loop.apply_events(load_settings(), _one(sink), rows)
     assert (stats.applied, stats.dead_lettered) == (1, 1)
     ((change,),) = sink.batches
     assert change.key == "9" and change.doc == {"v": "applied", "body": big}
@@ -384,7 +430,7 @@ def test_rows_of_the_python_parse_are_applied_and_dead_lettered_alike(
         KafkaRecord("__cdc-heartbeat.shop", 0, 5, None, b'{"lsn":77}', None),
     ]
     rows = RecordParser("shop", "__cdc-heartbeat.shop").rows(records)
-    (stats,) = apply_loop.apply_events(load_settings(), "job", lambda _s: sink, rows)
+    (stats,) = apply_loop.apply_events(load_settings(), _one(sink), rows)
     assert (stats.applied, stats.dead_lettered, stats.heartbeat_lsn) == (1, 2, 77)
     ((change,),) = sink.batches
     assert change.key == "1" and change.doc == {"v": "applied", "n": 2}

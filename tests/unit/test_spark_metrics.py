@@ -84,3 +84,22 @@ def test_cdc_status_shows_a_running_jobs_metrics() -> None:
     )
     assert "applied 12, skipped 0, failed 0, dead-lettered 2; 1 batches" in text
     assert "error" in job_metrics(url, timeout_s=2)  # the server is closed now
+
+
+def test_the_shared_job_counts_each_follower_apart() -> None:
+    """spark_jobs/sync.py serves one /metrics for its followers, labelled by job; ``cdc
+    status`` reads each follower's own from it."""
+    m = JobMetrics("cache_sync", "search_sync")
+    m.batch(BatchStats(applied=5, heartbeat_lsn=900), 0.1, 800, "cache_sync")
+    m.batch(BatchStats(applied=2, dead_lettered=1, heartbeat_lsn=900), 0.3, 0, "search_sync")
+    m.behind.labels("search_sync").set(1)
+    m.progress({"sources": [{"endOffset": {"t": {"0": 1}}, "latestOffset": {"t": {"0": 4}}}]})
+    text = m.render().decode()
+    cache, search = parse_metrics(text, "cache_sync"), parse_metrics(text, "search_sync")
+    assert cache['cdc_job_records_total{outcome="applied"}'] == 5
+    assert search['cdc_job_records_total{outcome="applied"}'] == 2
+    assert search['cdc_job_records_total{outcome="dead_lettered"}'] == 1
+    assert cache["cdc_job_watermark_lsn"] == 800 and "cdc_job_watermark_lsn" not in search
+    assert cache["cdc_job_lag_records"] == search["cdc_job_lag_records"] == 3
+    assert cache["cdc_job_batch_seconds_count"] == search["cdc_job_batch_seconds_count"] == 1
+    assert (cache["cdc_job_behind"], search["cdc_job_behind"]) == (0, 1)

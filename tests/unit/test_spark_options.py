@@ -90,7 +90,7 @@ def test_the_source_waits_little_for_a_fetch_unless_the_settings_say_otherwise(
     assert got["subscribePattern"].endswith("|" + re.escape(opts.heartbeat_topic))
 
 
-@pytest.mark.parametrize("job", ["cache_sync"])  # search_sync: the docs harness parses it
+@pytest.mark.parametrize("job", ["cache_sync", "sync"])  # search_sync: the docs harness
 def test_a_jobs_help_prints_without_a_jvm(job: str, tmp_path: Path) -> None:
     """``python spark_jobs/<job>.py --help`` lists the options and exits 0 without starting
     Spark: with no java on the PATH and JAVA_HOME pointing nowhere, starting a JVM fails."""
@@ -117,3 +117,20 @@ def test_a_jobs_help_prints_without_a_jvm(job: str, tmp_path: Path) -> None:
     for option in ("--available-now", "--health-port", "--checkpoint", "--topics"):
         assert option in done.stdout
     assert "JAVA_HOME" not in done.stderr and "Java gateway" not in done.stderr
+    assert ("--followers" in done.stdout) == (job == "sync")
+
+
+def test_the_shared_jobs_followers() -> None:
+    from pgcdc.core.errors import ConfigError
+    from spark_jobs.options import chosen_followers
+
+    known = ("cache", "search")
+    assert chosen_followers(None, known) == known
+    assert chosen_followers("search", known) == ("search",)
+    assert chosen_followers(" search , cache,search", known) == ("search", "cache")
+    for wrong in ("redis", ",", "cache,nope"):
+        with pytest.raises(ConfigError, match="name one or more of cache, search"):
+            chosen_followers(wrong, known)
+    _settings, opts = parse_args("sync", ["--followers", "cache"], known)
+    assert opts.followers == ("cache",) and opts.checkpoint.endswith("/sync")
+    assert parse_args(CACHE_JOB, [])[1].followers == ()

@@ -297,8 +297,9 @@ def test_arrow_rows_equal_the_pickled_rows_of_the_same_records(spark: Any) -> No
 
 @pytest.mark.spark
 def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: Any) -> None:
-    from pgcdc.core.settings import load_settings
-    from spark_jobs.apply_loop import ApplyBatch, unreachable_reason
+    from pgcdc.core.errors import RetryableSinkError
+    from pgcdc.core.settings import ParsePath, load_settings
+    from spark_jobs.apply_loop import ApplyBatch
     from spark_jobs.options import JobOptions
     from tests.unit.test_spark_transforms import _event, _headers, _key
 
@@ -313,8 +314,9 @@ def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: A
         trigger_interval="1 second",
         max_offsets_per_trigger=None,
     )
+    spark_settings = {"follower_retry_s": 0, "parse": ParsePath.JVM}
     settings = load_settings().model_copy(
-        update={"spark": load_settings().spark.model_copy(update={"follower_retry_s": 0})}
+        update={"spark": load_settings().spark.model_copy(update=spark_settings)}
     )
     batch = ApplyBatch(settings, opts, CountingSink.make)
     records = [
@@ -322,28 +324,14 @@ def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: A
         (_key(1), _event("u", {"id": 1}, 200), _headers(2000, 0)),
         (b'{"serverName":"shop"}', b'{"ts_ms":1,"lsn":900}', [], "__cdc-heartbeat.shop"),
     ]
-    stats = batch._apply(
-        _classified(spark, records).repartition(3, "key_json"), _apply_fn(batch), 0
-    )
-    assert len(stats) == 3  # one row per task
-    total = BatchStats()
-    for s in stats:
-        total.add(s)
+    done = batch._apply(_classified(spark, records).repartition(3, "key_json"), 0, batch.followers)
+    total = done["transfer-test"]  # the three tasks' stats, summed
     assert (total.applied, total.max_commit_lsn, total.heartbeat_lsn) == (9, 2000, 900)
 
     records.append((_key(99), _event("c", {"id": 99, "v": "retry"}, 1), _headers(3000, 0)))
-    with pytest.raises(Exception) as failed:
-        batch._apply(_classified(spark, records), _apply_fn(batch), 1)
-    reason = unreachable_reason(failed.value)
-    assert reason is not None and "down" in reason, str(failed.value)[-2000:]
-
-
-def _apply_fn(batch: Any) -> Any:
-    import functools
-
-    from spark_jobs.apply_loop import apply_arrow
-
-    return functools.partial(apply_arrow, batch.settings, batch.opts.name, batch.make_sink)
+    with pytest.raises(RetryableSinkError) as failed:
+        batch._apply(_classified(spark, records), 1, batch.followers)
+    assert "transfer-test" in str(failed.value) and "down" in str(failed.value)
 
 
 def test_kafka_records_come_through_as_bytes_with_their_headers() -> None:

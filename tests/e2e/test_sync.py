@@ -1,0 +1,172 @@
+"""The shared job (spark_jobs/sync.py): one query keeps both followers in sync, and a
+follower that stays unreachable falls behind and catches up without holding the other.
+
+Real PostgreSQL, reader, Kafka, Spark, Redis and OpenSearch; the search follower is cut off
+through a TCP proxy (tests/e2e/proxy.py), the shared server itself stays up.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
+from tests.conftest import Endpoints, wait_until
+from tests.e2e.pipeline import (
+    Pipeline,
+    cache_state,
+    cache_watermark,
+    diff,
+    kill_group,
+    leader_state,
+    new_pipeline,
+    run_jobs_available_now,
+    run_reader_until_current,
+    search_state,
+    search_watermark,
+    start_job,
+    start_reader,
+    tail,
+)
+from tests.e2e.proxy import Proxy
+from tests.integration.real_databases.support import cleanup
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+
+TABLE = "public.items"
+SCHEMA = "CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL, n int);"
+ROWS = 200
+FOLLOWERS = ("--followers", "cache,search")
+
+
+@pytest.fixture(scope="module")
+def pipeline(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    p = new_pipeline(endpoints, "sync", SCHEMA, tmp_path_factory.mktemp("ckpt"))
+    try:
+        yield p
+    finally:
+        cleanup(p)
+
+
+def _write(p: Pipeline, wave: int, read: bool = True) -> None:
+    """Every row written again (inserted at wave 0), a few deleted and re-inserted; then
+    the reader run to the current position (unless one is running)."""
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO items SELECT i, %s || i, %s FROM generate_series(1, %s) i "
+            "ON CONFLICT (id) DO UPDATE SET name = excluded.name, n = excluded.n",
+            (f"w{wave}-", wave, ROWS),
+        )
+        conn.execute("DELETE FROM items WHERE id %% 50 = %s", (wave % 50,))
+    if read:
+        run_reader_until_current(p)
+
+
+def _equal(p: Pipeline, state: object) -> bool:
+    return not diff(leader_state(p.dsn, TABLE), state(p, TABLE))  # type: ignore[operator]
+
+
+def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path) -> None:
+    _write(pipeline, 0)
+    run_jobs_available_now(pipeline, ("sync",), tmp_path, *FOLLOWERS)
+    log = (tmp_path / "sync.log").read_text(errors="replace")
+    for state in (cache_state, search_state):
+        problems = diff(leader_state(pipeline.dsn, TABLE), state(pipeline, TABLE))
+        assert not problems, f"{state.__name__} differs:\n{problems}"
+    # One query read the topics once, for both followers, each counted under its own name.
+    assert len(re.findall(r"started sync: followers=cache_sync,search_sync ", log)) == 1, log
+    assert "started cache_sync" not in log and "started search_sync" not in log
+    for job in (CACHE_JOB, SEARCH_JOB):
+        assert re.search(rf"batch \d+: {job} applied=[1-9]", log), log[-3000:]
+
+
+def test_a_follower_that_stays_down_falls_behind_then_catches_up(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    url = urlsplit(pipeline.endpoints.search_url)
+    proxy = Proxy(url.hostname or "127.0.0.1", url.port or 9200)
+    p = replace(
+        pipeline,
+        settings_env=(
+            *pipeline.settings_env,
+            ("CDC_SEARCH__URL", proxy.url("http")),
+            ("CDC_SPARK__FOLLOWER_BEHIND_AFTER_S", "2"),
+            ("CDC_SPARK__TRIGGER_INTERVAL", "300 milliseconds"),
+        ),
+    )
+    log = tmp_path / "sync.log"
+    proxy.cut()
+    # A running reader, as in production: its heartbeats (one a second) make batches even
+    # when nothing changes, and a follower that answers again catches up at the next one.
+    reader = start_reader(p, tmp_path / "reader.log")
+    job: subprocess.Popen[bytes] | None = None
+    try:
+        # Batches of 150 records at most: the catch-up (400 records) goes in steps too.
+        job = start_job(p, "sync", *FOLLOWERS, "--max-offsets-per-trigger", "150", log=log)
+        mark = search_watermark(pipeline, SEARCH_JOB)
+        # Search is cut: the cache still converges, and search falls behind.
+        _write(p, 1, read=False)
+        wait_until(
+            lambda: _equal(p, cache_state), timeout=120, interval=0.5, what="the cache, wave 1"
+        )
+        wait_until(
+            lambda: f"{SEARCH_JOB} is behind" in log.read_text(errors="replace"),
+            timeout=60,
+            interval=0.5,
+            what="the log to say search is behind",
+        )
+        # The cache goes on alone in later batches; search keeps its watermark.
+        _write(p, 2, read=False)
+        wait_until(
+            lambda: _equal(p, cache_state), timeout=60, interval=0.5, what="the cache, wave 2"
+        )
+        assert not _equal(p, search_state)
+        wait_until(
+            lambda: (cache_watermark(pipeline, CACHE_JOB) or 0) > (mark or 0),
+            timeout=60,
+            interval=0.5,
+            what="the cache watermark past search's",
+        )
+        assert search_watermark(pipeline, SEARCH_JOB) == mark
+        assert proxy.refused, "the job never tried the search follower"
+        assert job.poll() is None, tail(log)
+        # A restart (kill -9) while search is behind: the checkpoint says since where.
+        kill_group(job)
+        job = start_job(p, "sync", *FOLLOWERS, "--max-offsets-per-trigger", "150", log=log)
+        wait_until(
+            lambda: log.read_text(errors="replace").count("started sync: ") == 2,
+            timeout=60,
+            interval=0.5,
+            what="the job to start again",
+        )
+        # Search answers again: with no new change, at the next batches (the heartbeats')
+        # it replays what it missed, in steps, then rejoins.
+        proxy.restore()
+        wait_until(
+            lambda: _equal(p, search_state), timeout=120, interval=0.5, what="search, caught up"
+        )
+        text = log.read_text(errors="replace")
+        assert f"{SEARCH_JOB} catching up: replayed" in text, text[-3000:]
+        # Behind since the first run's batch 1, as the restarted run read it back.
+        assert re.search(rf"{SEARCH_JOB} caught up on batches 1 to \d+ \(", text), text[-3000:]
+        assert _equal(p, cache_state)
+        wait_until(
+            lambda: (search_watermark(pipeline, SEARCH_JOB) or 0) > (mark or 0),
+            timeout=60,
+            interval=0.5,
+            what="the search watermark to advance again",
+        )
+        assert job.poll() is None, tail(log)
+    finally:
+        if job is not None:
+            kill_group(job)
+        kill_group(reader, signal.SIGTERM)
+        proxy.close()

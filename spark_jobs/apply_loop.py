@@ -4,8 +4,10 @@ Python workers).
 
 A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
 with ``--min-partitions``): ``DataFrame.mapInArrow`` hands each task its partition as Arrow
-batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back),
-and each task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
+batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back);
+with ``spark.read = "direct"`` the batch's frame is its offset ranges and each task reads
+its range from Kafka itself (:mod:`spark_jobs.kafka_direct`, :func:`apply_ranges`). Each
+task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
 itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
 :mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
 (:func:`~spark_jobs.reduce.latest_per_key`: the batch's one reduction); builds each change
@@ -40,15 +42,17 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.errors import RetryableSinkError, SinkError
-from pgcdc.core.settings import ParsePath, Settings, ValueFormat
+from pgcdc.core.kafka_config import client_config
+from pgcdc.core.settings import ParsePath, ReadPath, Settings, ValueFormat
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.interrupt import BatchInterrupted
+from spark_jobs.kafka_direct import Range, plan_ranges, read_range
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
@@ -278,13 +282,31 @@ def apply_records_arrow(
     """The ``mapInArrow`` function with ``spark.parse = "python"``: the partition's raw Kafka
     records parsed here, once each (:mod:`spark_jobs.parse`; Avro read first when the
     settings say so), then as :func:`apply_arrow`."""
+    rows = record_parser(settings, heartbeat_topic).rows(records_from_arrow(batches))
+    yield stats_batch(apply_events(settings, followers, rows))
+
+
+def record_parser(settings: Settings, heartbeat_topic: str | None) -> RecordParser:
+    """The parser of a task's raw records (Avro read first when the settings say so)."""
     schema = settings.schema_
     transcode = (
         transcoder_for(schema).transcode if schema.value_format is ValueFormat.AVRO else None
     )
-    parser = RecordParser(settings.kafka.topic_prefix, heartbeat_topic, transcode)
-    rows = parser.rows(records_from_arrow(batches))
-    yield stats_batch(apply_events(settings, followers, rows))
+    return RecordParser(settings.kafka.topic_prefix, heartbeat_topic, transcode)
+
+
+def apply_ranges(
+    settings: Settings,
+    followers: Sequence[Follower],
+    heartbeat_topic: str | None,
+    ranges: Iterable[Range],
+) -> Iterator[BatchStats]:
+    """A task of ``spark.read = "direct"``: each offset range read from Kafka here
+    (:func:`spark_jobs.kafka_direct.read_range`), parsed, then as :func:`apply_arrow`."""
+    conf = client_config(settings.kafka)
+    for r in ranges:
+        rows = record_parser(settings, heartbeat_topic).rows(read_range(conf, r))
+        yield from apply_events(settings, followers, rows)
 
 
 def _apply_chunk(
@@ -411,16 +433,37 @@ class ApplyBatch:
     def _tasks(self, events: DataFrame, followers: Sequence[Follower]) -> dict[str, BatchStats]:
         """Run the batch's tasks once for ``followers``: each follower's summed stats, with
         ``unreachable`` set for one that was unreachable in any task."""
+        if self.settings.spark.read is ReadPath.DIRECT:
+            # The frame holds the batch's offset ranges: the tasks read the records.
+            ranges = [Range.of(row) for row in events.collect()]
+            return self._range_tasks(events.sparkSession, ranges, followers)
         fs = tuple(followers)
         apply = (
             functools.partial(apply_records_arrow, self.settings, fs, self.opts.heartbeat_topic)
             if self.settings.spark.parse is ParsePath.PYTHON
             else functools.partial(apply_arrow, self.settings, fs)
         )
-        totals = {f.job: BatchStats(job=f.job) for f in fs}
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.
-        for stats in stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect()):
+        return self._totals(fs, stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect()))
+
+    def _range_tasks(
+        self, spark: SparkSession, ranges: Sequence[Range], followers: Sequence[Follower]
+    ) -> dict[str, BatchStats]:
+        """A task per offset range (``spark.read = "direct"``), as :meth:`_tasks`."""
+        fs = tuple(followers)
+        if not ranges:
+            return self._totals(fs, [])
+        apply = functools.partial(apply_ranges, self.settings, fs, self.opts.heartbeat_topic)
+        tasks = spark.sparkContext.parallelize(list(ranges), len(ranges))
+        return self._totals(fs, tasks.mapPartitions(apply).collect())
+
+    @staticmethod
+    def _totals(fs: Sequence[Follower], tasks: Iterable[BatchStats]) -> dict[str, BatchStats]:
+        """Each follower's summed stats of a batch's tasks, with ``unreachable`` set for
+        one that was unreachable in any task."""
+        totals = {f.job: BatchStats(job=f.job) for f in fs}
+        for stats in tasks:
             total = totals[stats.job]
             if stats.unreachable:
                 total.unreachable = total.unreachable or stats.unreachable
@@ -593,11 +636,8 @@ class ApplyBatch:
             if span is not None:
                 start, end = span
                 reached = behind.catch_up_step(start, end, most)
-                records = catch_up_records(
-                    events.sparkSession, self.settings, self.opts, start, reached
-                )
                 try:
-                    caught = self._tasks(self.events(records), [self._follower(job)])[job]
+                    caught = self._catch_up_step(events.sparkSession, job, start, reached)
                 except Exception as e:
                     if unreachable_reason(e) is None:
                         raise
@@ -650,6 +690,16 @@ class ApplyBatch:
                 extra=extra,
             )
 
+    def _catch_up_step(
+        self, spark: SparkSession, job: str, start: behind.Offsets, end: behind.Offsets
+    ) -> BatchStats:
+        """Apply the records from ``start`` up to ``end`` to ``job`` alone."""
+        follower = [self._follower(job)]
+        if self.settings.spark.read is ReadPath.DIRECT:
+            return self._range_tasks(spark, plan_ranges(start, end), follower)[job]
+        records = catch_up_records(spark, self.settings, self.opts, start, end)
+        return self._tasks(self.events(records), follower)[job]
+
     def _watermark(self, batch_id: int, total: BatchStats) -> int:
         """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
         :mod:`spark_jobs.watermark`'s."""
@@ -672,6 +722,8 @@ class ApplyBatch:
         plans it once per batch inside the JVM (about 10 ms). Building the same columns
         from Python for every batch cost 200-700 ms of py4j calls and eager analysis on
         this 2-core machine, most of a micro-batch's fixed cost."""
+        if self.settings.spark.read is ReadPath.DIRECT:
+            return records  # the batch's offset ranges (spark_jobs.kafka_direct)
         if self.settings.spark.parse is ParsePath.PYTHON:
             # The records as Kafka gave them: each task parses its own (apply_records_arrow).
             raw = records.select(*RECORD_COLUMNS)

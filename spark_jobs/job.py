@@ -20,6 +20,7 @@ from typing import Any
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
+from pgcdc.core.settings import ReadPath
 from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.interrupt import await_stop
@@ -123,16 +124,18 @@ def run(
             ready, health_port, settings.health_host, metrics=batch.metrics.render
         ).start()
     log.info(
-        "started %s: %stopics=%s checkpoint=%s parse=%s",
+        "started %s: %stopics=%s checkpoint=%s read=%s parse=%s",
         opts.name,
         f"followers={','.join(f.job for f in batch.followers)} " if followers else "",
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
-        settings.spark.parse,
+        settings.spark.read,
+        "python" if settings.spark.read is ReadPath.DIRECT else settings.spark.parse,
         extra={"job": opts.name},
     )
     try:
-        progress = ProgressLog(opts.name) if opts.available_now else None
+        direct = settings.spark.read is ReadPath.DIRECT
+        progress = ProgressLog(opts.name, direct=direct) if opts.available_now else None
         await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:
         if health is not None:

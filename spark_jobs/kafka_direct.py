@@ -232,6 +232,7 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = starting
         self.max_rows = max_rows
         self.target: Offsets | None = None  # --available-now: where the run ends
+        self.latest: Offsets | None = None  # the high marks at the last planning
         self._admin: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -282,6 +283,7 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for line in lost:
             log.warning("records lost before they were read: %s", line)
         latest = {t: {p: m[1] for p, m in parts.items()} for t, parts in marks.items()}
+        self.latest = latest
         if self.target is not None:  # nothing written after the run began
             latest = {
                 t: {p: min(h, self.target.get(t, {}).get(p, begin[t][p])) for p, h in ps.items()}
@@ -298,6 +300,11 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 else:
                     end[t][p] = max(end[t][p], o)  # offsets never move back
         return end
+
+    def reportLatestOffset(self) -> Offsets | None:
+        """The high marks met at the last planning, for the query's progress (the jobs'
+        lag, their ``--available-now`` progress and whether a batch reached the end)."""
+        return self.latest
 
     def partitions(self, start: Offsets, end: Offsets) -> list[Range]:
         return plan_ranges(start, end)

@@ -45,6 +45,19 @@ def records_left(sources: list[Mapping[str, Any]]) -> int:
     return left
 
 
+def records_read(sources: list[Mapping[str, Any]]) -> int:
+    """Offsets a batch moved through (its end minus its start offsets, summed): the records
+    it read, give or take those compacted away. The direct read's input rows are its offset
+    ranges, not its records (:mod:`spark_jobs.kafka_direct`)."""
+    read = 0
+    for source in sources:
+        start, end = _offsets(source.get("startOffset")), _offsets(source.get("endOffset"))
+        for topic, partitions in end.items():
+            for partition, offset in partitions.items():
+                read += max(0, int(offset) - int(start.get(topic, {}).get(partition, offset)))
+    return read
+
+
 def _offsets(value: Any) -> dict[str, dict[str, int]]:
     if isinstance(value, str):
         value = json.loads(value)
@@ -79,8 +92,11 @@ class ProgressLog:
     progress reports (polled by the driver's wait loop: no listener calls back into Python
     from the JVM, which outlived the driver's callback server at the end of a run)."""
 
-    def __init__(self, job: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, job: str, clock: Callable[[], float] = time.monotonic, direct: bool = False
+    ) -> None:
         self.job = job
+        self.direct = direct  # spark.read = "direct": records from the offsets, not the rows
         self.clock = clock
         self.started = clock()
         self.done = 0
@@ -93,10 +109,11 @@ class ProgressLog:
             if batch_id <= self.last_batch:
                 continue
             self.last_batch = batch_id
-            rows = int(report.get("numInputRows") or 0)
+            sources = report.get("sources") or []
+            rows = records_read(sources) if self.direct else int(report.get("numInputRows") or 0)
             if not rows:
                 continue
             self.done += rows
-            left = records_left(report.get("sources") or [])
+            left = records_left(sources)
             line = progress_line(batch_id, self.done, left, self.clock() - self.started)
             log.info("%s", line, extra={"job": self.job, "batch_id": batch_id})

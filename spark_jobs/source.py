@@ -9,7 +9,8 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.kafka_config import spark_source_options
-from pgcdc.core.settings import Settings
+from pgcdc.core.settings import ReadPath, Settings
+from spark_jobs.kafka_direct import SOURCE_NAME, Subscription, direct_source
 from spark_jobs.options import JobOptions
 
 # Spark's default is "(?i)url"; the Kafka source's options also carry a JAAS login
@@ -75,14 +76,11 @@ def source_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
         "startingOffsets": opts.starting_offsets,
         "includeHeaders": "true",
     }
-    if opts.topics:
-        topics = [*opts.topics, *([opts.heartbeat_topic] if opts.heartbeat_topic else [])]
-        options["subscribe"] = ",".join(topics)
+    wanted = subscription(opts)
+    if wanted.topics:
+        options["subscribe"] = ",".join(wanted.topics)
     else:
-        pattern = opts.topic_pattern or ""
-        if opts.heartbeat_topic:
-            pattern = f"(?:{pattern})|{re.escape(opts.heartbeat_topic)}"
-        options["subscribePattern"] = pattern
+        options["subscribePattern"] = wanted.pattern or ""
     if opts.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(opts.max_offsets_per_trigger)
     if opts.min_partitions:
@@ -90,8 +88,28 @@ def source_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
     return options
 
 
+def subscription(opts: JobOptions) -> Subscription:
+    """The topics a job reads: those named, or those matching the pattern; and the heartbeat
+    topic (unless the job runs without heartbeats)."""
+    if opts.topics:
+        beat = (opts.heartbeat_topic,) if opts.heartbeat_topic else ()
+        return Subscription((*opts.topics, *beat), None)
+    pattern = opts.topic_pattern or ""
+    if opts.heartbeat_topic:
+        pattern = f"(?:{pattern})|{re.escape(opts.heartbeat_topic)}"
+    return Subscription((), pattern)
+
+
 def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> DataFrame:
-    """The streaming frame of the table topics (and the heartbeat topic), with headers."""
+    """The streaming frame of the table topics (and the heartbeat topic), with headers; with
+    ``spark.read = "direct"``, of the batches' offset ranges (:mod:`spark_jobs.kafka_direct`),
+    which the tasks read themselves."""
+    if settings.spark.read is ReadPath.DIRECT:
+        source = direct_source(
+            settings.kafka, subscription(opts), opts.starting_offsets, opts.max_offsets_per_trigger
+        )
+        spark.dataSource.register(source)
+        return spark.readStream.format(SOURCE_NAME).load()
     return spark.readStream.format("kafka").options(**source_options(settings, opts)).load()
 
 

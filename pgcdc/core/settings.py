@@ -104,6 +104,14 @@ class ParsePath(StrEnum):
     PYTHON = "python"
 
 
+class ReadPath(StrEnum):
+    """How the sync jobs read Kafka: Spark's Kafka source (every record through the JVM), or
+    each task its own offset range with librdkafka (:mod:`spark_jobs.kafka_direct`)."""
+
+    SPARK = "spark"
+    DIRECT = "direct"
+
+
 class PublicationAutocreate(StrEnum):
     """Debezium's ``publication.autocreate.mode``: what the reader may do to the publication."""
 
@@ -540,6 +548,20 @@ class SparkSettings(BaseModel):
     # Where the jobs parse each record: `jvm` (Spark SQL's from_json) or `python` (orjson
     # in the task that applies it, one parse per record: spark_jobs/parse.py).
     parse: ParsePath = ParsePath.JVM
+    # How the jobs read Kafka: `spark` (Spark's Kafka source; every record crosses the JVM)
+    # or `direct` (each task reads its offset range itself with librdkafka and parses it in
+    # Python, whatever `parse` says; a task per Kafka partition, so not with
+    # `min_partitions`: spark_jobs/kafka_direct.py).
+    read: ReadPath = ReadPath.SPARK
+
+    @model_validator(mode="after")
+    def _direct_is_a_task_per_partition(self) -> SparkSettings:
+        if self.read is ReadPath.DIRECT and self.min_partitions:
+            raise ValueError(
+                "spark.min_partitions splits partitions, which spark.read = direct does not "
+                "(a task per Kafka partition): leave one of them out"
+            )
+        return self
 
     @field_validator("checkpoint_dir")
     @classmethod

@@ -41,10 +41,14 @@ SPARK_SUBMIT = ROOT / "scripts" / "spark-submit"
 CDC = [sys.executable, "-m", "cdc"]
 
 
-def spark_parse() -> str:
-    """The parse path (``spark.parse``) the tests run the jobs with: ``CDC_SPARK__PARSE`` of
-    the test run (``jvm`` by default), so the same tests prove both paths."""
-    return os.environ.get("CDC_SPARK__PARSE", "jvm")
+def spark_paths() -> dict[str, str]:
+    """How the tests' jobs read and parse (``spark.read``, ``spark.parse``): the test run's
+    ``CDC_SPARK__READ`` and ``CDC_SPARK__PARSE`` (default ``spark`` and ``jvm``), so the
+    same tests prove every path."""
+    return {
+        "read": os.environ.get("CDC_SPARK__READ", "spark"),
+        "parse": os.environ.get("CDC_SPARK__PARSE", "jvm"),
+    }
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ class Pipeline:
             CDC_SEARCH__URL=self.endpoints.search_url,
             CDC_SEARCH__INDEX_PREFIX=self.index_prefix,
             CDC_SPARK__CHECKPOINT_DIR=str(self.checkpoint_dir),
-            CDC_SPARK__PARSE=spark_parse(),
+            CDC_SPARK__READ=spark_paths()["read"],
+            CDC_SPARK__PARSE=spark_paths()["parse"],
         )
         env.update(self.settings_env)
         env.update(extra)
@@ -237,7 +242,7 @@ def run_jobs_in_session(spark: Any, p: Pipeline, timeout: float = 600) -> None:
         },
         redis={"url": ep.redis_url, "key_prefix": p.key_prefix},  # type: ignore[arg-type]
         search={"url": ep.search_url, "index_prefix": p.index_prefix},  # type: ignore[arg-type]
-        spark={"checkpoint_dir": str(p.checkpoint_dir), "parse": spark_parse()},  # type: ignore[arg-type]
+        spark={"checkpoint_dir": str(p.checkpoint_dir), **spark_paths()},  # type: ignore[arg-type]
     )
     queries = []
     for job, make_sink in ((CACHE_JOB, cache_sink), (SEARCH_JOB, search_sink)):

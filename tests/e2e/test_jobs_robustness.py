@@ -40,7 +40,7 @@ from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, VersionOrder, redis_water
 from pgcdc.core.settings import Settings
 from schemas.convert import DATE_POSITIVE_INFINITY_DAYS
 from tests.conftest import Endpoints, unique, wait_until
-from tests.e2e.pipeline import spark_parse
+from tests.e2e.pipeline import spark_paths
 from tests.e2e.proxy import Proxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -229,7 +229,7 @@ def test_poison_records_and_follower_outages(
         spark={  # type: ignore[arg-type]
             "checkpoint_dir": str(tmp_path),
             "follower_retry_s": 300,
-            "parse": spark_parse(),
+            **spark_paths(),
         },
     )
 

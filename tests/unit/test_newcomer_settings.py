@@ -150,3 +150,13 @@ def test_a_table_setting_that_is_not_json_names_its_variable(
     code, out, _ = _show()
     assert code == SETTINGS_WRONG
     assert "CDC_KAFKA__CLIENT is not valid JSON" in out and '{"client.id": "app"}' in out
+
+
+def test_the_direct_read_with_min_partitions_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CDC_SPARK__READ", "direct")
+    monkeypatch.setenv("CDC_SPARK__MIN_PARTITIONS", "4")
+    code, out, _ = _show()
+    assert code == SETTINGS_WRONG, out
+    assert "spark.read = direct does not" in " ".join(out.split())

@@ -12,6 +12,7 @@ from spark_jobs.progress import (
     batch_limit,
     progress_line,
     records_left,
+    records_read,
 )
 
 pytestmark = pytest.mark.unit
@@ -58,4 +59,28 @@ def test_each_batch_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
         log.update([report, empty])  # recentProgress repeats what was seen
     assert [r.getMessage() for r in caplog.records] == [
         "batch 0: read 100 of 300 records (33%), 10 records/s, ETA 20s"
+    ]
+
+
+def test_the_direct_read_counts_records_by_offsets_not_input_rows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # spark.read = "direct": the frame's rows are the batch's offset ranges (two here).
+    report = {
+        "batchId": 3,
+        "numInputRows": 2,
+        "sources": [
+            {
+                "startOffset": '{"t.a": {"0": 100, "1": 40}}',
+                "endOffset": '{"t.a": {"0": 400, "1": 50, "2": 5}}',
+                "latestOffset": '{"t.a": {"0": 500, "1": 50, "2": 5}}',
+            }
+        ],
+    }
+    assert records_read(report["sources"]) == 300 + 10  # a new partition: recorded first
+    log = ProgressLog("sync", clock=iter([0.0, 31.0]).__next__, direct=True)
+    with caplog.at_level(logging.INFO, logger="spark_jobs.progress"):
+        log.update([report])
+    assert [r.getMessage() for r in caplog.records] == [
+        "batch 3: read 310 of 410 records (76%), 10 records/s, ETA 10s"
     ]

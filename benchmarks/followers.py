@@ -79,6 +79,7 @@ class SparkJobs:
         total_cores: int | None = None,
         extra_args: tuple[str, ...] = (),
         parse: str | None = None,
+        read: str | None = None,
     ) -> None:
         # BENCH_SPARK_ROOT: run the jobs of another checkout (e.g. a known-good commit).
         self.root = Path(os.environ.get("BENCH_SPARK_ROOT") or ROOT)
@@ -91,6 +92,7 @@ class SparkJobs:
         self.total_cores = total_cores
         self.extra_args = extra_args  # after each job's own options, e.g. --available-now
         self.parse = parse  # spark.parse (None: the settings')
+        self.read = read  # spark.read (None: the settings')
         self.workdir = workdir
         self.checkpoints = workdir / f"checkpoints-{self.follower_prefix}"
         self.procs: dict[str, Measured] = {}
@@ -110,6 +112,8 @@ class SparkJobs:
             e["CDC_SPARK__STARTING_OFFSETS"] = self.starting_offsets
         if self.parse:
             e["CDC_SPARK__PARSE"] = self.parse
+        if self.read:
+            e["CDC_SPARK__READ"] = self.read
         return e
 
     def start(self) -> None:

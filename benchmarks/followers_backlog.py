@@ -1,11 +1,12 @@
 """A backlog applied into both followers, against the rate at which the reader produced it
 (issue 30): ``python -m benchmarks.followers_backlog [--rows 100000] [--modes shared,separate]
-[--parse python]``, and the ``backlog`` group of ``make bench``.
+[--paths direct:python,spark:jvm]``, and the ``backlog`` group of ``make bench``.
 
 The run loads ``--rows`` rows of the benchmark's 10-column table into a database of its own,
 snapshots them into Kafka with ``cdc run --until current`` (the reader's rate: rows over its
 wall time, its start included), then applies the topics into Redis and OpenSearch, once per
-mode, each into follower prefixes of its own from offset 0 with ``--available-now``:
+mode and read/parse path (``spark.read``, ``spark.parse``), each into follower prefixes of
+its own from offset 0 with ``--available-now``:
 
 * ``shared``: ``spark_jobs/sync.py --followers cache,search``, one read for both;
 * ``separate``: ``cache_sync.py`` and ``search_sync.py`` side by side, as users ran them.
@@ -57,6 +58,7 @@ _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 @dataclass
 class ModeResult:
     mode: str
+    read: str
     parse: str
     rows_per_s: float
     ratio_to_reader: float
@@ -131,16 +133,23 @@ def produce(env: BenchEnv, rows: int) -> tuple[OursReader, float, float]:
 
 
 def apply_mode(
-    env: BenchEnv, reader: OursReader, rows: int, mode: str, parse: str, reader_rate: float
+    env: BenchEnv,
+    reader: OursReader,
+    rows: int,
+    mode: str,
+    path: tuple[str, str],
+    reader_rate: float,
 ) -> ModeResult:
-    """Apply the backlog once with ``mode``'s jobs; its figures."""
+    """Apply the backlog once with ``mode``'s jobs, reading and parsing by ``path`` (the
+    settings ``spark.read`` and ``spark.parse``); its figures."""
+    read, parse = path
     settings = load_settings()
     redis_url = settings.redis.url.get_secret_value()
     search_url = settings.search.url.get_secret_value()
-    prefix = env.name(f"bl_{mode}_{parse}")
+    prefix = env.name(f"bl_{mode}_{read}_{parse}")
     jobs = SparkJobs(
         env, reader.prefix, reader.workdir, jobs=MODES[mode], follower_prefix=prefix,
-        starting_offsets="earliest", extra_args=("--available-now",), parse=parse,
+        starting_offsets="earliest", extra_args=("--available-now",), parse=parse, read=read,
     )  # fmt: skip
     started = time.time()
     jobs.start()
@@ -161,6 +170,7 @@ def apply_mode(
         window = max(end - start, 1e-3)
         return ModeResult(
             mode=mode,
+            read=read,
             parse=parse,
             rows_per_s=rows / window,
             ratio_to_reader=rows / window / reader_rate,
@@ -176,17 +186,17 @@ def apply_mode(
                 log.warning("cleanup: %s", problem)
 
 
-def run(env: BenchEnv, rows: int, modes: list[str], parses: list[str]) -> dict[str, Any]:
-    """Produce once, apply once per mode and parse path; every figure of the run."""
+def run(env: BenchEnv, rows: int, modes: list[str], paths: list[tuple[str, str]]) -> dict[str, Any]:
+    """Produce once, apply once per mode and (read, parse) path; every figure of the run."""
     reader, reader_rate, reader_cpu = produce(env, rows)
     log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, reader_rate,
              reader_cpu)  # fmt: skip
     results = []
-    for parse in parses:
+    for path in paths:
         for mode in modes:
-            r = apply_mode(env, reader, rows, mode, parse, reader_rate)
-            log.info("%s (parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
-                     "peak RSS %s MiB", mode, parse, r.rows_per_s, r.ratio_to_reader,
+            r = apply_mode(env, reader, rows, mode, path, reader_rate)
+            log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
+                     "peak RSS %s MiB", mode, *path, r.rows_per_s, r.ratio_to_reader,
                      r.cpu_us_per_change, r.peak_rss_mib)  # fmt: skip
             results.append(asdict(r))
     return {
@@ -198,29 +208,42 @@ def run(env: BenchEnv, rows: int, modes: list[str], parses: list[str]) -> dict[s
 
 
 def backlog(b: Bench) -> None:
-    """The ``backlog`` group: both modes on the python parse, 100,000 rows (quick: 10,000);
-    figures under ``followers``."""
+    """The ``backlog`` group: both modes on the direct read and on today's default (Spark's
+    Kafka source, the JVM parse), 100,000 rows (quick: 10,000); figures under
+    ``followers``."""
     rows = 10_000 if b.env.quick else 100_000
+    paths = [("direct", "python"), ("spark", "jvm")]
     detail = f"{rows:,}-row backlog (10 columns), both followers, --available-now, local[2]"
-    names = [f"backlog applied × the reader's rate ({m})" for m in MODES]
-    names += [f"backlog CPU µs per change ({m})" for m in MODES]
+    names = [
+        f"backlog {what} ({m}, read={r} parse={p})"
+        for m in MODES
+        for r, p in paths
+        for what in ("applied × the reader's rate", "CPU µs per change")
+    ]
     with b.record.guarded("followers", names, detail):
         if not (ROOT / "spark_jobs" / "sync.py").exists():
             raise NotMeasured("spark_jobs/sync.py (the shared job) is not in this checkout")
-        result = run(b.env, rows, list(MODES), ["python"])
+        result = run(b.env, rows, list(MODES), paths)
         b.record.add(Figure("followers", "backlog reader rows/s", result["reader_rows_per_s"],
                             "rows/s", detail))  # fmt: skip
         for r in result["modes"]:
-            m = r["mode"]
-            b.record.add(Figure("followers", f"backlog applied × the reader's rate ({m})",
+            where = f"{r['mode']}, read={r['read']} parse={r['parse']}"
+            b.record.add(Figure("followers", f"backlog applied × the reader's rate ({where})",
                                 r["ratio_to_reader"], "×",
                                 f"{detail}; {r['rows_per_s']:,.0f} rows/s"))  # fmt: skip
-            b.record.add(Figure("followers", f"backlog CPU µs per change ({m})",
+            b.record.add(Figure("followers", f"backlog CPU µs per change ({where})",
                                 r["cpu_us_per_change"], "µs",
                                 f"{detail}; JVM + Python CPU of the jobs' trees"))  # fmt: skip
             for job, mib in r["peak_rss_mib"].items():
-                b.record.add(Figure("followers", f"backlog peak RSS {job} ({m})", mib, "MiB",
+                b.record.add(Figure("followers", f"backlog peak RSS {job} ({where})", mib, "MiB",
                                     "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+
+
+def _path(text: str) -> tuple[str, str]:
+    read, _, parse = text.strip().partition(":")
+    if read not in ("spark", "direct") or parse not in ("jvm", "python"):
+        raise SystemExit(f"a path is read:parse, e.g. direct:python or spark:jvm; not {text!r}")
+    return read, parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,20 +251,24 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--modes", default="shared,separate", help="shared, separate or both")
-    p.add_argument("--parse", default="python", help="the jobs' spark.parse: python, jvm or both")
+    p.add_argument(
+        "--paths",
+        default="direct:python,spark:jvm",
+        help="read:parse pairs (spark.read: spark or direct; spark.parse: jvm or python)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the database, topics and keys")
     a = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opensearch").setLevel(logging.WARNING)  # a line per request
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    parses = [x.strip() for x in a.parse.split(",") if x.strip()]
+    paths = [_path(x) for x in a.paths.split(",") if x.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         p.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
     env = BenchEnv.from_environ()
     env.keep = env.keep or a.keep
     try:
-        result = run(env, a.rows, modes, parses)
+        result = run(env, a.rows, modes, paths)
     finally:
         if not env.keep:
             env.cleanup()

@@ -51,7 +51,11 @@ TABLE = "public.orders_backlog"
 MODES: dict[str, tuple[str, ...]] = {
     "shared": ("sync:cache,search",),
     "separate": ("cache_sync", "search_sync"),
+    # One follower each (not in make bench): what each follower's share of the cost is.
+    "cache": ("sync:cache",),
+    "search": ("sync:search",),
 }
+_HOLDS = {"cache": ("redis",), "search": ("search",)}
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -66,6 +70,10 @@ class ModeResult:
     window_s: float
     peak_rss_mib: dict[str, float]
     held: dict[str, int]
+    # After each job's first batch (no start-up in it: the JVM's JIT, the Python workers'
+    # start): CPU µs per change and changes/s, when the run had more than one batch.
+    steady_cpu_us_per_change: float | None = None
+    steady_rows_per_s: float | None = None
 
 
 def _stamp(line: str) -> float | None:
@@ -87,6 +95,44 @@ def apply_window(log_text: str) -> tuple[float, float]:
     if start is None or end is None:
         raise ValueError("no 'started' line or no batch line in the job's log")
     return start, end
+
+
+_BATCH = re.compile(
+    r" spark_jobs\.apply_loop: batch (\d+): (?:\S+ )?applied=(\d+) skipped=(\d+) "
+    r"failed=(\d+) .*\((\d+) ms\)"
+)
+
+
+def batch_spans(log_text: str) -> list[tuple[int, float, float, int]]:
+    """(batch id, start, end, changes) of each batch of a job's log (the shared job logs a
+    line per follower: the batch spans them, its changes are the first line's)."""
+    spans: dict[int, tuple[float, float, int]] = {}
+    for line in log_text.splitlines():
+        m = _BATCH.search(line)
+        end = _stamp(line)
+        if m is None or end is None:
+            continue
+        bid, changes = int(m.group(1)), sum(int(m.group(i)) for i in (2, 3, 4))
+        start = end - int(m.group(5)) / 1e3
+        if bid in spans:
+            s0, e0, c0 = spans[bid]
+            spans[bid] = (min(s0, start), max(e0, end), c0)
+        else:
+            spans[bid] = (start, end, changes)
+    return [(b, *spans[b]) for b in sorted(spans)]
+
+
+def steady(
+    stats: ProcStats, started: float, spans: list[tuple[int, float, float, int]]
+) -> tuple[float, float] | None:
+    """(CPU µs per change, changes/s) over a job's batches after its first, or None."""
+    later = spans[1:]
+    changes = sum(c for *_, c in later)
+    if not changes:
+        return None
+    start, end = later[0][1], later[-1][2]
+    cpu = cpu_at(stats, started, end) - cpu_at(stats, started, start)
+    return cpu / changes * 1e6, changes / max(end - start, 1e-3)
 
 
 def cpu_at(stats: ProcStats, started_wall: float, at: float) -> float:
@@ -139,6 +185,7 @@ def apply_mode(
     mode: str,
     path: tuple[str, str],
     reader_rate: float,
+    max_offsets: int | None = None,
 ) -> ModeResult:
     """Apply the backlog once with ``mode``'s jobs, reading and parsing by ``path`` (the
     settings ``spark.read`` and ``spark.parse``); its figures."""
@@ -149,7 +196,9 @@ def apply_mode(
     prefix = env.name(f"bl_{mode}_{read}_{parse}")
     jobs = SparkJobs(
         env, reader.prefix, reader.workdir, jobs=MODES[mode], follower_prefix=prefix,
-        starting_offsets="earliest", extra_args=("--available-now",), parse=parse, read=read,
+        starting_offsets="earliest", parse=parse, read=read,
+        extra_args=("--available-now", *(("--max-offsets-per-trigger", str(max_offsets))
+                                         if max_offsets else ())),
     )  # fmt: skip
     started = time.time()
     jobs.start()
@@ -165,9 +214,15 @@ def apply_mode(
         end = max(w[1] for w in windows.values())
         cpu = sum(cpu_at(st, started, end) - cpu_at(st, started, start) for st in stats.values())
         held = held_counts(redis_url, search_url, prefix)
-        if held != {"redis": rows, "search": rows}:
+        wanted = _HOLDS.get(mode, ("redis", "search"))
+        if any(held[f] != rows for f in wanted):
             raise RuntimeError(f"{mode}: the followers hold {held}, not {rows} rows each")
         window = max(end - start, 1e-3)
+        per_job = [
+            steady(st, started, batch_spans(jobs.log_path(j).read_text(errors="replace")))
+            for j, st in stats.items()
+        ]
+        known = [x for x in per_job if x is not None]
         return ModeResult(
             mode=mode,
             read=read,
@@ -178,6 +233,10 @@ def apply_mode(
             window_s=window,
             peak_rss_mib={j: round(st.peak_rss_mb) for j, st in stats.items()},
             held=held,
+            steady_cpu_us_per_change=sum(x[0] for x in known)
+            if len(known) == len(per_job)
+            else None,
+            steady_rows_per_s=min(x[1] for x in known) if len(known) == len(per_job) else None,
         )
     finally:
         jobs.stop()
@@ -186,7 +245,13 @@ def apply_mode(
                 log.warning("cleanup: %s", problem)
 
 
-def run(env: BenchEnv, rows: int, modes: list[str], paths: list[tuple[str, str]]) -> dict[str, Any]:
+def run(
+    env: BenchEnv,
+    rows: int,
+    modes: list[str],
+    paths: list[tuple[str, str]],
+    max_offsets: int | None = None,
+) -> dict[str, Any]:
     """Produce once, apply once per mode and (read, parse) path; every figure of the run."""
     reader, reader_rate, reader_cpu = produce(env, rows)
     log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, reader_rate,
@@ -194,10 +259,12 @@ def run(env: BenchEnv, rows: int, modes: list[str], paths: list[tuple[str, str]]
     results = []
     for path in paths:
         for mode in modes:
-            r = apply_mode(env, reader, rows, mode, path, reader_rate)
+            r = apply_mode(env, reader, rows, mode, path, reader_rate, max_offsets)
             log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
-                     "peak RSS %s MiB", mode, *path, r.rows_per_s, r.ratio_to_reader,
-                     r.cpu_us_per_change, r.peak_rss_mib)  # fmt: skip
+                     "peak RSS %s MiB; after the first batch %s µs CPU per change, %s rows/s",
+                     mode, *path, r.rows_per_s, r.ratio_to_reader, r.cpu_us_per_change,
+                     r.peak_rss_mib, _round(r.steady_cpu_us_per_change),
+                     _round(r.steady_rows_per_s))  # fmt: skip
             results.append(asdict(r))
     return {
         "rows": rows,
@@ -216,14 +283,14 @@ def backlog(b: Bench) -> None:
     detail = f"{rows:,}-row backlog (10 columns), both followers, --available-now, local[2]"
     names = [
         f"backlog {what} ({m}, read={r} parse={p})"
-        for m in MODES
+        for m in ("shared", "separate")
         for r, p in paths
         for what in ("applied × the reader's rate", "CPU µs per change")
     ]
     with b.record.guarded("followers", names, detail):
         if not (ROOT / "spark_jobs" / "sync.py").exists():
             raise NotMeasured("spark_jobs/sync.py (the shared job) is not in this checkout")
-        result = run(b.env, rows, list(MODES), paths)
+        result = run(b.env, rows, ["shared", "separate"], paths)
         b.record.add(Figure("followers", "backlog reader rows/s", result["reader_rows_per_s"],
                             "rows/s", detail))  # fmt: skip
         for r in result["modes"]:
@@ -237,6 +304,10 @@ def backlog(b: Bench) -> None:
             for job, mib in r["peak_rss_mib"].items():
                 b.record.add(Figure("followers", f"backlog peak RSS {job} ({where})", mib, "MiB",
                                     "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+
+
+def _round(x: float | None) -> str:
+    return "–" if x is None else f"{x:,.0f}"
 
 
 def _path(text: str) -> tuple[str, str]:
@@ -257,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         help="read:parse pairs (spark.read: spark or direct; spark.parse: jvm or python)",
     )
     p.add_argument("--keep", action="store_true", help="keep the database, topics and keys")
+    p.add_argument(
+        "--max-offsets-per-trigger", type=int, help="records per batch (default: the jobs')"
+    )
     a = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opensearch").setLevel(logging.WARNING)  # a line per request
@@ -268,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     env = BenchEnv.from_environ()
     env.keep = env.keep or a.keep
     try:
-        result = run(env, a.rows, modes, paths)
+        result = run(env, a.rows, modes, paths, a.max_offsets_per_trigger)
     finally:
         if not env.keep:
             env.cleanup()

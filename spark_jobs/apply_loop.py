@@ -52,7 +52,7 @@ from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.interrupt import BatchInterrupted
-from spark_jobs.kafka_direct import Range, plan_ranges, read_range
+from spark_jobs.kafka_direct import RANGE_SCHEMA, Range, plan_ranges, range_starts, read_range
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
@@ -299,14 +299,17 @@ def apply_ranges(
     settings: Settings,
     followers: Sequence[Follower],
     heartbeat_topic: str | None,
-    ranges: Iterable[Range],
-) -> Iterator[BatchStats]:
-    """A task of ``spark.read = "direct"``: each offset range read from Kafka here
-    (:func:`spark_jobs.kafka_direct.read_range`), parsed, then as :func:`apply_arrow`."""
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """The ``mapInArrow`` function with ``spark.read = "direct"``: its rows are offset ranges
+    (:data:`spark_jobs.kafka_direct.RANGE_SCHEMA`), each read from Kafka here
+    (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and applied."""
     conf = client_config(settings.kafka)
-    for r in ranges:
-        rows = record_parser(settings, heartbeat_topic).rows(read_range(conf, r))
-        yield from apply_events(settings, followers, rows)
+    for batch in batches:
+        for row in batch.to_pylist():
+            records = read_range(conf, Range.of(row))
+            rows = record_parser(settings, heartbeat_topic).rows(records)
+            yield stats_batch(apply_events(settings, followers, rows))
 
 
 def _apply_chunk(
@@ -416,6 +419,9 @@ class ApplyBatch:
         self.metrics = JobMetrics(*(f.job for f in self.followers))
         self.outage_retries = 0  # batches run again because a follower was unreachable
         self.catch_ups = 0  # followers caught up on what they missed while behind
+        # The direct read: where the current batch's ranges start (a batch's start offsets
+        # for a source that logs no initial offsets: spark_jobs.behind.batch_start).
+        self.read_from: behind.Offsets | None = None
         # Set when the job is asked to stop (Ctrl-C: spark_jobs.interrupt).
         self.stopping = threading.Event()
         # Who is behind since where (several followers only: one alone never falls behind).
@@ -433,11 +439,14 @@ class ApplyBatch:
     def _tasks(self, events: DataFrame, followers: Sequence[Follower]) -> dict[str, BatchStats]:
         """Run the batch's tasks once for ``followers``: each follower's summed stats, with
         ``unreachable`` set for one that was unreachable in any task."""
-        if self.settings.spark.read is ReadPath.DIRECT:
-            # The frame holds the batch's offset ranges: the tasks read the records.
-            ranges = [Range.of(row) for row in events.collect()]
-            return self._range_tasks(events.sparkSession, ranges, followers)
         fs = tuple(followers)
+        if self.settings.spark.read is ReadPath.DIRECT:
+            # The frame holds the batch's offset ranges: collected first, then a task each
+            # reads its range. Not mapInArrow over the source's frame itself: each task would
+            # then hold two Python workers, the source's and the apply's.
+            ranges = [Range.of(row) for row in events.collect()]
+            self.read_from = range_starts(ranges)
+            return self._range_tasks(events.sparkSession, ranges, fs)
         apply = (
             functools.partial(apply_records_arrow, self.settings, fs, self.opts.heartbeat_topic)
             if self.settings.spark.parse is ParsePath.PYTHON
@@ -454,9 +463,10 @@ class ApplyBatch:
         fs = tuple(followers)
         if not ranges:
             return self._totals(fs, [])
+        rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
+        frame = spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
         apply = functools.partial(apply_ranges, self.settings, fs, self.opts.heartbeat_topic)
-        tasks = spark.sparkContext.parallelize(list(ranges), len(ranges))
-        return self._totals(fs, tasks.mapPartitions(apply).collect())
+        return self._totals(fs, stats_from_rows(frame.mapInArrow(apply, STATS_SCHEMA).collect()))
 
     @staticmethod
     def _totals(fs: Sequence[Follower], tasks: Iterable[BatchStats]) -> dict[str, BatchStats]:
@@ -574,7 +584,7 @@ class ApplyBatch:
     ) -> None:
         """Leave ``followers`` out from batch ``batch_id`` on; remember where they left."""
         assert self._state_dir is not None  # a single follower never falls behind
-        since = behind.batch_start(self._state_dir, batch_id)
+        since = behind.batch_start(self._state_dir, batch_id, self.read_from)
         for f in followers:
             self.behind[f.job] = behind.Behind(batch_id, since)
         behind.save(self._state_dir, self.behind)

@@ -106,14 +106,22 @@ def logged_offsets(text: str) -> Offsets:
     return _offsets(last)
 
 
-def batch_start(checkpoint: Path, batch_id: int) -> Offsets:
+def batch_start(checkpoint: Path, batch_id: int, read_from: Offsets | None = None) -> Offsets:
     """The offsets batch ``batch_id`` of the query checkpointed at ``checkpoint`` starts
-    at: the previous batch's end, or the query's initial offsets for the first."""
-    entry = (
-        checkpoint / "offsets" / str(batch_id - 1)
-        if batch_id > 0
-        else checkpoint / "sources" / "0" / "0"
-    )
+    at: the previous batch's end, or the query's initial offsets for the first. Only the
+    Kafka source writes those (``sources/0/0``); with the direct read the first batch's
+    start is its end (``offsets/0``) where it read nothing, and where it read, the ranges'
+    starts (``read_from``); without those, every partition's earliest offset (none given:
+    see :func:`catch_up_range`), which holds at least what it read."""
+    if batch_id == 0:
+        initial = checkpoint / "sources" / "0" / "0"
+        if initial.exists():
+            return logged_offsets(initial.read_text(errors="replace"))
+        if read_from is None:
+            return {}
+        end = logged_offsets((checkpoint / "offsets" / "0").read_text(errors="replace"))
+        return {t: {**parts, **read_from.get(t, {})} for t, parts in end.items()}
+    entry = checkpoint / "offsets" / str(batch_id - 1)
     return logged_offsets(entry.read_text(errors="replace"))
 
 

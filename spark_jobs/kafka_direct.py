@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -165,6 +165,14 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[Range]:
             begin = start.get(t, {}).get(p, stop)
             if stop > begin:
                 out.append(Range(t, int(p), begin, stop))
+    return out
+
+
+def range_starts(ranges: Iterable[Range]) -> Offsets:
+    """Where each range starts, as offsets."""
+    out: Offsets = {}
+    for r in ranges:
+        out.setdefault(r.topic, {})[str(r.partition)] = r.start
     return out
 
 

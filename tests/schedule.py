@@ -47,7 +47,7 @@ SLOW_MODULES: dict[str, float] = {
     "tests/integration/real_databases/test_reader_robustness.py": 180,
     "tests/integration/debezium_parity/test_debezium_parity.py": 150,
     "tests/e2e/test_demo.py": 150,
-    "tests/e2e/test_sync.py": 140,
+    "tests/e2e/test_sync.py": 150,
     "tests/integration/security/": 150,
     "tests/integration/real_databases/test_reader_robustness_failures.py": 120,
     "tests/integration/operator/test_newcomer_mistakes.py": 120,

@@ -63,6 +63,20 @@ def test_a_batch_starts_where_the_offsets_log_says(tmp_path: Path) -> None:
         behind.batch_start(tmp_path, 5)
     with pytest.raises(ValueError):
         behind.logged_offsets("not a log")
+    # The direct read's source writes no initial offsets: the first batch starts at the
+    # earliest offset of every partition (none given), which catch_up_range reads from.
+    (tmp_path / "sources" / "0" / "0").unlink()
+    assert behind.batch_start(tmp_path, 0) == {}
+    # With the ranges it read: their starts, and its end where it read nothing.
+    (tmp_path / "offsets" / "0").write_text(OFFSETS_1)
+    assert behind.batch_start(tmp_path, 0, {"t": {"1": 500}}) == {
+        "hb": {"0": 28},
+        "t": {"0": 467, "1": 500},
+    }
+    assert behind.catch_up_range({}, {"t": {"0": 5}}) == (
+        {"t": {"0": behind.EARLIEST}},
+        {"t": {"0": 5}},
+    )
 
 
 def test_local_dir() -> None:

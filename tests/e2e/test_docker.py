@@ -37,7 +37,7 @@ from pgcdc.stack import common, docker
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "sync")
+SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "search-sync", "cache-sync")
 
 
 # The figures, printed when the module ends (the closing notes quote them).
@@ -136,13 +136,14 @@ def test_every_service_is_healthy_and_the_pipeline_is_not_root(stack: ComposeSta
             "redis",
             "opensearch",
             "reader",
-            "sync",
+            "search-sync",
+            "cache-sync",
         )
     }
     assert {svc: st["Health"]["Status"] for svc, st in states.items()} == dict.fromkeys(
         states, "healthy"
     )
-    for svc in ("reader", "sync"):
+    for svc in ("reader", "search-sync", "cache-sync"):
         assert stack.compose("exec", "-T", svc, "id", "-un").strip() == "cdc"
     limits = {svc: stack.inspect(svc)["HostConfig"]["Memory"] for svc in states}
     assert all(limits.values()), f"every service has a memory limit: {limits}"
@@ -205,7 +206,7 @@ def test_reader_status_in_a_one_off_container(stack: ComposeStack) -> None:
         status = _status(stack)
     assert status["healthy"] and status["slot"]["database"] == "cdc", status
     assert status["slot"]["slot"] == "cdc_slot" and status["slot"]["active"], status
-    # The one-off container reached both followers' series on the sync job's /metrics.
+    # The one-off container reached both jobs' /metrics by their service names.
     assert set(status["followers"]) == {"search_sync", "cache_sync"}, status["followers"]
     for follower in status["followers"].values():
         assert "error" not in follower and "error" not in follower["job"], status["followers"]

@@ -106,15 +106,12 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
     }
 
 
-def test_pipeline_services_run_the_reader_and_one_job_for_both_followers(
-    compose: dict[str, Any],
-) -> None:
+def test_pipeline_services_run_the_reader_and_both_jobs(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["reader"]["command"][:2] == ["cdc", "run"]
-    command = services["sync"]["command"]
-    assert "spark_jobs/sync.py" in command
-    assert command[command.index("--followers") + 1] == "cache,search"
-    for name in ("reader", "sync"):
+    assert "spark_jobs/search_sync.py" in services["search-sync"]["command"]
+    assert "spark_jobs/cache_sync.py" in services["cache-sync"]["command"]
+    for name in ("reader", "search-sync", "cache-sync"):
         svc = services[name]
         assert svc["image"] == versions.IMAGES["pipeline"]
         env = svc["environment"]
@@ -134,7 +131,7 @@ def test_state_in_named_volumes_limits_and_restart_policies(compose: dict[str, A
     }
     assert mounts["postgres"] == ["postgres-data"] and mounts["kafka"] == ["kafka-data"]
     assert mounts["opensearch"] == ["opensearch-data"]
-    assert mounts["sync"] == ["checkpoints"]
+    assert mounts["search-sync"] == mounts["cache-sync"] == ["checkpoints"]
     assert set(compose["volumes"]) == {
         "postgres-data",
         "kafka-data",

@@ -20,9 +20,7 @@ from demo.processes import ROOT, Child, start_job, start_reader
 from demo.resources import DemoNames
 from demo.screen import Screen, fmt_bytes
 from demo.verify import TableCheck, check_all
-from pgcdc.core.contract import JOBS
-
-SYNC_JOB = "sync"  # spark_jobs/sync.py: both followers, one job
+from pgcdc.core.contract import JOBS, SYNC_JOB
 
 TICK_S = 1.0
 

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 
 MODES = {  # mode -> (jobs, the prober's followers, label)
+    "shared": (("sync:cache,search",), ("redis", "search"), "shared job"),
     "both": (tuple(JOBS), ("redis", "search"), "both jobs"),
     "redis": ((CACHE_JOB,), ("redis",), "Redis job alone"),
     "search": ((SEARCH_JOB,), ("search",), "search job alone"),

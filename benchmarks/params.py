@@ -18,7 +18,8 @@ class Params:
     step_rates: dict[int, tuple[float, ...]]  # txn size -> rates (changes/s) to step through
     peer_step_txn_rows: tuple[int, ...]  # txn sizes whose rate steps Debezium also runs
     follower_rates: tuple[float, ...]  # changes/s offered while follower latency is measured
-    # Which jobs run together: "both", "redis" (the cache job alone), "search" (alone).
+    # Which jobs run: "shared" (sync.py, both followers), "both" (the two jobs), "redis"
+    # (the cache job alone), "search" (alone).
     follower_modes: tuple[str, ...]
     follower_s: float
     follower_probe_hz: float  # marker rows per second during the follower runs
@@ -42,7 +43,7 @@ FULL = Params(
     },
     peer_step_txn_rows=(1,),
     follower_rates=(1000, 5000),
-    follower_modes=("both", "redis", "search"),
+    follower_modes=("shared", "both", "redis", "search"),
     follower_s=25,
     follower_probe_hz=10,
     follower_step_rates=(1000, 2000, 5000, 10000, 20000),

@@ -26,6 +26,7 @@ from cdc.kafka_clients import cluster_metadata, consumer, offset_bounds, read_to
 from cdc.slots import slot_info
 from cdc.state import StateStore
 from cdc.topic_ids import describe_loss, lost_topics, topic_ids
+from pgcdc.core.durations import duration
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
@@ -163,20 +164,10 @@ def stale_follower(
     if Lsn.parse(last_commit_lsn) <= Lsn.parse(mark):
         return None
     return (
-        f"watermark {mark} has not advanced for {_age(age)} (more than "
+        f"watermark {mark} has not advanced for {duration(age)} (more than "
         f"spark.watermark_stale_s = {watermark_stale_s:g}s) while the reader acknowledged "
         f"changes up to {last_commit_lsn}; is the job running?"
     )
-
-
-def _age(seconds: float) -> str:
-    """``42s``, ``12m 5s``, ``3h 2m``: how long, for a person."""
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.0f}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    return f"{s // 3600}h {s % 3600 // 60}m"
 
 
 def _size(n: int) -> str:

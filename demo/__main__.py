@@ -26,13 +26,12 @@ from demo.run import Demo, DemoFailed
 from demo.screen import Screen
 from demo.verify import TableCheck, verification_table
 from pgcdc.core import ports
-from pgcdc.core.contract import JOBS
 from pgcdc.core.settings import load_settings
 
 NEXT_STEPS = f"""\
 Where to look next (the demo's data stays until the next `make demo`):
   reader status   set -a; . .stack/demo/demo.env; set +a; .venv/bin/cdc status
-  logs            .stack/demo/logs/{{reader,{",".join(JOBS)}}}.log; servers: .stack/logs/
+  logs            .stack/demo/logs/{{reader,sync}}.log; servers: .stack/logs/
   Kafka topics    .venv/bin/python -m demo.peek demo.public.products 3   (last 3 events)
   Redis           redis-cli -p {ports.PORTS["redis"]} --scan --pattern 'demo:public.products:*' | head -3
                   redis-cli -p {ports.PORTS["redis"]} HGETALL demo:public.products:<id>

@@ -1,6 +1,6 @@
 """`make demo-docker`: the demo on the compose stack (``docker-compose.yml``).
 
-The reader and both sync jobs are compose services, started by ``docker compose up``; this
+The reader and the sync job (both followers) are compose services, started by ``docker compose up``; this
 loads the sample catalog into the stack's database (``cdc``), runs the live workload (and,
 with ``--kill-reader-after``, kills the reader's process mid-stream: the container's
 restart policy brings it back, and it resumes from its slot), waits until every row of

@@ -3,9 +3,11 @@
 - Reader: the slot's lag, ``pg_current_wal_lsn() - confirmed_flush_lsn`` in bytes (what is
   committed in PostgreSQL but not yet acknowledged by Kafka).
 - Kafka: the end offsets of the table topics; their growth per second is the events/s.
-- Followers: the offsets each job has committed to its Spark checkpoint (the last batch with a
-  commit file), so "behind" is Kafka's end offsets minus those; and the job's watermark
-  (the highest commit LSN it applied), compared with the slot's confirmed flush LSN in bytes.
+- Followers: the offsets the shared job (spark_jobs/sync.py) has committed to its Spark
+  checkpoint (the last batch with a commit file), or, for a follower that fell behind, the
+  offsets it is behind since (``followers-behind.json``); "behind" is Kafka's end offsets minus
+  those. And each follower's watermark (the highest commit LSN it applied), compared with the
+  slot's confirmed flush LSN in bytes.
 - A full-text search on the products index, whose results change as the workload runs.
 """
 
@@ -25,10 +27,11 @@ from opensearchpy.exceptions import NotFoundError
 
 from demo.resources import DemoNames
 from demo.sample import SEARCH_WORD
-from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB, redis_watermark_key
+from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB, SYNC_JOB, redis_watermark_key
 from pgcdc.core.lsn import Lsn
 from sinks.search import SearchSink
 from sinks.search_index import index_name
+from spark_jobs import behind
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,21 @@ def committed_offsets(checkpoint: Path) -> dict[str, int] | None:
     return None
 
 
+def follower_offsets(checkpoint: Path) -> dict[str, dict[str, int] | None]:
+    """Per follower job, the offsets it has applied up to in the shared job checkpointed at
+    ``checkpoint``: the committed batch's, or where a follower left behind stopped."""
+    committed = committed_offsets(checkpoint)
+    left_behind = behind.load(checkpoint) if checkpoint.is_dir() else {}
+    out: dict[str, dict[str, int] | None] = {}
+    for job in JOBS:
+        b = left_behind.get(job)
+        if b is None:
+            out[job] = committed
+        else:
+            out[job] = {t: sum(max(0, v) for v in parts.values()) for t, parts in b.offsets.items()}
+    return out
+
+
 class Monitor:
     """Reads the figures; keeps its connections open between ticks."""
 
@@ -156,8 +174,7 @@ class Monitor:
             s.kafka_end[name] = total
 
     def _followers(self, s: Sample) -> None:
-        for job in JOBS:
-            s.applied[job] = committed_offsets(self.names.checkpoint_dir / job)
+        s.applied.update(follower_offsets(self.names.checkpoint_dir / SYNC_JOB))
         raw = self.redis.get(redis_watermark_key(self.names.key_prefix, CACHE_JOB))
         s.watermark[CACHE_JOB] = int(raw) if raw else None
         s.watermark[SEARCH_JOB] = self.search.read_watermark(SEARCH_JOB)

@@ -20,7 +20,7 @@ from demo.processes import ROOT, Child, start_job, start_reader
 from demo.resources import DemoNames
 from demo.screen import Screen, fmt_bytes
 from demo.verify import TableCheck, check_all
-from pgcdc.core.contract import JOBS
+from pgcdc.core.contract import JOBS, SYNC_JOB
 
 TICK_S = 1.0
 
@@ -111,18 +111,15 @@ class Demo:
             timeout_s=300,
         )
 
-        job_args = ("--trigger-interval", "200 milliseconds")
-        for job in JOBS:
-            self.children[job] = start_job(job, env, n.log_dir / f"{job}.log", *job_args)
+        # One Spark job reads the topics once and keeps both followers (spark_jobs/sync.py).
+        job_args = ("--followers", "cache,search", "--trigger-interval", "200 milliseconds")
+        self.children[SYNC_JOB] = start_job(SYNC_JOB, env, n.log_dir / f"{SYNC_JOB}.log", *job_args)
         resources.remember_pids(n, [c.proc.pid for c in self.children.values()])
-        for job in JOBS:
-
-            def started(_s: Sample, job: str = job) -> bool:
-                return self.children[job].log_has(f"started {job}")
-
-            self.wait_for(
-                f"waiting for {job} to start (Spark takes 20-60 s here)…", started, timeout_s=420
-            )
+        self.wait_for(
+            f"waiting for {SYNC_JOB} to start (Spark takes 20-60 s here)…",
+            lambda _s: self.children[SYNC_JOB].log_has(f"started {SYNC_JOB}"),
+            timeout_s=420,
+        )
         self.wait_for(
             "followers: applying the snapshot",
             lambda s: all(s.behind(j) == 0 for j in JOBS),
@@ -174,7 +171,7 @@ class Demo:
         """SIGTERM the reader (it acknowledges and exits); end the jobs' process groups."""
         if self.workload is not None:
             self.workload.stop()
-        for name in ("reader", *JOBS):
+        for name in ("reader", SYNC_JOB):
             child = self.children.get(name)
             if child is None:
                 continue

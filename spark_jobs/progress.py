@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pgcdc.core.durations import duration
+
 log = logging.getLogger(__name__)
 
 # Records per micro-batch of an --available-now run that sets no limit of its own. Measured
@@ -69,22 +71,13 @@ def progress_line(batch_id: int, done: int, left: int, elapsed_s: float) -> str:
     total = done + left
     pct = 100.0 * done / total if total else 100.0
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
-    eta = f"ETA {_duration(left / rate)}" if rate > 0 and left else "ETA -"
+    eta = f"ETA {duration(left / rate)}" if rate > 0 and left else "ETA -"
     if not left:
         eta = "caught up"
     return (
         f"batch {batch_id}: read {done} of {total} records ({pct:.0f}%), "
         f"{rate:.0f} records/s, {eta}"
     )
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"
 
 
 class ProgressLog:

@@ -11,13 +11,12 @@ separate jobs. A follower that stays unreachable falls behind and catches up on 
 
 from __future__ import annotations
 
-from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
+from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, SYNC_JOB
 from spark_jobs.apply_loop import Follower
 from spark_jobs.cache_sync import cache_sink
 from spark_jobs.job import run
 from spark_jobs.search_sync import search_sink
 
-SYNC_JOB = "sync"
 FOLLOWERS = {
     "cache": Follower(CACHE_JOB, cache_sink),
     "search": Follower(SEARCH_JOB, search_sink),

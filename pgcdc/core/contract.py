@@ -243,6 +243,7 @@ UNAVAILABLE_VALUE_PLACEHOLDERS: Final = (
 CACHE_JOB: Final = "cache_sync"
 SEARCH_JOB: Final = "search_sync"
 JOBS: Final = (CACHE_JOB, SEARCH_JOB)
+SYNC_JOB: Final = "sync"  # spark_jobs/sync.py: one job keeping several followers
 
 SEARCH_WATERMARK_SUFFIX: Final = "cdc-watermarks"
 

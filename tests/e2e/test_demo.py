@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from demo.monitor import committed_offsets
+from demo.monitor import committed_offsets, follower_offsets
+from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
+from spark_jobs import behind
 from tests.conftest import ROOT, Endpoints
 
 # An offsets file as Spark 4 wrote it in a demo checkpoint (metadata line shortened).
@@ -38,6 +40,27 @@ def test_committed_offsets_reads_the_last_committed_batch(tmp_path: Path) -> Non
         "demo.public.products": 2336,
         "__cdc-heartbeat.demo": 41,
         "demo.public.customers": 2701,
+    }
+
+
+@pytest.mark.unit
+def test_a_follower_left_behind_counts_from_where_it_stopped(tmp_path: Path) -> None:
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "offsets" / "7").write_text(OFFSETS_FILE)
+    (tmp_path / "commits" / "7").write_text("v1\n{}\n")
+    applied = {
+        "demo.public.products": 2336,
+        "__cdc-heartbeat.demo": 41,
+        "demo.public.customers": 2701,
+    }
+    assert follower_offsets(tmp_path) == {CACHE_JOB: applied, SEARCH_JOB: applied}
+    # The search follower fell behind at batch 5 (a partition new since then: -2, earliest).
+    since = {"demo.public.products": {"0": 1000, "1": -2}, "demo.public.customers": {"0": 50}}
+    behind.save(tmp_path, {SEARCH_JOB: behind.Behind(5, since)})
+    assert follower_offsets(tmp_path) == {
+        CACHE_JOB: applied,
+        SEARCH_JOB: {"demo.public.products": 1000, "demo.public.customers": 50},
     }
 
 

@@ -2,7 +2,7 @@
 
 - **The compose stack.** ``docker compose up -d --wait`` of docker-compose.yml (a project
   of its own, on free host ports: the native stack keeps the default ones) builds nothing
-  that is there already and starts the servers, the reader and both sync jobs;
+  that is there already and starts the servers, the reader and the sync job (both followers);
   ``docker compose run --rm reader cdc status`` answers; the demo's catalog is loaded and
   changed live while the reader's process is killed mid-stream (its restart policy brings
   it back); both followers end equal to PostgreSQL; ``docker compose down -v`` leaves no
@@ -37,7 +37,7 @@ from pgcdc.stack import common, docker
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "search-sync", "cache-sync")
+SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "sync")
 
 
 # The figures, printed when the module ends (the closing notes quote them).
@@ -128,22 +128,11 @@ def stack(prepared: dict[str, float]) -> Iterator[ComposeStack]:
 
 
 def test_every_service_is_healthy_and_the_pipeline_is_not_root(stack: ComposeStack) -> None:
-    states = {
-        svc: stack.inspect(svc)["State"]
-        for svc in (
-            "postgres",
-            "kafka",
-            "redis",
-            "opensearch",
-            "reader",
-            "search-sync",
-            "cache-sync",
-        )
-    }
+    states = {svc: stack.inspect(svc)["State"] for svc in SERVICES}
     assert {svc: st["Health"]["Status"] for svc, st in states.items()} == dict.fromkeys(
         states, "healthy"
     )
-    for svc in ("reader", "search-sync", "cache-sync"):
+    for svc in ("reader", "sync"):
         assert stack.compose("exec", "-T", svc, "id", "-un").strip() == "cdc"
     limits = {svc: stack.inspect(svc)["HostConfig"]["Memory"] for svc in states}
     assert all(limits.values()), f"every service has a memory limit: {limits}"

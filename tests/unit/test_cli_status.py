@@ -136,5 +136,5 @@ def test_a_follower_is_stale_when_changes_wait_for_an_old_watermark(
     assert bool(found) is stale, found
     if stale:
         (line,) = found
-        assert line.startswith("follower search_sync: watermark 0/100 has not advanced for 1m 1s")
+        assert line.startswith("follower search_sync: watermark 0/100 has not advanced for 1m 01s")
         assert "spark.watermark_stale_s = 60s" in line and "changes up to 0/200" in line

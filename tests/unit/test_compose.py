@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from pgcdc.core import ports
+from pgcdc.core.contract import JOBS
 from pgcdc.stack import versions
 
 pytestmark = pytest.mark.unit
@@ -106,12 +108,16 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
     }
 
 
-def test_pipeline_services_run_the_reader_and_both_jobs(compose: dict[str, Any]) -> None:
+def test_pipeline_services_run_the_reader_and_the_shared_job(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["reader"]["command"][:2] == ["cdc", "run"]
-    assert "spark_jobs/search_sync.py" in services["search-sync"]["command"]
-    assert "spark_jobs/cache_sync.py" in services["cache-sync"]["command"]
-    for name in ("reader", "search-sync", "cache-sync"):
+    sync = services["sync"]["command"]
+    assert sync[sync.index("spark_jobs/sync.py") + 1 :][:2] == ["--followers", "cache,search"]
+    assert {"kafka", "redis", "opensearch"} <= set(services["sync"]["depends_on"])
+    # cdc status reads each follower's metrics from the one job's endpoint.
+    endpoints = json.loads(services["sync"]["environment"]["CDC_SPARK__JOB_ENDPOINTS"])
+    assert endpoints == dict.fromkeys(JOBS, "http://sync:9411")
+    for name in ("reader", "sync"):
         svc = services[name]
         assert svc["image"] == versions.IMAGES["pipeline"]
         env = svc["environment"]
@@ -131,7 +137,7 @@ def test_state_in_named_volumes_limits_and_restart_policies(compose: dict[str, A
     }
     assert mounts["postgres"] == ["postgres-data"] and mounts["kafka"] == ["kafka-data"]
     assert mounts["opensearch"] == ["opensearch-data"]
-    assert mounts["search-sync"] == mounts["cache-sync"] == ["checkpoints"]
+    assert mounts["sync"] == ["checkpoints"]
     assert set(compose["volumes"]) == {
         "postgres-data",
         "kafka-data",

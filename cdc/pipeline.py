@@ -46,6 +46,7 @@ from cdc.ownership import (
 from cdc.publication import ensure_publication, publishes_generated, warn_generated_left_out
 from cdc.publisher import Publisher
 from cdc.replication import ReplicationConnection, SlotCreated
+from cdc.schema_changes import published_shapes, shape
 from cdc.slots import (
     Action,
     SlotInfo,
@@ -419,6 +420,7 @@ class Pipeline:
             database=run.database,
             state=state,
             observer=self.metrics,
+            generated=run.catalog.generated,
         )
         prefix = self.settings.kafka.topic_prefix
         topics = {table_topic(prefix, *table): table for table in run.tables}
@@ -448,6 +450,21 @@ class Pipeline:
             current.update(topic_ids(self.settings.kafka, missing))
         # The topics as this run writes them (a slot made by this run: as it snapshotted).
         state.topics = {t: tid for t, tid in current.items() if tid is not None}
+        # The captured tables' shapes: a Relation message with another one snapshots the table
+        # again (cdc.schema_changes). A table with none recorded (a slot made by this run, a
+        # reader from before) starts from its shape now: for a new slot, as it snapshotted.
+        names = {".".join(t): t for t in run.tables}
+        state.relations = {n: c for n, c in state.relations.items() if n in names}
+        if any(n not in state.relations for n in names):
+            now = published_shapes(
+                run.catalog.conn, self.settings.postgres.publication_name, run.catalog.generated
+            )
+            for name, table in names.items():
+                if name not in state.relations:
+                    found = now.get(name)
+                    if found is None:  # not in the publication (yet): as the catalog has it
+                        found = shape(run.catalog.load_table_in(run.catalog.conn, *table))
+                    state.relations[name] = found
         engine.save()
         return engine
 

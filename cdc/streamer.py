@@ -36,6 +36,7 @@ from cdc.incremental.merge import key_identity
 from cdc.observer import NullObserver, StreamObserver
 from cdc.publisher import Publisher, TxnTracker
 from cdc.replication import Keepalive, ReplicationConnection, XLogData
+from cdc.schema_changes import shape
 from cdc.table_checks import warn_not_snapshotted
 from cdc.table_topics import TableTopics
 from cdc.toast import fetch_current, fill_from_old, require_key, unchanged_columns
@@ -260,6 +261,8 @@ class Streamer:
             if lsn is not None and (candidate is None or lsn > candidate):
                 candidate = lsn
         if candidate is not None and (force or candidate != self.last_ack):
+            if self._snapshots is not None:
+                self._snapshots.save_pending()  # shapes seen before the position they follow
             self._repl.acknowledge(candidate)
             self.last_ack = candidate
             self._observer.on_acknowledged(candidate)
@@ -336,6 +339,8 @@ class Streamer:
                 self._snapshots.table_joined((schema.schema, schema.table), "while streaming")
             else:
                 warn_not_snapshotted(name, "while streaming")
+        if self._snapshots is not None:
+            self._snapshots.relation_seen((schema.schema, schema.table), shape(schema))
 
     def _truncate(self, frame: XLogData, relation_id: int) -> None:
         table = self._table(relation_id)

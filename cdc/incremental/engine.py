@@ -38,6 +38,7 @@ from cdc.incremental.requests import Catalog, EngineConfig, Requests
 from cdc.incremental.signals import SIGNAL_PREFIX
 from cdc.incremental.worker import WATERMARK_PREFIX, ChunkFailure, ChunkRequest
 from cdc.observer import NullObserver, StreamObserver
+from cdc.schema_changes import Shape, describe
 from pgcdc.core.contract import table_topic, version_headers
 from pgcdc.core.lsn import Lsn
 
@@ -85,6 +86,8 @@ class IncrementalSnapshots:
         self._acking: collections.deque[tuple[Chunk, Any]] = collections.deque()
         self._cursors: dict[int, Cursor] = {}  # by id() of the TableSnapshot
         self._next_poll = 0.0
+        self._pending = False  # relation_seen changed the state since it was saved
+        self._looked: dict[str, Shape] | None = None  # the catalog's shapes at the last poll
         self.requests = Requests(config, state, catalog, intake, self._stopped)
         self.window_topic: str | None = None
         # Transactions committed and not visible yet may have been streamed by an earlier
@@ -108,6 +111,7 @@ class IncrementalSnapshots:
     def save(self) -> None:
         """Write the state and wait for Kafka: a signal or a chunk counts once it is saved."""
         self._save(self.state)
+        self._pending = False
 
     def close(self) -> None:
         self._progress.close()
@@ -122,6 +126,46 @@ class IncrementalSnapshots:
         the signal itself is acknowledged)."""
         self.requests.carry_out(accepted)
         self.save()
+
+    def relation_seen(self, table: Table, columns: Shape) -> None:
+        """A Relation message showed ``table``'s columns (:func:`cdc.schema_changes.shape`):
+        the first shape of a table is recorded; another one than recorded snapshots the
+        table again (:meth:`Requests.schema_changed`). Saved before the change that follows
+        the message can be acknowledged (:meth:`save_pending`, before each acknowledgment:
+        a storm of DDL costs one write an acknowledgment, not one a message)."""
+        name = f"{table[0]}.{table[1]}"
+        before = self.state.relations.get(name)
+        if before == columns:
+            return
+        self.state.relations[name] = columns
+        if before is not None:
+            self.requests.schema_changed(table, describe(before, columns))
+        self._pending = True
+
+    def _poll_shapes(self) -> None:
+        """Shapes from the catalog: a table altered and not written since sends no Relation
+        message. The first look of a run compares with the recorded shapes (a DDL while the
+        reader was stopped); later ones act only on a shape that changed since the last look,
+        so a shape the catalog and pgoutput were to describe apart costs one snapshot a run,
+        not one every look."""
+        seen = self._catalog.shapes()
+        for name, columns in seen.items():
+            if name not in self.state.relations:
+                continue  # recorded at start or by its first Relation message
+            before = self._looked.get(name) if self._looked is not None else None
+            if self._looked is not None and before == columns:
+                continue
+            if self.state.relations[name] != columns:
+                schema, _, table = name.partition(".")
+                self.relation_seen((schema, table), columns)
+        self._looked = seen
+
+    def save_pending(self) -> None:
+        """Save what :meth:`relation_seen` changed, if anything: called before the slot's
+        position is acknowledged past the message (a crash before it sees the message
+        again)."""
+        if self._pending:
+            self.save()
 
     def topic_lost(self, table: Table, why: str) -> None:
         """``table``'s topic lost what it held: snapshot it again (the caller saves)."""
@@ -217,6 +261,7 @@ class IncrementalSnapshots:
         for table in self.requests.captured(refresh=True):
             if self.state.captured is not None and table not in self.state.captured:
                 self.table_joined(table, "while streaming")
+        self._poll_shapes()
         if len(self._unconfirmed):
             self._unconfirmed.prune(self._catalog.visibility())
 

@@ -55,7 +55,7 @@ class TableSnapshot:
     schema: str
     table: str
     where: str | None = None  # the filter, as checked and rewritten (cdc.incremental.filters)
-    via: str = "signal"  # wal | table | kafka | joined | initial | api | topic_lost
+    via: str = "signal"  # wal | table | kafka | joined | initial | api | topic_lost | schema_change
     last_key: KeyText | None = None  # the key columns' text of the last row read
     chunks: int = 0  # chunks published and acknowledged
     rows: int = 0  # rows published by those chunks
@@ -101,6 +101,9 @@ class SnapshotsState:
     # The captured tables' topics as the reader last wrote them: name -> Kafka topic id
     # (cdc.topic_ids: another id, or none, means the topic lost what it held).
     topics: dict[str, str] = field(default_factory=dict)
+    # The captured tables' shapes as the reader last saw them: "schema.table" ->
+    # [[column, type, typmod], ...] (cdc.schema_changes: another shape snapshots it again).
+    relations: dict[str, list[list[Any]]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -109,6 +112,7 @@ class SnapshotsState:
                 "queue": [s.to_json() for s in self.queue],
                 "seen": self.seen,
                 "topics": self.topics,
+                "relations": self.relations,
             }
         )
 
@@ -123,6 +127,7 @@ class SnapshotsState:
             queue=[TableSnapshot.from_json(s) for s in d.get("queue", [])],
             seen={str(k): float(v) for k, v in (d.get("seen") or {}).items()},
             topics={str(k): str(v) for k, v in (d.get("topics") or {}).items()},
+            relations={str(k): [list(c) for c in v] for k, v in (d.get("relations") or {}).items()},
         )
 
     def remember(self, signal_key: str, ts: float, oldest: float) -> None:

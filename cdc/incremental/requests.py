@@ -19,6 +19,7 @@ from cdc.incremental.filters import FilterRefused
 from cdc.incremental.merge import ReadSnapshot
 from cdc.incremental.queue import KeyRange, SnapshotsState, Table, TableSnapshot
 from cdc.incremental.signals import SnapshotRequest, StopRequest
+from cdc.schema_changes import Shape
 from cdc.table_checks import warn_not_snapshotted
 from pgcdc.core.errors import SchemaError
 
@@ -29,6 +30,7 @@ class Catalog(Protocol):
     """What the engine asks PostgreSQL on its own connection."""
 
     def captured(self) -> list[Table]: ...
+    def shapes(self) -> dict[str, Shape]: ...
     def visibility(self) -> ReadSnapshot: ...
     def committed_invisible(self) -> frozenset[int]: ...
     def check_filter(self, table: Table, where: str) -> str: ...
@@ -41,6 +43,7 @@ class EngineConfig:
     publication: str
     chunk_rows: int = 10_000
     snapshot_new_tables: bool = True
+    snapshot_on_schema_change: bool = True
     signal_table: Table | None = None
     filter_functions: tuple[str, ...] = ()
     # The reader reads from a standby (PostgreSQL 16+): it cannot write watermarks.
@@ -156,6 +159,47 @@ class Requests:
                 log.info("incremental snapshot of %s stopped (signal %s)", s.name, signal_id)
                 self._on_stopped(s)
         self.state.queue = keep
+
+    def schema_changed(self, table: Table, what: str) -> None:
+        """``table``'s columns changed (``what``, :func:`cdc.schema_changes.describe`):
+        snapshot it again from its first key (unless turned off), whatever was queued for
+        it, so that every row reaches the followers in its new shape."""
+        name = f"{table[0]}.{table[1]}"
+        if table == self.config.signal_table:
+            return
+        way = f"`cdc snapshot {name}` (on the primary) publishes every row in its new shape"
+        if not self.config.snapshot_on_schema_change:
+            log.warning(
+                "table %s changed (%s): rows not changed since keep their old shape in the "
+                "followers (postgres.snapshot_on_schema_change is off); %s",
+                name,
+                what,
+                way,
+                extra={"table": name},
+            )
+            return
+        if self.config.on_standby:
+            log.error(
+                "table %s changed (%s): rows not changed since keep their old shape in the "
+                "followers, and a reader on a standby cannot snapshot it again; %s",
+                name,
+                what,
+                way,
+                extra={"table": name},
+            )
+            return
+        for s in self.state.queue:
+            if s.key == table:
+                self._on_stopped(s)  # rows it published are in the old shape: from the start
+        self.state.queue = [s for s in self.state.queue if s.key != table]
+        log.warning(
+            "table %s changed (%s): snapshotting it again, incrementally, while streaming, so "
+            "that rows not changed since reach the followers in the new shape",
+            name,
+            what,
+            extra={"table": name},
+        )
+        self.state.queue.append(TableSnapshot(uuid.uuid4().hex, *table, via="schema_change"))
 
     def topic_lost(self, table: Table, why: str) -> None:
         """``table``'s topic lost what it held (cdc.topic_ids): snapshot the table again

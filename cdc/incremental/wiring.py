@@ -23,6 +23,7 @@ from cdc.incremental.signals import split_table
 from cdc.incremental.worker import ChunkReader, SchemaLoader
 from cdc.observer import StreamObserver
 from cdc.publication import captured_tables
+from cdc.schema_changes import Shape, published_shapes
 from cdc.table_topics import TableTopics
 from pgcdc.core.settings import Settings
 from schemas.envelope import EventEncoder
@@ -39,15 +40,24 @@ class PgCatalog:
     """The engine's questions to PostgreSQL, on the engine's own connection."""
 
     def __init__(
-        self, dsn: str, publication: str, load_schema: SchemaLoader, functions: tuple[str, ...]
+        self,
+        dsn: str,
+        publication: str,
+        load_schema: SchemaLoader,
+        functions: tuple[str, ...],
+        generated: bool = False,
     ) -> None:
         self.conn = connect(dsn, application_name="cdc-snapshot")
         self._publication = publication
         self._load_schema = load_schema
         self._functions = functions
+        self._generated = generated
 
     def captured(self) -> list[Table]:
         return captured_tables(self.conn, self._publication)
+
+    def shapes(self) -> dict[str, Shape]:
+        return published_shapes(self.conn, self._publication, self._generated)
 
     def visibility(self) -> ReadSnapshot:
         row = self.conn.execute(_SNAPSHOT_SQL).fetchone()
@@ -92,11 +102,15 @@ def open_incremental(
     state: SnapshotsState,
     observer: StreamObserver | None = None,
     progress: bool | None = None,
+    generated: bool = False,
 ) -> IncrementalSnapshots:
-    """The engine with its real ports (connections, worker thread, signal channels)."""
+    """The engine with its real ports (connections, worker thread, signal channels);
+    ``generated``: the publication publishes stored generated columns."""
     pg, kafka = settings.postgres, settings.kafka
     signal_table = split_table(pg.signal_data_collection) if pg.signal_data_collection else None
-    catalog = PgCatalog(dsn, pg.publication_name, load_schema, pg.signal_filter_functions)
+    catalog = PgCatalog(
+        dsn, pg.publication_name, load_schema, pg.signal_filter_functions, generated
+    )
 
     def table_check() -> str | None:
         assert signal_table is not None
@@ -124,6 +138,7 @@ def open_incremental(
         publication=pg.publication_name,
         chunk_rows=pg.incremental_chunk_rows,
         snapshot_new_tables=pg.snapshot_new_tables,
+        snapshot_on_schema_change=pg.snapshot_on_schema_change,
         signal_table=signal_table,
         filter_functions=pg.signal_filter_functions,
         on_standby=in_recovery(catalog.conn),

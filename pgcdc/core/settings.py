@@ -192,6 +192,10 @@ class PostgresSettings(BaseModel):
     # A table that joins the captured set (publication or postgres.tables), while the reader
     # runs or between runs, is snapshotted incrementally (Flink CDC's newly added tables).
     snapshot_new_tables: bool = True
+    # A captured table whose columns change (a Relation message with other columns or types
+    # than last seen: DROP, RENAME, ALTER TYPE, ADD COLUMN) is snapshotted again,
+    # incrementally, so rows that did not change since reach the followers in the new shape.
+    snapshot_on_schema_change: bool = True
     # Debezium's signal.data.collection: a "schema.table" with columns id, type, data whose
     # inserted rows are signals (execute-snapshot, stop-snapshot); added to the publication.
     # Its grants authenticate it: only trusted roles may insert (signal_trusted_roles).

@@ -305,6 +305,9 @@ class Catalog:
     def captured(self) -> list[Table]:
         return [TABLE]
 
+    def shapes(self) -> dict[str, list[list[Any]]]:
+        return {}  # the simulated table never changes shape
+
     def visibility(self) -> ReadSnapshot:
         return ReadSnapshot(frozenset(self.db.held), self.db.next_xid)
 

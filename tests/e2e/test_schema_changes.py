@@ -1,0 +1,65 @@
+"""A table's columns change under both followers (issue 38): columns added, dropped and
+renamed, and a type change in the cache, end equal to the table in Redis and OpenSearch,
+rows not changed since the DDL included. The reader's side (a Relation message with another
+shape snapshots the table again) is tests/integration/incremental/test_schema_changes.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from demo.compare import diff, leader_state
+from tests.conftest import Endpoints
+from tests.e2e.pipeline import (
+    cache_state,
+    new_pipeline,
+    run_jobs_in_session,
+    run_reader_until_current,
+    search_state,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+
+TABLE = "public.items"
+SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, qty int, name text);
+INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 200) g;
+"""
+
+
+def test_added_dropped_and_renamed_columns_reach_both_followers(
+    spark: Any, endpoints: Endpoints, tmp_path: Path
+) -> None:
+    p = new_pipeline(endpoints, "ddl", SCHEMA, tmp_path / "ck")
+    run_reader_until_current(p)
+    run_jobs_in_session(spark, p)
+    assert len(cache_state(p, TABLE)) == len(search_state(p, TABLE)) == 200
+
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        for sql in (
+            "ALTER TABLE items ADD COLUMN tags text[]",
+            "UPDATE items SET tags = ARRAY['t' || id] WHERE id % 7 = 0",
+            "ALTER TABLE items DROP COLUMN name",
+            "INSERT INTO items (id, qty) VALUES (1000, 1000)",
+            "ALTER TABLE items RENAME COLUMN qty TO amount",
+            "UPDATE items SET amount = amount + 1 WHERE id <= 3",
+        ):
+            conn.execute(sql)
+    run_reader_until_current(p)
+    run_jobs_in_session(spark, p)
+    leader = leader_state(p.dsn, TABLE)
+    assert set(leader["1"]) == {"id", "amount", "tags"}
+    assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))
+    assert not diff(leader, search_state(p, TABLE)), diff(leader, search_state(p, TABLE))
+
+    # A type change whose values only PostgreSQL knows (USING): the cache holds them all.
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE items ALTER COLUMN amount TYPE text USING 'many-' || amount")
+    run_reader_until_current(p)
+    run_jobs_in_session(spark, p)
+    leader = leader_state(p.dsn, TABLE)
+    assert leader["5"]["amount"] == "many-5"
+    assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))

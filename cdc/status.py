@@ -115,7 +115,8 @@ def problems(
     that retains more WAL than the threshold (the reader is down and the server's disk fills);
     a follower whose store cannot be read, or whose watermark is stale
     (:func:`stale_follower`); a table topic that lost what it held, until the reader's
-    snapshot of its table into it is done.
+    snapshot of its table into it is done; a table whose search index refuses some of its
+    columns as they are now (a type change the index's mapping cannot take).
     """
     slot = status["slot"]
     name = slot["slot"]
@@ -145,6 +146,12 @@ def problems(
         stale = stale_follower(follower, acked, watermark_stale_s)
         if stale:
             out.append(f"follower {job}: {stale}")
+        for refused in follower.get("refused_tables") or []:
+            out.append(
+                f"follower {job}: index {refused['index']} no longer follows table "
+                f"{refused['table']}: {refused['columns']}; its changes are refused and "
+                "dead-lettered until the index is built again (docs/schema-changes.md)"
+            )
     return out
 
 

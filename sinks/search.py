@@ -42,6 +42,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 import orjson
@@ -68,7 +69,9 @@ from sinks.search_index import (
     index_name,
     index_settings,
     mapping_from_connect_schema,
+    refused_columns,
     row_fields,
+    takes,
 )
 from sinks.search_requests import (
     RETRY,
@@ -85,6 +88,7 @@ __all__ = ["SearchSink"]
 log = logging.getLogger(__name__)
 
 _MAX_ID_BYTES: Final = 512
+_REFUSED: Final = "refused:"  # the watermark index's record of a table its index refuses
 _MAX_LONG: Final = (1 << 63) - 1
 _MGET_CHUNK: Final = 500
 
@@ -147,6 +151,7 @@ class SearchSink:
             t: list(f) for t, f in (schemas or {}).items()
         }
         self._ready: set[str] = set()
+        self._checked: set[str] = set()  # tables whose schema was checked against the index
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -176,8 +181,102 @@ class SearchSink:
 
     def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
         """Map ``table``'s index from the row struct of this Debezium value schema when this
-        sink creates the index. An index that already exists keeps its mapping."""
-        self._schemas[table] = row_fields(value_schema)
+        sink creates the index. An index that already exists keeps its mapping: a schema
+        with other columns than the last one is checked against it (:meth:`_check_mapping`)."""
+        fields = row_fields(value_schema)
+        if self._schemas.get(table) != fields or table not in self._checked:
+            self._schemas[table] = fields
+            self._check_mapping(table, fields)
+
+    def _check_mapping(self, table: str, fields: Sequence[Mapping[str, Any]]) -> None:
+        """Whether ``table``'s index maps each column so that it takes the column's values
+        now (a column whose type changed: ``integer`` in the index, text in the table): the
+        columns it refuses are recorded in the watermark index (``refused:<table>``), which
+        ``cdc status`` reads, and the record goes once the index takes them again."""
+        name = self.index_for(table)
+
+        def live() -> dict[str, Any] | None:
+            try:
+                got = self.client.indices.get_mapping(index=name)
+            except TransportError as e:
+                if e.status_code == 404:
+                    return None
+                raise
+            (only,) = got.values()  # the index (or the one an alias names)
+            return dict(only.get("mappings", {}).get("properties", {}))
+
+        props = self._retrying.call(f"read the mapping of {name}", live)
+        refused = refused_columns(props, fields) if props is not None else []
+        self._checked.add(table)
+        doc_id, index = f"{_REFUSED}{table}", self.watermark_index
+        if props is None:
+            return  # no index yet: it is created with this schema's mapping
+        if refused:
+            if index not in self._ready:
+                self._create_index(index, WATERMARK_MAPPING)
+            columns = "; ".join(
+                f"{c} is {held} in the index, {now} now" for c, held, now in refused
+            )
+            log.error(
+                "index %s cannot take table %s's changes as it is now (%s): they are refused "
+                "and dead-lettered; docs/schema-changes.md says how to rebuild it",
+                name,
+                table,
+                columns,
+                extra={"table": table, "index": name},
+            )
+            body = {
+                "table": table,
+                "index": name,
+                "columns": columns,
+                "refused": [list(r) for r in refused],
+                "at_ms": int(time.time() * 1000),
+            }
+            self._retrying.call(
+                f"record {doc_id}",
+                lambda: self.client.index(index=index, id=doc_id, body=body),
+            )
+        else:  # an index missing its record is 404 too
+            self._retrying.call(
+                f"clear {doc_id}",
+                lambda: self.client.delete(index=index, id=doc_id, params={"ignore": 404}),
+            )
+
+    def refused_tables(self) -> list[dict[str, Any]]:
+        """The tables whose index refuses their columns as they are now (see
+        :meth:`_check_mapping`): ``{"table", "index", "columns", "refused", "at_ms"}`` each;
+        a record whose index has been built again since (or is gone) is left out."""
+
+        def read() -> list[dict[str, Any]]:
+            try:
+                got = self.client.search(
+                    index=self.watermark_index, body={"size": 1000, "query": {"match_all": {}}}
+                )
+            except TransportError as e:
+                if e.status_code == 404:
+                    return []
+                raise
+            return [
+                dict(h["_source"]) for h in got["hits"]["hits"] if h["_id"].startswith(_REFUSED)
+            ]
+
+        def still(record: Mapping[str, Any]) -> bool:
+            # The index may have been built again since (deleted, or by hand): as it is now.
+            try:
+                got = self.client.indices.get_mapping(index=record["index"])
+            except TransportError as e:
+                if e.status_code == 404:
+                    return False
+                raise
+            (only,) = got.values()
+            live = only.get("mappings", {}).get("properties", {})
+            return any(
+                c in live and not takes(live[c], {"type": now})
+                for c, _held, now in record.get("refused", [])
+            )
+
+        records = self._retrying.call("read the refused tables", read)
+        return [r for r in records if self._retrying.call("read a mapping", partial(still, r))]
 
     def ensure_index(self, table: str) -> str:
         """Create ``table``'s index unless it exists; return its name.

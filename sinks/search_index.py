@@ -225,3 +225,47 @@ def field_mapping(schema: Mapping[str, Any]) -> dict[str, Any]:
         return dict(_PLAIN_TYPES[kind])
     # Unknown types are passed through as strings (design guarantee 6).
     return dict(_TEXT)
+
+
+# Which values a mapped field takes: a string field takes any scalar as text; a whole-number
+# field takes narrower whole numbers; a floating one any number no wider than itself.
+_STRING_TYPES: Final = frozenset({"text", "keyword", "match_only_text", "wildcard"})
+_WHOLE: Final = ("byte", "short", "integer", "long")
+_FLOATING: Final = ("half_float", "float", "double")
+
+
+def takes(held: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether an index field mapped as ``held`` takes every value of a column that would now
+    be mapped as ``wanted`` (:func:`field_mapping`): False means OpenSearch refuses some (a
+    text column into an ``integer`` field, ``'many-3'``)."""
+    a, b = str(held.get("type", "object")), str(wanted.get("type", "object"))
+    if a == b:
+        if a == "object":
+            inner = held.get("properties") or {}
+            return all(
+                takes(inner[k], v)
+                for k, v in (wanted.get("properties") or {}).items()
+                if k in inner
+            )
+        return True
+    if a in _STRING_TYPES:
+        return b != "object"
+    if a in _WHOLE and b in _WHOLE:
+        return _WHOLE.index(b) <= _WHOLE.index(a)
+    if a in _FLOATING:
+        return b in _WHOLE or (b in _FLOATING and _FLOATING.index(b) <= _FLOATING.index(a))
+    return False
+
+
+def refused_columns(
+    live: Mapping[str, Any], fields: Sequence[Mapping[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """(column, type in the index, type it would take now) for each column of ``fields`` (a
+    row struct's Connect schema) that the index's ``live`` properties map so that some of
+    its values are refused. Columns the index does not map yet are mapped dynamically."""
+    out = []
+    for column, wanted in _properties(fields).items():
+        held = live.get(column)
+        if held is not None and not takes(held, wanted):
+            out.append((column, str(held.get("type", "object")), str(wanted.get("type", "object"))))
+    return out

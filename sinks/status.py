@@ -12,7 +12,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from pgcdc.core.contract import CACHE_JOB, JOBS
+from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB
 from pgcdc.core.errors import CdcError, root_reason
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
@@ -120,10 +120,26 @@ def follower_status(
             "watermark_age_s": round(max(0.0, now - at), 1) if at is not None else None,
             "behind_bytes": behind,
         }
+        if job == SEARCH_JOB:
+            try:
+                out[job]["refused_tables"] = _refused_tables(settings)
+            except (CdcError, OSError) as e:
+                out[job]["error"] = f"{_store(settings, job)} cannot be read: {root_reason(e)}"
         url = settings.spark.job_endpoints.get(job)
         if url:
             out[job]["job"] = job_metrics(url, job=job)
     return out
+
+
+def _refused_tables(settings: Settings) -> list[dict[str, Any]]:
+    """Tables whose index refuses some of their columns as they are now (a type change)."""
+    from sinks.search import SearchSink
+
+    sink = SearchSink.from_settings(settings.search, max_attempts=1)
+    try:
+        return sink.refused_tables()
+    finally:
+        sink.close()
 
 
 def status_hook(settings: Settings) -> dict[str, Any]:

@@ -1,10 +1,15 @@
 """A table's columns change under both followers (issue 38): columns added, dropped and
 renamed, and a type change in the cache, end equal to the table in Redis and OpenSearch,
-rows not changed since the DDL included. The reader's side (a Relation message with another
-shape snapshots the table again) is tests/integration/incremental/test_schema_changes.py."""
+rows not changed since the DDL included. A type change the search index cannot take makes
+``cdc status`` unhealthy with one line naming the table, until the index is built again as
+docs/schema-changes.md says. The reader's side (a Relation message with another shape
+snapshots the table again) is tests/integration/incremental/test_schema_changes.py."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +17,11 @@ import psycopg
 import pytest
 
 from demo.compare import diff, leader_state
-from tests.conftest import Endpoints
+from sinks.search_index import index_name
+from tests.conftest import ROOT, Endpoints
 from tests.e2e.pipeline import (
+    CDC,
+    Pipeline,
     cache_state,
     new_pipeline,
     run_jobs_in_session,
@@ -28,6 +36,18 @@ SCHEMA = """
 CREATE TABLE items (id int PRIMARY KEY, qty int, name text);
 INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 200) g;
 """
+
+
+def _status(p: Pipeline) -> dict[str, Any]:
+    out = subprocess.run(
+        [*CDC, "status", "--json"],
+        env=p.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return dict(json.loads(out.stdout))
 
 
 def test_added_dropped_and_renamed_columns_reach_both_followers(
@@ -63,3 +83,27 @@ def test_added_dropped_and_renamed_columns_reach_both_followers(
     leader = leader_state(p.dsn, TABLE)
     assert leader["5"]["amount"] == "many-5"
     assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))
+
+    # The search index maps amount as a number: it refuses 'many-5', and says so.
+    problems = _status(p)["problems"]
+    index = index_name(p.index_prefix, TABLE)
+    refused = [x for x in problems if f"index {index} no longer follows table public.items" in x]
+    # (amount came with the rename: the index mapped it dynamically, as a long)
+    assert refused and "amount is long in the index, text now" in refused[0], problems
+
+    # Built again as docs/schema-changes.md says: the index deleted, the table snapshotted.
+    request = urllib.request.Request(f"{endpoints.search_url}/{index}", method="DELETE")
+    urllib.request.urlopen(request, timeout=30).close()
+    out = subprocess.run(
+        [*CDC, "snapshot", TABLE],
+        env=p.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    run_reader_until_current(p)
+    run_jobs_in_session(spark, p)
+    assert not diff(leader, search_state(p, TABLE)), diff(leader, search_state(p, TABLE))
+    assert not any("no longer follows" in x for x in _status(p)["problems"])

@@ -269,6 +269,7 @@ def test_an_unreachable_opensearch_is_one_line_not_a_traceback(scratch: dict[str
         "watermark": None,
         "watermark_age_s": None,
         "behind_bytes": None,
+        "refused_tables": [],
     }
     assert status["problems"] == [
         f"replication slot {scratch['CDC_POSTGRES__SLOT_NAME']} does not exist (has the reader "

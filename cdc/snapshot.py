@@ -50,6 +50,7 @@ from psycopg.abc import Buffer
 from cdc.connection import CURRENT_WAL_LSN, connect, first_line
 from cdc.connection_lost import connection_bad, connection_lost
 from cdc.live_keys import LiveKeys, scan_many
+from cdc.published_rows import from_item
 from cdc.publisher import Publisher
 from cdc.snapshot_progress import SnapshotProgress, estimate_rows
 from cdc.table_topics import TableTopics
@@ -127,6 +128,7 @@ class TablePlan:
     schema: TableSchema
     pages: int
     estimated_rows: int | None  # None: never analyzed and too large to count
+    rows_of: sql.Composable  # what is read (cdc.published_rows.from_item)
     chunks: list[Chunk] = field(default_factory=list)
     rows: int = 0
 
@@ -156,9 +158,9 @@ def snapshot_marker(first_overall: bool, last_overall: bool, first_in: bool, las
     return "true"
 
 
-def _count(conn: psycopg.Connection[Any], ident: sql.Identifier) -> int:
+def _count(conn: psycopg.Connection[Any], rows_of: sql.Composable) -> int:
     """The rows of a table in the snapshot ``conn`` reads."""
-    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(rows_of)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -278,8 +280,9 @@ class Snapshotter:
                 (ident.as_string(conn),),
             ).fetchone()
             pages, reltuples = (int(row[0]), float(row[1])) if row else (0, 0.0)
-            est = estimate_rows(reltuples, pages, partial(_count, conn, ident))
-            plan = TablePlan(ts, pages, est)
+            rows_of = from_item(conn, schema, table)
+            est = estimate_rows(reltuples, pages, partial(_count, conn, rows_of))
+            plan = TablePlan(ts, pages, est, rows_of)
             rows_per_page = max(1.0, est / pages) if pages and est else 50.0
             step = max(1, int(self._chunk_rows / rows_per_page))
             first = 0
@@ -319,7 +322,7 @@ class Snapshotter:
                 where, sql.Literal(f"({chunk.end_page},0)")
             )
         query = sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT").format(
-            cols, sql.Identifier(plan.schema.schema, plan.schema.table), where
+            cols, plan.rows_of, where
         )
         out: list[Row] = []
         if self._stop.is_set() or self._cancel.is_set():  # stopped while it connected

@@ -41,6 +41,7 @@ from cdc.incremental.filters import (
 )
 from cdc.incremental.merge import KeyId, ReadSnapshot, key_identity
 from cdc.incremental.queue import KeyRange, KeyText
+from cdc.published_rows import from_item
 from pgcdc.core.errors import ConfigError, SchemaError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.values import RawValue
@@ -221,8 +222,9 @@ class ChunkReader:
                 )
                 check_on_server(conn, checked, req.schema, req.table)
                 where = checked.sql
-            estimated = _estimate(conn, ident) if req.count else None
-            query = _chunk_query(table, where, req)
+            rows_of = from_item(conn, req.schema, req.table)
+            estimated = _estimate(conn, ident, rows_of) if req.count else None
+            query = _chunk_query(table, where, req, rows_of)
             with cur.copy(query) as copy:
                 copy.set_types(["text"] * len(table.columns))
                 for r in copy.rows():
@@ -230,7 +232,10 @@ class ChunkReader:
         return table, rows, seen, estimated
 
 
-def _chunk_query(table: TableSchema, where: str | None, req: ChunkRequest) -> sql.Composed:
+def _chunk_query(
+    table: TableSchema, where: str | None, req: ChunkRequest, rows_of: sql.Composable
+) -> sql.Composed:
+    """The chunk's rows of ``rows_of`` (:func:`cdc.published_rows.from_item`), in key order."""
     cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.columns)
     keys = sql.SQL(", ").join(sql.Identifier(k) for k in table.key_columns)
 
@@ -249,11 +254,11 @@ def _chunk_query(table: TableSchema, where: str | None, req: ChunkRequest) -> sq
         conds.append(sql.SQL("({})").format(sql.SQL(where)))  # checked and deparsed
     cond = sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conds)) if conds else sql.SQL("")
     return sql.SQL("COPY (SELECT {} FROM {}{} ORDER BY {} LIMIT {}) TO STDOUT").format(
-        cols, sql.Identifier(table.schema, table.table), cond, keys, sql.Literal(req.rows)
+        cols, rows_of, cond, keys, sql.Literal(req.rows)
     )
 
 
-def _estimate(conn: psycopg.Connection[Any], ident: sql.Identifier) -> int:
+def _estimate(conn: psycopg.Connection[Any], ident: sql.Identifier, rows_of: sql.Composable) -> int:
     """The planner's estimate, or the rows counted for a table never analyzed (0 when the
     count itself runs into a statement timeout: the bar then shows no percentage)."""
     row = conn.execute(
@@ -265,7 +270,7 @@ def _estimate(conn: psycopg.Connection[Any], ident: sql.Identifier) -> int:
         return estimate
     try:
         with conn.transaction():
-            counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
+            counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(rows_of)).fetchone()
     except psycopg.errors.QueryCanceled:
         return 0
     return int(counted[0]) if counted else 0

@@ -5,7 +5,9 @@ the table's grants are what authenticate it: the reader watches it only while ev
 that can insert into it is trusted: a superuser, the reader's own role, a role listed in
 ``postgres.signal_trusted_roles``, or a member of one of those (a member can become it).
 Whoever else can insert, directly, through PUBLIC, through a role it belongs to (inherited
-or not) or through ``pg_write_all_data``, makes the reader refuse the table with one line.
+or not), through ``pg_write_all_data`` or through a grant on the table's columns (``GRANT
+INSERT (id, type, data)``: a row needs no more), makes the reader refuse the table with one
+line.
 The check runs at startup (the run stops) and again while streaming (rows are then ignored,
 each with a line, until the grants are fixed).
 """
@@ -29,12 +31,18 @@ trusted AS (
 grantees AS (
   SELECT r.oid FROM pg_catalog.pg_roles r, t
   WHERE pg_catalog.has_table_privilege(r.oid, t.oid, 'INSERT')
+     OR pg_catalog.has_any_column_privilege(r.oid, t.oid, 'INSERT')
 )
 SELECT
   EXISTS (
     SELECT 1 FROM pg_catalog.pg_class c, t,
       LATERAL pg_catalog.aclexplode(c.relacl) a
     WHERE c.oid = t.oid AND a.grantee = 0 AND a.privilege_type = 'INSERT'
+  ) OR EXISTS (
+    SELECT 1 FROM pg_catalog.pg_attribute at, t,
+      LATERAL pg_catalog.aclexplode(at.attacl) a
+    WHERE at.attrelid = t.oid AND at.attnum > 0 AND NOT at.attisdropped
+      AND a.grantee = 0 AND a.privilege_type = 'INSERT'
   ),
   ARRAY(
     SELECT DISTINCT r.rolname::text FROM pg_catalog.pg_roles r
@@ -63,7 +71,8 @@ def untrusted_writers(
     public, roles = bool(row[0]), list(row[1])
     if public:
         return (
-            f"PUBLIC may insert into the signal table {name}: REVOKE INSERT ON {name} FROM PUBLIC"
+            f"PUBLIC may insert into the signal table {name}: REVOKE INSERT ON {name} FROM PUBLIC "
+            "(and REVOKE INSERT (id, type, data) for a grant on its columns)"
         )
     if roles:
         return (

@@ -11,11 +11,14 @@ table's own columns:
    literals, arrays, rows, subscripts, COLLATE, CURRENT_DATE and the like, unqualified
    column names of the table, and calls of plain functions. No subquery, no reference to
    another relation (a qualified column, ``*``), no parameter, no aggregate or window call;
-3. on the server (:func:`check_on_server`), every function it calls must be in pg_catalog
-   (or listed in ``postgres.signal_filter_functions``), immutable or stable, a plain
-   function, and not one that runs SQL text or reports on the server (:data:`_DENIED`); every
-   operator must be pg_catalog's with an immutable or stable function; and ``EXPLAIN`` of
-   the chunk query must succeed (types, columns);
+3. on the server (:func:`check_on_server`), PostgreSQL says what it means: the filter is
+   compiled into a throwaway view over ``ONLY`` the table (in a transaction always rolled
+   back) and the view's analysed tree is judged. Every function it calls, directly, through
+   an operator, through field notation (``(x).f`` is ``f(x)``) or through an I/O cast (the
+   types' input and output functions), must be immutable, a plain function, in pg_catalog
+   (or listed in ``postgres.signal_filter_functions``) and not one that reports on the
+   server (:data:`_DENIED`); no value of a ``reg*`` type (a catalog lookup), no node outside
+   :data:`_NODES` (no subquery, no ``CURRENT_USER``), no column of another relation;
 4. what runs is the tree deparsed again (:attr:`CheckedFilter.sql`), never the text received,
    in a ``READ ONLY`` transaction with ``search_path = pg_catalog, pg_temp``, so a name cannot
    resolve to a user's object.
@@ -242,53 +245,66 @@ def _describe(node: ast.Node) -> str:
     return names.get(type(node).__name__, type(node).__name__)
 
 
-_FUNCTIONS_SQL = """
-SELECT n.nspname, p.proname, p.provolatile, p.prokind, p.proretset
+# What a filter means is PostgreSQL's to say: it is compiled into a throwaway view (in a
+# transaction always rolled back) and the view's analysed tree (pg_rewrite.ev_action, the
+# node tree the executor would run) is read back. Field notation ((x).f is the call f(x)),
+# implicit casts, operators and I/O coercions all appear there as what they call.
+_VIEW = "cdc_filter_check"
+_TREE_SQL = (
+    "SELECT ev_action::text FROM pg_catalog.pg_rewrite "
+    "WHERE ev_class = 'pg_temp.cdc_filter_check'::pg_catalog.regclass"
+)
+# Node types a filter's analysed tree may hold (anything else: refused).
+_NODES = frozenset(
+    {
+        "FROMEXPR", "RANGETBLREF", "TARGETENTRY", "VAR", "CONST", "OPEXPR", "FUNCEXPR",
+        "BOOLEXPR", "NULLTEST", "BOOLEANTEST", "SCALARARRAYOPEXPR", "ARRAYEXPR", "ROWEXPR",
+        "ROWCOMPAREEXPR", "COALESCEEXPR", "MINMAXEXPR", "CASEEXPR", "CASEWHEN", "CASETESTEXPR",
+        "RELABELTYPE", "COERCEVIAIO", "ARRAYCOERCEEXPR", "DISTINCTEXPR", "NULLIFEXPR",
+        "SUBSCRIPTINGREF", "COLLATEEXPR", "FIELDSELECT",
+    }
+)  # fmt: skip
+_NODE = re.compile(r"\{([A-Z_]+)")
+_CALLS = re.compile(r":(?:funcid|opfuncid|hashfuncid|negfuncid) (\d+)")
+_OPERATORS = re.compile(r":opno (\d+)|:opnos \(o([ \d]*)\)")
+_TYPES = re.compile(r":(?:consttype|resulttype|vartype|minmaxtype|rowtypeid) (\d+)")
+_VARNOS = re.compile(r":varno (\d+)")
+_RTINDEX = re.compile(r":rtindex (\d+)")
+_PROCS_SQL = """
+SELECT p.oid::int8, n.nspname, p.proname, p.provolatile, p.prokind, p.proretset
 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = %s AND p.proname = %s
+WHERE p.oid = ANY(%s::oid[])
 """
-_OPERATORS_SQL = """
-SELECT o.oprname, p.proname, p.provolatile
-FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
-WHERE o.oprnamespace = 'pg_catalog'::pg_catalog.regnamespace AND o.oprname = %s
+_OPCODES_SQL = "SELECT oprcode::oid::int8 FROM pg_catalog.pg_operator WHERE oid = ANY(%s::oid[])"
+_TYPES_SQL = """
+SELECT t.oid::int8, n.nspname, t.typname, t.typinput::oid::int8, t.typoutput::oid::int8
+FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+WHERE t.oid = ANY(%s::oid[])
 """
 
 
 def check_on_server(
     conn: psycopg.Connection[Any], checked: CheckedFilter, schema: str, table: str
 ) -> None:
-    """Rule 3 of the module docstring. FilterRefused if a function or an operator is not
-    allowed, or the server refuses the chunk query. Outside a transaction it opens a READ
-    ONLY one with the safe search_path; inside one (the worker's chunk) it uses that."""
-    for nsp, name in sorted(checked.functions, key=lambda f: (f[0] or "", f[1])):
-        if nsp is None and _DENIED.match(name):
-            raise FilterRefused(f"function {name} is not allowed in a filter")
-        rows = conn.execute(_FUNCTIONS_SQL, (nsp or "pg_catalog", name)).fetchall()
-        shown = f"{nsp}.{name}" if nsp else name
-        if not rows:
-            raise FilterRefused(f"function {shown} does not exist in {nsp or 'pg_catalog'}")
-        for _nsp, _name, volatility, kind, retset in rows:
-            if kind != "f" or retset:
-                raise FilterRefused(f"{shown} is not a plain function (aggregate, window, set)")
-            if volatility == "v":
-                raise FilterRefused(f"function {shown} is volatile")
-    for op in sorted(checked.operators):
-        rows = conn.execute(_OPERATORS_SQL, (op,)).fetchall()
-        if not rows:
-            raise FilterRefused(f"operator {op} does not exist in pg_catalog")
-        for _op, proname, volatility in rows:
-            if volatility == "v":
-                raise FilterRefused(f"operator {op} calls the volatile function {proname}")
-    explain = sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE {}").format(
-        sql.Identifier(schema, table), sql.SQL(checked.sql)
+    """Rule 3 of the module docstring: FilterRefused unless every function the analysed
+    filter calls (directly, through an operator, through field notation, through an I/O
+    cast) is immutable, a plain function, in pg_catalog or listed in
+    ``postgres.signal_filter_functions``, and not one of :data:`_DENIED`; no ``reg*`` type
+    and no other relation appear; and the server compiles it over the table. ``conn`` must
+    be outside a transaction: the check runs in one of its own, always rolled back."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("check_on_server needs a connection outside a transaction")
+    view = sql.SQL("CREATE TEMP VIEW {} AS SELECT 1 AS one FROM ONLY {} WHERE ({})").format(
+        sql.Identifier(_VIEW), sql.Identifier(schema, table), sql.SQL(checked.sql)
     )
-    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    listed = {f for f in checked.functions if f[0] is not None}
     try:
-        with conn.transaction():
-            if idle:
-                conn.execute("SET TRANSACTION READ ONLY")
-                conn.execute(SAFE_SEARCH_PATH)
-            conn.execute(explain)
+        with conn.transaction(force_rollback=True):
+            conn.execute(SAFE_SEARCH_PATH)
+            conn.execute(view)
+            row = conn.execute(_TREE_SQL).fetchone()
+            assert row is not None
+            _judge(conn, _quals(str(row[0])), listed)
     except (psycopg.errors.QueryCanceled, psycopg.OperationalError):
         raise  # not the filter's fault: the caller retries
     except psycopg.Error as e:
@@ -296,3 +312,50 @@ def check_on_server(
             raise
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise FilterRefused(f"the server refuses it: {text}") from e
+
+
+def _quals(tree: str) -> str:
+    """The part of a view's query tree after its range table: the join tree (the WHERE
+    clause) and the target list (one constant)."""
+    at = tree.find(":jointree")
+    if at < 0:
+        raise FilterRefused("the server's analysed filter has no WHERE clause to judge")
+    return tree[at:]
+
+
+def _judge(conn: psycopg.Connection[Any], tree: str, listed: set[tuple[str | None, str]]) -> None:
+    for node in sorted(set(_NODE.findall(tree)) - _NODES):
+        what = {"SUBLINK": "a subquery", "SQLVALUEFUNCTION": "CURRENT_USER, CURRENT_DATE and"
+                " their kind", "PARAM": "a parameter"}.get(node, node.lower())  # fmt: skip
+        raise FilterRefused(f"{what} is not allowed in a filter")
+    tables = set(_RTINDEX.findall(tree))  # the view's one relation (its range table index)
+    if len(tables) != 1 or any(v not in tables for v in _VARNOS.findall(tree)):
+        raise FilterRefused("a filter reads the table's own columns only")
+    calls = {int(x) for x in _CALLS.findall(tree)} - {0}
+    operators: set[int] = set()
+    for one, many in _OPERATORS.findall(tree):
+        operators.update(int(x) for x in (one or many).split())
+    if operators:
+        calls.update(int(r[0]) for r in conn.execute(_OPCODES_SQL, (sorted(operators),)))
+    types = {int(x) for x in _TYPES.findall(tree)}
+    io_cast = "{COERCEVIAIO" in tree  # its types' input and output functions run
+    for _oid, nsp, name, typin, typout in conn.execute(_TYPES_SQL, (sorted(types),)):
+        if nsp == "pg_catalog" and name.startswith("reg"):
+            raise FilterRefused(f"a value of type {name} (a catalog lookup) is not allowed")
+        if io_cast:
+            calls.update((typin, typout))
+    for _oid, nsp, name, volatility, kind, retset in conn.execute(_PROCS_SQL, (sorted(calls),)):
+        shown = name if nsp == "pg_catalog" else f"{nsp}.{name}"
+        if nsp != "pg_catalog" and (nsp, name) not in listed:
+            raise FilterRefused(
+                f"function {shown} is not allowed in a filter (only pg_catalog's, "
+                "or those listed in postgres.signal_filter_functions)"
+            )
+        if nsp == "pg_catalog" and _DENIED.match(name):
+            raise FilterRefused(f"function {name} is not allowed in a filter")
+        if kind != "f" or retset:
+            raise FilterRefused(f"{shown} is not a plain function (aggregate, window, set)")
+        if volatility != "i":
+            how = "volatile" if volatility == "v" else "stable (its result depends on more"
+            how += "" if volatility == "v" else " than its arguments)"
+            raise FilterRefused(f"function {shown} is {how}: only immutable ones are allowed")

@@ -35,6 +35,7 @@ from psycopg import sql
 from cdc.connection import connect
 from cdc.incremental.filters import (
     SAFE_SEARCH_PATH,
+    CheckedFilter,
     FilterRefused,
     check_expression,
     check_on_server,
@@ -181,6 +182,9 @@ class ChunkReader:
     ) -> tuple[TableSchema, list[Row], ReadSnapshot, int | None]:
         ident = sql.Identifier(req.schema, req.table)
         rows: list[Row] = []
+        # The filter is judged again before each chunk, outside the chunk's READ ONLY
+        # transaction: the server compiles it in one of its own (check_on_server).
+        checked = self._checked_filter(conn, req) if req.where else None
         with conn.transaction(), conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             cur.execute(SAFE_SEARCH_PATH)
@@ -215,13 +219,7 @@ class ChunkReader:
             if not table.key_columns:
                 keyless = "it has no key to read it in chunks by (set it in message_key_columns)"
                 raise ChunkFailure(keyless, retry=False)
-            where = None
-            if req.where:
-                checked = check_expression(
-                    req.where, [c.name for c in table.columns], req.filter_functions
-                )
-                check_on_server(conn, checked, req.schema, req.table)
-                where = checked.sql
+            where = checked.sql if checked is not None else None
             rows_of = from_item(conn, req.schema, req.table)
             estimated = _estimate(conn, ident, rows_of) if req.count else None
             query = _chunk_query(table, where, req, rows_of)
@@ -230,6 +228,18 @@ class ChunkReader:
                 for r in copy.rows():
                     rows.append(r)
         return table, rows, seen, estimated
+
+    def _checked_filter(self, conn: psycopg.Connection[Any], req: ChunkRequest) -> CheckedFilter:
+        assert req.where is not None
+        try:
+            table = self._load_schema(conn, req.schema, req.table)
+        except SchemaError as e:
+            raise ChunkFailure(str(e), retry=False) from e
+        except ConfigError as e:
+            raise ChunkFailure(f"it cannot be keyed: {e}", retry=False) from e
+        checked = check_expression(req.where, [c.name for c in table.columns], req.filter_functions)
+        check_on_server(conn, checked, req.schema, req.table)
+        return checked
 
 
 def _chunk_query(

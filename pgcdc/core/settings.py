@@ -209,8 +209,9 @@ class PostgresSettings(BaseModel):
     # Roles besides the reader's own and superusers (and the members of all of these) that
     # may insert into the signal table; the reader refuses to watch one anyone else can write.
     signal_trusted_roles: Annotated[tuple[str, ...], NoDecode] = ()
-    # Functions (schema.name) a signal's filter may call besides pg_catalog's immutable and
-    # stable ones; e.g. "public.tenant_of". Operators resolve in pg_catalog only.
+    # Functions (schema.name) a signal's filter may call besides pg_catalog's immutable
+    # ones (they must be immutable too); e.g. "public.tenant_of". Operators resolve in
+    # pg_catalog only.
     signal_filter_functions: Annotated[tuple[str, ...], NoDecode] = ()
     # An UPDATE that leaves a TOASTed column alone does not carry its value (pgoutput sends
     # "unchanged TOAST"). True: the reader reads the value by key, so every event holds the

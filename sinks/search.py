@@ -147,6 +147,8 @@ class SearchSink:
             t: list(f) for t, f in (schemas or {}).items()
         }
         self._ready: set[str] = set()
+        # Index name per table: the encoding is pure, and every change would redo it.
+        self._index_names: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -168,7 +170,10 @@ class SearchSink:
 
     def index_for(self, table: str) -> str:
         """The index name of ``table`` (``schema.table``)."""
-        return index_name(self.index_prefix, table)
+        name = self._index_names.get(table)
+        if name is None:
+            name = self._index_names[table] = index_name(self.index_prefix, table)
+        return name
 
     @property
     def watermark_index(self) -> str:

@@ -9,7 +9,7 @@ so the pair (commit LSN, order) does not fit; the order inside one transaction i
 before writing instead:
 
 - a batch keeps only the newest change per key by (commit LSN, order, Kafka offset)
-  (``spark_jobs.transforms.latest_per_key``, or :func:`sinks.base.one_per_key` here);
+  (``spark_jobs.reduce.latest_per_key``, or :func:`sinks.base.one_per_key` here);
 - one key's events live in one Kafka partition and are applied in offset order, batch after
   batch, so a write with the held LSN (same transaction) is never older than what it
   replaces, and ``external_gte`` lets it through: a transaction that deletes and re-inserts

@@ -10,7 +10,10 @@ the local stack (``scripts/stack``):
 * ``parse``: :class:`spark_jobs.parse.RecordParser` over them;
 * ``reduce``: :func:`spark_jobs.reduce.latest_per_key`;
 * ``cache``, ``search``, ``both``: :func:`spark_jobs.apply_loop.apply_partition` of the
-  reduced rows into Redis, OpenSearch, and both (the change built once for both).
+  reduced rows into Redis, OpenSearch, and both (the change built once for both);
+* ``ranges``: the task itself, :func:`spark_jobs.apply_loop.apply_ranges` of the whole range
+  into both followers, end to end (the stages chained as a job's task runs them; what the
+  task does around them, such as its garbage collection, counted too).
 
 The records are the envelope benchmark's 10-column table, encoded by the reader's own
 :class:`schemas.envelope.EventEncoder` with its version headers (as ``benchmarks.transfer``
@@ -33,7 +36,7 @@ from typing import Any
 from benchmarks.transfer import records
 from pgcdc.core.settings import Settings
 
-STAGES = ("read", "parse", "reduce", "cache", "search", "both")
+STAGES = ("read", "parse", "reduce", "cache", "search", "both", "ranges")
 
 
 def _produce(bootstrap: str, recs: list[tuple[Any, ...]], topic: str) -> None:
@@ -76,12 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", choices=STAGES, help="print this stage's cProfile (last run)")
     a = p.parse_args(argv)
 
+    import pyarrow as pa
+
     from pgcdc.core.kafka_config import client_config
-    from spark_jobs.apply_loop import apply_partition
+    from spark_jobs.apply_loop import apply_partition, apply_ranges
     from spark_jobs.kafka_direct import Range, read_range
     from spark_jobs.parse import RecordParser
     from spark_jobs.reduce import latest_per_key
     from spark_jobs.sync import FOLLOWERS
+    from spark_jobs.transfer import stats_from_rows
 
     run_id = uuid.uuid4().hex[:8]
     prefix = f"taskcost{run_id}"
@@ -118,13 +124,31 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 assert all(s.applied + s.skipped == a.rows for s in stats), stats
                 best[stage] = min(best.get(stage, cpu), cpu)
+        # The task itself, after the stages: it starts from nothing held, as a job's does.
+        del got, rows, reduced
+        ranges = pa.RecordBatch.from_pylist(
+            [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}]
+        )
+        for i in range(a.repeats):
+            into = _settings(prefix, f"{prefix}ranges{i}")
+            followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
+            out, cpu = _timed(
+                i == a.repeats - 1 and a.profile == "ranges",
+                _list,
+                apply_ranges(into, followers, None, iter([ranges])),
+            )
+            stats = [s for b in out for s in stats_from_rows(b.to_pylist())]
+            assert len(stats) == 2 and all(s.applied == a.rows for s in stats), stats
+            best["ranges"] = min(best.get("ranges", cpu), cpu)
     finally:
         _cleanup(settings, topic, prefix)
     print(f"{'stage':<8} {'µs/change (CPU, best of ' + str(a.repeats) + ')':>32}")
-    for stage in STAGES:
+    for stage in STAGES[:-1]:
         print(f"{stage:<8} {best[stage] / a.rows * 1e6:>32.1f}")
     total = best["read"] + best["parse"] + best["reduce"] + best["both"]
     print(f"{'task':<8} {total / a.rows * 1e6:>32.1f}  (read + parse + reduce + both)")
+    ranges = best["ranges"] / a.rows * 1e6
+    print(f"{'ranges':<8} {ranges:>32.1f}  (apply_ranges into both, end to end)")
     return 0
 
 

@@ -5,8 +5,8 @@ from the transaction's commit LSN and the change's position inside the transacti
 :class:`~pgcdc.core.contract.VersionOrder`), so a follower can refuse anything older than
 what it holds: replays and reordering never overwrite a newer value (design guarantee 4).
 
-A batch is reduced to one change per key once. The sync jobs' batches are reduced in Spark
-(``spark_jobs.transforms.latest_per_key``) and reach :meth:`Sink.apply` with one change per
+A batch is reduced to one change per key once. The sync jobs' batches are reduced in each task
+(``spark_jobs.reduce.latest_per_key``) and reach :meth:`Sink.apply` with one change per
 key; a sink reduces with :func:`reduce_batch` only a batch that repeats a key (a caller
 that holds an unreduced batch), see :func:`one_per_key`.
 """
@@ -55,6 +55,9 @@ class Change:
     ``doc`` is the row after the change as JSON-ready values, or None for a delete.
     ``unchanged`` names columns whose value is the unchanged-TOAST placeholder: the follower
     keeps what it already holds for them, and the placeholder itself is never written.
+    ``split`` says ``doc`` is already the values to write (no column of ``unchanged``, no
+    placeholder in any form: the jobs' ``RowConverter`` split them while decoding), so
+    :func:`split_unchanged` takes it as it is instead of checking every column again.
     """
 
     table: str
@@ -63,6 +66,7 @@ class Change:
     order: int
     doc: Mapping[str, Any] | None
     unchanged: frozenset[str] = frozenset()
+    split: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.commit_lsn < 0 or self.order < 0:
@@ -186,13 +190,16 @@ def is_placeholder(value: Any) -> bool:
     return False
 
 
-def split_unchanged(change: Change) -> tuple[dict[str, Any], frozenset[str]]:
+def split_unchanged(change: Change) -> tuple[Mapping[str, Any], frozenset[str]]:
     """The values to write and the columns to keep as held.
 
     Columns named in ``change.unchanged`` and any column still holding the placeholder are
-    left out of the values, so the placeholder can never reach a follower.
+    left out of the values, so the placeholder can never reach a follower. A change built
+    already split (``change.split``) gives its own ``doc`` (shared: not to be modified).
     """
     assert change.doc is not None, "a delete has no values"
+    if change.split:
+        return change.doc, change.unchanged
     unchanged = change.unchanged
     found: list[str] = []  # placeholders outside ``unchanged``
     values: dict[str, Any] = {}
@@ -287,7 +294,13 @@ def _fold(older: Change, newer: Change) -> Change:
         else:
             still_held.add(column)
     return Change(
-        newer.table, newer.key, newer.commit_lsn, newer.order, merged, frozenset(still_held)
+        newer.table,
+        newer.key,
+        newer.commit_lsn,
+        newer.order,
+        merged,
+        frozenset(still_held),
+        split=True,  # merged from split values only
     )
 
 

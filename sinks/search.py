@@ -9,7 +9,7 @@ so the pair (commit LSN, order) does not fit; the order inside one transaction i
 before writing instead:
 
 - a batch keeps only the newest change per key by (commit LSN, order, Kafka offset)
-  (``spark_jobs.transforms.latest_per_key``, or :func:`sinks.base.one_per_key` here);
+  (``spark_jobs.reduce.latest_per_key``, or :func:`sinks.base.one_per_key` here);
 - one key's events live in one Kafka partition and are applied in offset order, batch after
   batch, so a write with the held LSN (same transaction) is never older than what it
   replaces, and ``external_gte`` lets it through: a transaction that deletes and re-inserts
@@ -152,6 +152,8 @@ class SearchSink:
         }
         self._ready: set[str] = set()
         self._checked: set[str] = set()  # tables whose schema was checked against the index
+        # Index name per table: the encoding is pure, and every change would redo it.
+        self._index_names: dict[str, str] = {}
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -173,7 +175,10 @@ class SearchSink:
 
     def index_for(self, table: str) -> str:
         """The index name of ``table`` (``schema.table``)."""
-        return index_name(self.index_prefix, table)
+        name = self._index_names.get(table)
+        if name is None:
+            name = self._index_names[table] = index_name(self.index_prefix, table)
+        return name
 
     @property
     def watermark_index(self) -> str:

@@ -51,6 +51,7 @@ from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
+from spark_jobs.gc_pause import gc_paused
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import RANGE_SCHEMA, Range, plan_ranges, range_starts, read_range
 from spark_jobs.metrics import JobMetrics
@@ -269,8 +270,11 @@ def apply_arrow(
     settings: Settings, followers: Sequence[Follower], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: :func:`apply_events` over one partition's Arrow batches
-    (all of them: the reduction sees the whole partition); yields the task's stats."""
-    yield stats_batch(apply_events(settings, followers, rows_from_arrow(batches)))
+    (all of them: the reduction sees the whole partition); yields the task's stats. The
+    garbage collector is paused meanwhile (:mod:`spark_jobs.gc_pause`)."""
+    with gc_paused():
+        stats = stats_batch(apply_events(settings, followers, rows_from_arrow(batches)))
+    yield stats
 
 
 def apply_records_arrow(
@@ -282,8 +286,10 @@ def apply_records_arrow(
     """The ``mapInArrow`` function with ``spark.parse = "python"``: the partition's raw Kafka
     records parsed here, once each (:mod:`spark_jobs.parse`; Avro read first when the
     settings say so), then as :func:`apply_arrow`."""
-    rows = record_parser(settings, heartbeat_topic).rows(records_from_arrow(batches))
-    yield stats_batch(apply_events(settings, followers, rows))
+    with gc_paused():
+        rows = record_parser(settings, heartbeat_topic).rows(records_from_arrow(batches))
+        stats = stats_batch(apply_events(settings, followers, rows))
+    yield stats
 
 
 def record_parser(settings: Settings, heartbeat_topic: str | None) -> RecordParser:
@@ -303,13 +309,16 @@ def apply_ranges(
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function with ``spark.read = "direct"``: its rows are offset ranges
     (:data:`spark_jobs.kafka_direct.RANGE_SCHEMA`), each read from Kafka here
-    (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and applied."""
+    (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and applied, the garbage
+    collector paused meanwhile (:mod:`spark_jobs.gc_pause`)."""
     conf = client_config(settings.kafka)
     for batch in batches:
         for row in batch.to_pylist():
-            records = read_range(conf, Range.of(row))
-            rows = record_parser(settings, heartbeat_topic).rows(records)
-            yield stats_batch(apply_events(settings, followers, rows))
+            with gc_paused():
+                records = read_range(conf, Range.of(row))
+                rows = record_parser(settings, heartbeat_topic).rows(records)
+                stats = stats_batch(apply_events(settings, followers, rows))
+            yield stats
 
 
 def _apply_chunk(

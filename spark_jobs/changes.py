@@ -1,7 +1,7 @@
 """Rows of the reduced frame → the sinks' :class:`~sinks.base.Change` objects.
 
 Reduces nothing: every change row is already the newest event of its key
-(:func:`spark_jobs.transforms.latest_per_key` is the one reduction of a batch). Runs inside
+(:func:`spark_jobs.reduce.latest_per_key` is the one reduction of a batch). Runs inside
 the Python workers.
 
 A record that cannot become a change (a key that is not a JSON object, a c/u/r event
@@ -73,7 +73,7 @@ class ChangeBuilder:
             conv = self._converter(table, r["schema_id"])
             if not r["history"]:
                 doc, unchanged = _row(conv, _after(r), r["op"], r["unchanged"])
-                return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged)
+                return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True)
             return self._folded(r, table, key)
         except RecordError:
             raise
@@ -97,7 +97,9 @@ class ChangeBuilder:
                 # A history from before schema ids were kept: the newest event's schema.
                 conv = self._converter(table, h.get("schema_id", r["schema_id"]))
                 doc, unchanged = _row(conv, after, None, h["unchanged"])
-                changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged))
+                changes.append(
+                    Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged, True)
+                )
         return fill_unchanged(changes)
 
 
@@ -127,7 +129,9 @@ def _after(r: Mapping[str, Any]) -> Any:
 def _row(
     conv: RowConverter, after: Any, op: str | None, unchanged_header: str | None
 ) -> tuple[dict[str, Any], frozenset[str]]:
-    """The ``after`` image as a document and its unchanged columns."""
+    """The ``after`` image as a document and its unchanged columns, split: the document holds
+    neither those columns nor a placeholder (:class:`RowConverter`), so the Change built from
+    them is marked ``split``."""
     if after is None:
         raise RecordError(f"a {op or 'c/u/r'} event without an 'after' image")
     if not isinstance(after, dict):

@@ -33,7 +33,7 @@ from schemas.convert import (
     TIMESTAMP_POSITIVE_INFINITY_MICROS,
 )
 from schemas.pgtext import civil_from_days
-from sinks.base import is_placeholder
+from sinks.base import PLACEHOLDER_TEXTS, is_placeholder
 
 Converter = Callable[[Any], Any]
 EPOCH = dt.datetime(1970, 1, 1)
@@ -185,11 +185,19 @@ class RowConverter:
         unchanged: list[str] = []
         convs = self._convs
         for k, v in row.items():
-            if k in unchanged_columns or is_placeholder(v):
+            if k in unchanged_columns:
                 unchanged.append(k)
                 continue
             if v is None:
                 doc[k] = None
+                continue
+            # is_placeholder, inline: this runs for every column of every change.
+            if isinstance(v, str):
+                if v in PLACEHOLDER_TEXTS:
+                    unchanged.append(k)
+                    continue
+            elif isinstance(v, list) and is_placeholder(v):
+                unchanged.append(k)
                 continue
             conv = convs.get(k)
             doc[k] = conv(v) if conv is not None else v

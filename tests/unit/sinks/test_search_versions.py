@@ -50,3 +50,15 @@ def test_an_lsn_beyond_the_largest_external_version_fails_fast() -> None:
     with pytest.raises(SinkError, match=r"2\*\*63-1") as e:
         check_versionable(Change("public.t", "7", MAX_EXTERNAL_VERSION + 1, 0, {}))
     assert "public.t/7" in str(e.value)
+
+
+@given(
+    st.sampled_from(["index", "delete"]),
+    st.text(min_size=1),
+    st.text(min_size=1),
+    st.integers(min_value=0, max_value=MAX_EXTERNAL_VERSION),
+)
+def test_the_action_line_is_the_json_of_its_meta(kind: str, index: str, key: str, lsn: int) -> None:
+    meta = {kind: {"_index": index, "_id": key, "version": lsn, "version_type": "external_gte"}}
+    line = bulk_action(kind, index, Change("public.t", key, lsn, 0, None))
+    assert line == orjson.dumps(meta) + b"\n"

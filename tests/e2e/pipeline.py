@@ -174,6 +174,18 @@ def run_jobs_available_now(
         assert rc == 0, f"{job} exited {rc}:\n{tail(log_dir / f'{job}.log')}"
 
 
+SHARED_LOG = "sync.log"  # what run_shared_available_now's job logs, in its log_dir
+
+
+def run_shared_available_now(p: Pipeline, log_dir: Path, *args: str, timeout: float = 900) -> None:
+    """Both followers by the shared job (spark_jobs/sync.py) with --available-now: one JVM,
+    one read, as compose and the demo run them (the separate jobs keep tests of their own).
+    Each follower's batch lines name it (``batch 3: cache_sync applied=…``)."""
+    run_jobs_available_now(
+        p, ("sync",), log_dir, "--followers", "cache,search", *args, timeout=timeout
+    )
+
+
 def kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Kill the job's whole process group (spark-submit's JVM and its Python workers)."""
     with contextlib.suppress(ProcessLookupError):

@@ -28,8 +28,8 @@ from tests.e2e.pipeline import (
     kill_group,
     leader_state,
     new_pipeline,
-    run_jobs_available_now,
     run_reader_until_current,
+    run_shared_available_now,
     search_state,
     search_watermark,
     start_job,
@@ -189,7 +189,7 @@ def converged(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> P
     assert n >= STREAMED
     run_reader_until_current(pipeline)
     _produce_poison(pipeline)
-    run_jobs_available_now(pipeline, JOBS, tmp_path_factory.mktemp("logs"))
+    run_shared_available_now(pipeline, tmp_path_factory.mktemp("logs"))
     return pipeline
 
 
@@ -271,7 +271,7 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
         kill_group(proc)
     partial = cache_state(fresh, "public.orders")
     # Restart from the checkpoints: the killed batch is replayed; versions make it harmless.
-    run_jobs_available_now(fresh, JOBS, tmp_path)
+    run_shared_available_now(fresh, tmp_path)
     assert partial is not None
     assert_followers_equal_leader(fresh)
 
@@ -284,7 +284,7 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
         fresh.key_prefix,
         tmp_path / "replay-ckpt",
     )
-    run_jobs_available_now(replay, JOBS, tmp_path)
+    run_shared_available_now(replay, tmp_path)
     assert_followers_equal_leader(fresh)
 
 
@@ -325,7 +325,7 @@ def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> N
     consumer.close()
 
     fresh = converged.with_follower("r")
-    run_jobs_available_now(fresh, JOBS, tmp_path)
+    run_shared_available_now(fresh, tmp_path)
     assert_followers_equal_leader(fresh)
 
 

@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.core.contract import JOBS
 from tests.conftest import Endpoints
-from tests.e2e.pipeline import cache_state, diff, leader_state, run_jobs_available_now, search_state
+from tests.e2e.pipeline import (
+    cache_state,
+    diff,
+    leader_state,
+    run_shared_available_now,
+    search_state,
+)
 from tests.integration.incremental.support import (
     Reader,
     assert_chunk_rows_not_stale,
@@ -70,7 +75,7 @@ def test_cdc_snapshot_while_three_writers_change_the_table(
         assert_topic_equals_table(records, p.dsn, "public.orders")
         assert_key_order(records)
         assert_no_change_missing(records, log)
-        run_jobs_available_now(p, JOBS, tmp_path)
+        run_shared_available_now(p, tmp_path)
         leader = leader_state(p.dsn, "public.orders")
         assert not diff(leader, cache_state(p, "public.orders")), "Redis differs"
         assert not diff(leader, search_state(p, "public.orders")), "OpenSearch differs"

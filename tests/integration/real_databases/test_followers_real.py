@@ -39,7 +39,7 @@ from sinks.base import key_id
 from sinks.cache import CacheSink
 from sinks.search import SearchSink
 from tests.conftest import Endpoints, wait_until
-from tests.e2e.pipeline import tail
+from tests.e2e.pipeline import SHARED_LOG, run_shared_available_now, tail
 from tests.integration.reader_support import assert_topic_equals_table, end_offset, read_topic
 from tests.integration.real_databases import catalog, crash, throwaway
 from tests.integration.real_databases.exact import (
@@ -56,7 +56,6 @@ from tests.integration.real_databases.support import (
     Table,
     assert_followers_equal,
     fresh_pipeline,
-    run_jobs_available_now,
     run_reader_until_current,
 )
 from tests.integration.real_databases.throwaway import server_near_2_63  # noqa: F401 - fixture
@@ -74,7 +73,10 @@ class Run:
         self.logs = logs
 
     def log(self, job: str) -> str:
-        return (self.logs / f"{job}.log").read_text(errors="replace")
+        """The lines of follower ``job`` in the shared job's log (and its common lines)."""
+        text = (self.logs / SHARED_LOG).read_text(errors="replace")
+        others = [j for j in JOBS if j != job]
+        return "\n".join(ln for ln in text.splitlines() if not any(f" {o} " in ln for o in others))
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +90,8 @@ def run(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
         with psycopg.connect(p.dsn, autocommit=True) as conn:
             catalog.stream_changes(conn)
         run_reader_until_current(p)  # the changes, streamed
-        run_jobs_available_now(
-            p, JOBS, tmp, "--max-offsets-per-trigger", MAX_OFFSETS_PER_TRIGGER, timeout=1200
+        run_shared_available_now(
+            p, tmp, "--max-offsets-per-trigger", MAX_OFFSETS_PER_TRIGGER, timeout=1200
         )
         yield Run(p, tmp)
 
@@ -110,7 +112,7 @@ def test_case4_a_bulk_delete_and_reinsert_of_the_same_keys_ends_with_the_reinser
     assert counts == (catalog.BULK_ROWS, 2, 2)
     # The transaction really spanned several micro-batches of each job.
     for job in JOBS:
-        batches = run.log(job).count(" applied=")
+        batches = run.log(job).count(f" {job} applied=")
         assert batches >= 4, f"{job} applied the bulk transaction in {batches} batches"
 
 
@@ -279,7 +281,7 @@ def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_
             assert_topic_equals_table(
                 read_topic(p.endpoints.kafka_bootstrap, t.topic(p.name)), p.dsn, t.name
             )
-        run_jobs_available_now(p, JOBS, tmp_path)
+        run_shared_available_now(p, tmp_path)
         assert_followers_equal(p, [crash.ITEMS, crash.SIDE], allow_empty=True)
 
 
@@ -307,9 +309,7 @@ def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47_and_near_2_to_the_63(
             lsn = conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()
         assert lsn is not None and int(lsn[0]) > 2**47
         run_reader_until_current(p)
-        run_jobs_available_now(
-            p, JOBS, tmp_path, "--max-offsets-per-trigger", str(rows), timeout=1200
-        )
+        run_shared_available_now(p, tmp_path, "--max-offsets-per-trigger", str(rows), timeout=1200)
         assert_followers_equal(p, [bulk])
         cache = CacheSink(p.endpoints.redis_url, p.key_prefix)
         search = SearchSink(p.endpoints.search_url, p.index_prefix)

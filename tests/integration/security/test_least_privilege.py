@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT, Endpoints
-from tests.e2e.pipeline import Pipeline, cache_state, diff, leader_state, run_jobs_available_now
+from tests.e2e.pipeline import Pipeline, cache_state, diff, leader_state, run_shared_available_now
 from tests.e2e.pipeline import search_state as search_state_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
@@ -169,7 +169,7 @@ def test_the_whole_pipeline_runs_as_the_least_privilege_role(
     assert status.returncode == 0, status.stderr
     # The publication is the DBA's, exactly as made.
     assert lp.publication_tables() == set(TABLES)
-    run_jobs_available_now(lp.pipeline, ("cache_sync", "search_sync"), tmp_path)
+    run_shared_available_now(lp.pipeline, tmp_path)
     for table in TABLES:
         leader = leader_state(lp.pipeline.dsn, table)
         assert leader, table

@@ -23,11 +23,11 @@ from tests.e2e.pipeline import (
     CDC,
     Pipeline,
     cache_state,
-    new_pipeline,
     run_jobs_in_session,
     run_reader_until_current,
     search_state,
 )
+from tests.integration.real_databases.support import fresh_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -53,7 +53,13 @@ def _status(p: Pipeline) -> dict[str, Any]:
 def test_added_dropped_and_renamed_columns_reach_both_followers(
     spark: Any, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    p = new_pipeline(endpoints, "ddl", SCHEMA, tmp_path / "ck")
+    with fresh_pipeline(endpoints, tmp_path, "ddl") as p:  # its slot and database dropped after
+        _steps(spark, endpoints, p)
+
+
+def _steps(spark: Any, endpoints: Endpoints, p: Pipeline) -> None:
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
     run_reader_until_current(p)
     run_jobs_in_session(spark, p)
     assert len(cache_state(p, TABLE)) == len(search_state(p, TABLE)) == 200

@@ -18,10 +18,10 @@ from tests.e2e.pipeline import (
     CDC,
     Pipeline,
     cache_state,
-    new_pipeline,
     run_jobs_in_session,
     search_state,
 )
+from tests.integration.real_databases.support import fresh_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -47,9 +47,13 @@ def _tables(p: Pipeline, tables: str) -> Pipeline:
 def test_a_table_that_leaves_is_said_and_forget_removes_its_follower_copies(
     spark: Any, endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    both = _tables(
-        new_pipeline(endpoints, "leave", SCHEMA, tmp_path / "ck"), "public.stay,public.gone"
-    )
+    with fresh_pipeline(endpoints, tmp_path, "leave") as p:  # its slot and database dropped
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+        _steps(spark, _tables(p, "public.stay,public.gone"))
+
+
+def _steps(spark: Any, both: Pipeline) -> None:
     assert _cdc(both, "run", "--until", "current").returncode == 0
     run_jobs_in_session(spark, both)
     assert len(cache_state(both, "public.gone")) == ROWS

@@ -198,7 +198,10 @@ class SearchSink:
         now (a column whose type changed: ``integer`` in the index, text in the table): the
         columns it refuses are recorded in the watermark index (``refused:<table>``), which
         ``cdc status`` reads, and the record goes once the index takes them again."""
-        name = self.index_for(table)
+        try:
+            name = self.index_for(table)
+        except SinkError:
+            return  # no index can hold it: its changes are refused with the reason (apply)
 
         def live() -> dict[str, Any] | None:
             try:

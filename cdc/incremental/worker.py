@@ -210,12 +210,7 @@ class ChunkReader:
             if captured is None:
                 left = f"table {req.schema}.{req.table} is not in publication {req.publication}"
                 raise ChunkFailure(left, retry=False)
-            try:
-                table = self._load_schema(conn, req.schema, req.table)
-            except SchemaError as e:
-                raise ChunkFailure(str(e), retry=False) from e
-            except ConfigError as e:
-                raise ChunkFailure(f"it cannot be keyed: {e}", retry=False) from e
+            table = self._table(conn, req)
             if not table.key_columns:
                 keyless = "it has no key to read it in chunks by (set it in message_key_columns)"
                 raise ChunkFailure(keyless, retry=False)
@@ -229,14 +224,18 @@ class ChunkReader:
                     rows.append(r)
         return table, rows, seen, estimated
 
-    def _checked_filter(self, conn: psycopg.Connection[Any], req: ChunkRequest) -> CheckedFilter:
-        assert req.where is not None
+    def _table(self, conn: psycopg.Connection[Any], req: ChunkRequest) -> TableSchema:
+        """The table's description; a ChunkFailure (not retried) if it cannot be read."""
         try:
-            table = self._load_schema(conn, req.schema, req.table)
+            return self._load_schema(conn, req.schema, req.table)
         except SchemaError as e:
             raise ChunkFailure(str(e), retry=False) from e
         except ConfigError as e:
             raise ChunkFailure(f"it cannot be keyed: {e}", retry=False) from e
+
+    def _checked_filter(self, conn: psycopg.Connection[Any], req: ChunkRequest) -> CheckedFilter:
+        assert req.where is not None
+        table = self._table(conn, req)
         checked = check_expression(req.where, [c.name for c in table.columns], req.filter_functions)
         check_on_server(conn, checked, req.schema, req.table)
         return checked

@@ -51,3 +51,15 @@ def test_refused_columns_name_each_column_the_index_refuses() -> None:
     ]
     assert refused_columns(live, fields) == [("qty", "integer", "text")]
     assert refused_columns(live, fields[:1]) == []
+
+
+def test_a_schema_of_a_table_no_index_can_hold_never_stops_the_job() -> None:
+    from sinks.search import SearchSink
+
+    # No server is asked: the table id gives no index name, so there is nothing to check
+    # (its changes are refused with the reason when applied).
+    sink = SearchSink("http://127.0.0.1:9", "cdc")
+    try:
+        sink.register_schema("not-a-table-id", {"fields": [{"field": "after", "fields": []}]})
+    finally:
+        sink.close()

@@ -324,7 +324,7 @@ class Postgres(Service):
             self.name,
             lambda: self._psql("SELECT 1", local=True) == "1",
             self.start_deadline_s,
-            alive=lambda: self.pid() is not None,
+            alive=self.launched_alive,
             log=self.log,
         )
 

@@ -58,6 +58,19 @@ class Service(ABC):
             return None
         return pid if self.owns(common.cmdline(pid)) else None
 
+    def launched_alive(self) -> bool:
+        """Whether the server this stack just launched is still there (the ``alive`` check
+        while it starts). Popen returns once the child's ``execve`` has begun, before the
+        kernel has set up its new command line: a look at that moment reads an empty one
+        (7 in 200 java starts on a loaded 2-core machine), which is a server starting, not
+        one that exited. Only for the wait after our own launch: a stale pidfile's pid may
+        belong to a kernel thread, whose command line is empty too."""
+        pid = common.read_pid(self.pidfile)
+        if pid is None or not common.pid_alive(pid):
+            return False
+        command = common.cmdline(pid)
+        return not command.strip() or self.owns(command)
+
     @abstractmethod
     def owns(self, cmdline: str) -> bool:
         """Whether a process with this command line is our server (guards against pid reuse)."""
@@ -109,7 +122,7 @@ class Service(ABC):
             self.name,
             self.probe,
             self.start_deadline_s,
-            alive=lambda: self.pid() is not None,
+            alive=self.launched_alive,
             log=self.log,
         )
 

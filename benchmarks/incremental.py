@@ -33,7 +33,7 @@ from benchmarks.lag import LagSample, LagSampler
 from benchmarks.ours import OursReader
 from benchmarks.probes import ready_probe, wait_slot_active, write_marker
 from benchmarks.results import Figure, Series
-from cdc.incremental.auth import signal_key
+from cdc.incremental.auth import key_of
 from cdc.incremental.send import emit_signed
 from cdc.incremental.signals import execute_document, split_table
 from pgcdc.core.settings import PostgresSettings
@@ -142,11 +142,11 @@ def _snapshot_while_loaded(b: Bench, table: str, rate: float, role: str) -> _Run
         current = segment(1.0)
         while time.time() < current.t0 + 1.0:  # the load's schedule starts at t0
             time.sleep(0.05)
-        key = signal_key(PostgresSettings(dsn=SecretStr(b.env.dsn)))  # the reader's key
-        if key is None:
-            raise RuntimeError("the bench's DSN has no password to sign the signal with")
+        found = key_of(PostgresSettings(dsn=SecretStr(b.env.dsn)))  # the reader's key
+        if found.key is None:
+            raise RuntimeError(f"the bench cannot sign its signal: {found.source}")
         with b.env.connect() as conn:
-            emit_signed(conn, key, execute_document([split_table(table)]))
+            emit_signed(conn, found.key, execute_document([split_table(table)]), reader.slot)
         name = ".".join(split_table(table))
         done = re.compile(
             _STAMP + rf".*incremental snapshot of {re.escape(name)} complete: (\d+) rows"

@@ -474,7 +474,7 @@ def check_postgres(settings: Settings) -> list[CheckResult]:
 
 def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     """Who may send signals: the signing key, and the signal table's grants."""
-    from cdc.incremental.auth import signal_key
+    from cdc.incremental.auth import key_of
     from cdc.incremental.signal_table import untrusted_writers
     from cdc.incremental.signals import split_table
 
@@ -486,14 +486,14 @@ def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
             return _fail(
                 "postgres", reason, "see docs/incremental-snapshots.md#who-may-send-a-signal"
             )
-    if signal_key(pg) is None:
+    key = key_of(pg)
+    if key.key is None:
         return _fail(
             "postgres",
             "no key signs signals: cdc snapshot and the signal topic are refused",
-            "set postgres.signal_secret (or a password in postgres.dsn)",
+            key.source,
         )
-    source = "postgres.signal_secret" if pg.signal_secret is not None else "the DSN's password"
-    return _ok("postgres", f"signals are signed with a key from {source}")
+    return _ok("postgres", f"signals are signed with {key.source}")
 
 
 def check_kafka(settings: Settings) -> CheckResult:

@@ -22,6 +22,11 @@ from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings
 
+# A state record holds a slot's incremental snapshots, the captured tables' shapes and the
+# signals carried out in the last 7 days (up to 100,000): more than Kafka's 1 MB default.
+STATE_RECORD_BYTES = 16 * 1024 * 1024
+STATE_TOPIC_CONFIG = {"cleanup.policy": "compact", "max.message.bytes": str(STATE_RECORD_BYTES)}
+
 log = logging.getLogger(__name__)
 
 
@@ -123,9 +128,7 @@ class StateStore:
         admin = admin_client(self._kafka)
         if self.topic in admin.list_topics(timeout=10).topics:
             return
-        create_topics(
-            admin, [NewTopic(self.topic, 1, self._rf, config={"cleanup.policy": "compact"})]
-        )
+        create_topics(admin, [NewTopic(self.topic, 1, self._rf, config=STATE_TOPIC_CONFIG)])
 
     def latest(self, timeout_s: float = 15.0) -> dict[bytes, bytes | None]:
         """Every key's latest value in the state topic (None: a tombstone)."""
@@ -160,7 +163,17 @@ class StateStore:
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(client_conf(self._kafka, acks="all", **{"linger.ms": 0}))
+            self._producer = Producer(
+                client_conf(
+                    self._kafka,
+                    acks="all",
+                    **{
+                        "linger.ms": 0,
+                        "compression.type": "lz4",
+                        "message.max.bytes": STATE_RECORD_BYTES + 1024 * 1024,
+                    },
+                )
+            )
         return self._producer
 
     def save(self, state: ReaderState, *, wait: bool = True) -> None:

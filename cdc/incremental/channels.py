@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc.incremental.auth import SIGNAL_MAX_AGE_S, Verifier
-from cdc.incremental.queue import SnapshotsState
+from cdc.incremental.queue import SEEN_SIGNALS_MAX, SnapshotsState
 from cdc.incremental.signals import Signal, parse_document, parse_signal
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class SignalIntake:
         if key in self.state.seen:
             log.info("signal from %s already carried out; ignored", source)
             return None
+        if self._full(source):
+            return None
         signal = parse_signal(values.get("id"), values.get("type"), values.get("data"))
         return None if signal is None else Accepted(signal, "table", source, key, self._clock())
 
@@ -112,6 +114,20 @@ class SignalIntake:
         """``accepted`` was carried out (the caller saves the state)."""
         self.state.remember(accepted.key, accepted.ts, self._clock() - SIGNAL_MAX_AGE_S)
 
+    def _full(self, source: str) -> bool:
+        """Refuse a new signal while as many as can be remembered were signed in the last
+        SIGNAL_MAX_AGE_S: forgetting one sooner would let a copy of it run again."""
+        if not self.state.remembers_enough():
+            return False
+        log.warning(
+            "signal from %s ignored: the reader remembers %d signals carried out in the last "
+            "%d days (so that none runs twice) and takes no more until the oldest expire",
+            source,
+            SEEN_SIGNALS_MAX,
+            SIGNAL_MAX_AGE_S // 86_400,
+        )
+        return True
+
     def close(self) -> None:
         if self._topic is not None:
             self._topic.close()
@@ -122,6 +138,8 @@ class SignalIntake:
             return None
         if verified.id in self.state.seen:
             log.info("signal %s from %s already carried out; ignored", verified.id, source)
+            return None
+        if self._full(source):
             return None
         signal = parse_document(verified.id, verified.document)
         if signal is None:

@@ -23,9 +23,10 @@ import orjson
 Table = tuple[str, str]
 KeyText = list[str]  # a key as its columns' text, in key order
 
-# A signal already carried out is remembered this long (then a replay of it is refused as
-# too old, see cdc.incremental.auth.SIGNAL_MAX_AGE_S).
-SEEN_SIGNALS_MAX = 10_000
+# Signals carried out are remembered until a replay of them would be refused as too old
+# (cdc.incremental.auth.SIGNAL_MAX_AGE_S), never forgotten sooner; past this many at once new
+# ones are refused instead (cdc.incremental.channels), so the state record stays bounded.
+SEEN_SIGNALS_MAX = 100_000
 
 
 @dataclass(frozen=True)
@@ -131,13 +132,15 @@ class SnapshotsState:
         )
 
     def remember(self, signal_key: str, ts: float, oldest: float) -> None:
-        """Record a signal carried out; forget those signed before ``oldest``."""
+        """Record a signal carried out; forget those signed before ``oldest`` (a replay of
+        them is refused as too old), and only those."""
         self.seen[signal_key] = ts
-        if len(self.seen) > SEEN_SIGNALS_MAX or any(t < oldest for t in self.seen.values()):
-            kept = sorted(
-                ((k, t) for k, t in self.seen.items() if t >= oldest), key=lambda kv: kv[1]
-            )
-            self.seen = dict(kept[-SEEN_SIGNALS_MAX:])
+        if any(t < oldest for t in self.seen.values()):
+            self.seen = {k: t for k, t in self.seen.items() if t >= oldest}
+
+    def remembers_enough(self) -> bool:
+        """Whether no more signals can be remembered (see :data:`SEEN_SIGNALS_MAX`)."""
+        return len(self.seen) >= SEEN_SIGNALS_MAX
 
 
 class RecordStore(Protocol):

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import load_table
-from cdc.connection import connect
-from cdc.incremental.auth import sign, signal_key
+from cdc.connection import connect, current_database
+from cdc.incremental.auth import key_of, sign
 from cdc.incremental.filters import FilterRefused, check_expression, check_on_server
 from cdc.incremental.queue import Table
 from cdc.incremental.signals import (
@@ -43,12 +43,15 @@ class Sent:
     lsn: Lsn
 
 
-def emit_signed(conn: psycopg.Connection[Any], key: bytes, document: dict[str, Any]) -> Lsn:
-    """Write ``document``, signed with ``key``, into the WAL as a transactional logical
-    message; its LSN."""
+def emit_signed(
+    conn: psycopg.Connection[Any], key: bytes, document: dict[str, Any], slot: str
+) -> Lsn:
+    """Write ``document``, signed with ``key`` for the reader of this database and ``slot``,
+    into the WAL as a transactional logical message; its LSN."""
+    signed = sign(key, document, database=current_database(conn), slot=slot)
     row = conn.execute(
         "SELECT pg_catalog.pg_logical_emit_message(true, %s, %s::bytea)::text",
-        (SIGNAL_PREFIX, sign(key, document)),
+        (SIGNAL_PREFIX, signed),
     ).fetchone()
     assert row is not None
     return Lsn.parse(row[0])
@@ -59,12 +62,10 @@ def send_snapshot_signal(
 ) -> Sent:
     """Check the request (see the module docstring), then write it; ConfigError if any
     check fails."""
-    key = signal_key(pg)
-    if key is None:
-        raise ConfigError(
-            "cdc snapshot signs its signal, and there is no key: set postgres.signal_secret "
-            "(the same as the reader's), or put the password in postgres.dsn"
-        )
+    found = key_of(pg)
+    if found.key is None:
+        raise ConfigError(f"cdc snapshot signs its signal, and {found.source}")
+    key = found.key
     if not names and not stop:
         raise ConfigError("name at least one table to snapshot (schema.table)")
     with connect(pg.dsn.get_secret_value(), application_name="cdc-snapshot-cli") as conn:
@@ -85,7 +86,7 @@ def send_snapshot_signal(
             for table in tables:
                 _load(conn, pg, table)
         document = stop_document(tables) if stop else execute_document(tables, where)
-        lsn = emit_signed(conn, key, document)
+        lsn = emit_signed(conn, key, document, pg.slot_name)
     return Sent(document["id"], document["type"], tables, lsn)
 
 

@@ -9,7 +9,7 @@ import sys
 import psycopg
 
 from cdc.connection import connect, in_recovery
-from cdc.incremental.auth import Verifier, signal_key
+from cdc.incremental.auth import Verifier, key_of
 from cdc.incremental.channels import SignalIntake
 from cdc.incremental.cursor import ChunkPublisher
 from cdc.incremental.engine import IncrementalSnapshots
@@ -116,11 +116,11 @@ def open_incremental(
         assert signal_table is not None
         return untrusted_writers(catalog.conn, signal_table, pg.signal_trusted_roles)
 
-    key = signal_key(pg)
-    if key is None:
+    key = key_of(pg)
+    if key.key is None:
         log.warning(
-            "signals through the WAL (cdc snapshot) and the signal topic are refused: set "
-            "postgres.signal_secret, or a password in postgres.dsn"
+            "signals through the WAL (cdc snapshot) and the signal topic are refused: %s",
+            key.source,
         )
     topic = (
         SignalTopic(kafka, kafka.signal_topic, database, pg.slot_name)
@@ -128,7 +128,7 @@ def open_incremental(
         else None
     )
     intake = SignalIntake(
-        Verifier(key),
+        Verifier(key.key, database, pg.slot_name, missing=key.source),
         state,
         topic=topic,
         table_check=table_check if signal_table is not None else None,

@@ -202,9 +202,10 @@ class PostgresSettings(BaseModel):
     signal_data_collection: str | None = None
     # The key (16 characters or more) that signs signals sent through the WAL (`cdc
     # snapshot`) and the Kafka signal topic: HMAC-SHA256, unsigned ones are refused (see
-    # docs/incremental-snapshots.md). Unset: derived from the password in postgres.dsn, so
-    # the reader and `cdc snapshot` with the same settings agree; without a password there,
-    # WAL and Kafka signals are refused.
+    # docs/incremental-snapshots.md). Unset: the local stack's generated key when postgres.dsn
+    # points at it, else derived from the password in postgres.dsn if that has 16 characters
+    # or more, so the reader and `cdc snapshot` with the same settings agree; else WAL and
+    # Kafka signals are refused.
     signal_secret: SecretStr | None = None
     # Roles besides the reader's own and superusers (and the members of all of these) that
     # may insert into the signal table; the reader refuses to watch one anyone else can write.
@@ -274,6 +275,12 @@ class PostgresSettings(BaseModel):
             if t.count(".") != 1 or not all(t.split(".")):
                 raise ValueError(f"table {t!r} must be written as schema.table")
         return v
+
+    @field_validator("signal_secret", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: Any) -> Any:
+        # An empty CDC_POSTGRES__SIGNAL_SECRET (compose passes ${PGCDC_SIGNAL_SECRET:-}) is none.
+        return None if v == "" else v
 
     @field_validator("signal_secret")
     @classmethod

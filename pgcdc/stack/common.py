@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgcdc.core import local_stack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -44,7 +46,7 @@ class Paths:
 
 def paths() -> Paths:
     """Return the stack paths, honouring the STACK_DIR and CACHE_DIR environment knobs."""
-    stack = Path(os.environ.get("STACK_DIR") or REPO / ".stack").resolve()
+    stack = local_stack.stack_dir()
     cache = Path(os.environ.get("CACHE_DIR") or REPO / ".cache").resolve()
     return Paths(stack=stack, cache=cache)
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from pgcdc.core import local_stack
 from pgcdc.stack import common, prereqs
 from pgcdc.stack.versions import (
     BASE_IMAGE,
@@ -449,8 +450,13 @@ def _stage_wheels() -> list[str]:
 def compose_env(
     project: str | None = None, ports: Mapping[str, int] | None = None
 ) -> dict[str, str]:
-    """Variables for ``docker compose``: the CA certificates, the project, the host ports."""
-    env = {"PGCDC_EXTRA_CA_CERTS": extra_ca_certs()}
+    """Variables for ``docker compose``: the CA certificates, the project, the host ports,
+    and the stack's signal key (written once, shared with the native stack: the CLI on the
+    host signs with it, see pgcdc.core.local_stack)."""
+    env = {
+        "PGCDC_EXTRA_CA_CERTS": extra_ca_certs(),
+        "PGCDC_SIGNAL_SECRET": local_stack.ensure_secret(local_stack.signal_secret_path()),
+    }
     if project:
         env["COMPOSE_PROJECT_NAME"] = project
     for name, port in (ports or {}).items():

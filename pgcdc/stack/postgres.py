@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from pgcdc.core import local_stack
 from pgcdc.core.ports import HOST, PORTS
 from pgcdc.stack import common, pgbin, pgroot, tls
 from pgcdc.stack.pgserver import NativeRuntime, PgServer, RootRuntime, Runtime
@@ -340,6 +341,11 @@ class Postgres(Service):
             common.say("creating database cdc")
             self._must("CREATE DATABASE cdc OWNER cdc")
         self._ensure_tls()
+        # The key that signs signals to the readers of this server (pgcdc.core.local_stack).
+        secret = self.paths.stack / local_stack.SIGNAL_SECRET_FILE
+        if not secret.exists():
+            common.say(f"writing the signal key of the stack's readers to {secret}")
+            local_stack.ensure_secret(secret)
 
     def _ensure_tls(self) -> None:
         """Turn TLS on in a server started before the stack had it: ssl is reloadable, so

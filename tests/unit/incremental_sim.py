@@ -389,7 +389,7 @@ class World:
             chunks=self.worker,
             publisher=self.kafka,
             catalog=Catalog(self.db),
-            intake=SignalIntake(Verifier(None), state),
+            intake=SignalIntake(Verifier(None, "sim", "sim_slot"), state),
             clock=lambda: self.now,
         )
         if self.store.phase != "streaming":

@@ -32,9 +32,13 @@ def test_builds_trust_the_certificates_the_host_added(
     # Given explicitly (even empty, for images to publish), the variable wins.
     monkeypatch.setenv("PGCDC_EXTRA_CA_CERTS", "")
     assert docker.extra_ca_certs() == ""
+    monkeypatch.setenv("STACK_DIR", str(tmp_path / "stack"))
     env = docker.compose_env("p1", {"postgres": 40001, "kafka_controller": 40002})
+    # The stack's signal key, written once and given to compose (and the CLI on the host).
+    secret = (tmp_path / "stack" / "signal-secret").read_text().strip()
     assert env == {
         "PGCDC_EXTRA_CA_CERTS": "",
+        "PGCDC_SIGNAL_SECRET": secret,
         "COMPOSE_PROJECT_NAME": "p1",
         "PGCDC_POSTGRES_PORT": "40001",
         "PGCDC_KAFKA_CONTROLLER_PORT": "40002",

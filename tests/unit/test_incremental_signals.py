@@ -29,6 +29,7 @@ from cdc.incremental.signals import (
 pytestmark = pytest.mark.unit
 
 KEY = b"k" * 32
+DB, SLOT = "cdc", "cdc_slot"  # the reader a signal is signed for
 
 
 def test_execute_snapshot_with_debezium_fields() -> None:
@@ -114,14 +115,14 @@ def test_remembered_signals_are_forgotten_once_too_old_to_run() -> None:
 
 def test_a_signed_signal_verifies_and_its_signature_covers_the_exact_bytes() -> None:
     doc = execute_document([("public", "t")])
-    signed = sign(KEY, doc, now=1_000.0)
-    v = Verifier(KEY, clock=lambda: 1_000.0).verify(signed, "test")
+    signed = sign(KEY, doc, database=DB, slot=SLOT, now=1_000.0)
+    v = Verifier(KEY, DB, SLOT, clock=lambda: 1_000.0).verify(signed, "test")
     assert v is not None and v.id == doc["id"] and v.ts == 1_000.0
     payload = signed.split(b":", 2)[2]
     assert signed.split(b":", 2)[1] == hmac.new(KEY, payload, hashlib.sha256).hexdigest().encode()
     # One byte changed in the document, same signature: refused.
     tampered = signed.replace(b"public.t", b"public.u")
-    assert Verifier(KEY, clock=lambda: 1_000.0).verify(tampered, "test") is None
+    assert Verifier(KEY, DB, SLOT, clock=lambda: 1_000.0).verify(tampered, "test") is None
 
 
 @pytest.mark.parametrize(
@@ -129,31 +130,42 @@ def test_a_signed_signal_verifies_and_its_signature_covers_the_exact_bytes() -> 
     [
         (orjson.dumps({"id": "x", "type": "execute-snapshot"}), "not signed"),
         (MAGIC + b"0" * 64 + b":{}", "bad signature"),
-        (sign(b"another key", {"id": "x", "type": "t"}, now=1_000.0), "bad signature"),
-        (sign(KEY, {"id": "x"}, now=1_000.0 - SIGNAL_MAX_AGE_S - 1), "too old"),
-        (sign(KEY, {"id": "x"}, now=1_000.0 + 3_600), "in the future"),
-        (sign(KEY, {"type": "t"}, now=1_000.0), "has no id"),
+        (
+            sign(b"another key", {"id": "x", "type": "t"}, database=DB, slot=SLOT, now=1_000.0),
+            "bad signature",
+        ),
+        (
+            sign(KEY, {"id": "x"}, database=DB, slot=SLOT, now=1_000.0 - SIGNAL_MAX_AGE_S - 1),
+            "too old",
+        ),
+        (sign(KEY, {"id": "x"}, database=DB, slot=SLOT, now=1_000.0 + 3_600), "in the future"),
+        (sign(KEY, {"type": "t"}, database=DB, slot=SLOT, now=1_000.0), "has no id"),
     ],
 )
 def test_an_unauthenticated_signal_is_refused_with_one_line(
     content: bytes, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        assert Verifier(KEY, clock=lambda: 1_000.0).verify(content, "wal@0/1") is None
+        assert Verifier(KEY, DB, SLOT, clock=lambda: 1_000.0).verify(content, "wal@0/1") is None
     [line] = [r.getMessage() for r in caplog.records]
     assert "wal@0/1" in line and reason in line
 
 
 def test_without_a_key_every_signed_channel_refuses() -> None:
-    assert Verifier(None).verify(sign(KEY, {"id": "x"}), "kafka") is None
+    assert (
+        Verifier(None, DB, SLOT).verify(sign(KEY, {"id": "x"}, database=DB, slot=SLOT), "kafka")
+        is None
+    )
 
 
 def test_a_signal_carried_out_once_is_not_carried_out_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     state = SnapshotsState()
-    intake = SignalIntake(Verifier(KEY, clock=lambda: 1_000.0), state, clock=lambda: 1_000.0)
-    signed = sign(KEY, execute_document([("public", "t")]), now=1_000.0)
+    intake = SignalIntake(
+        Verifier(KEY, DB, SLOT, clock=lambda: 1_000.0), state, clock=lambda: 1_000.0
+    )
+    signed = sign(KEY, execute_document([("public", "t")]), database=DB, slot=SLOT, now=1_000.0)
     accepted = intake.wal(signed, "0/10")
     assert accepted is not None and accepted.via == "wal"
     intake.remember(accepted)

@@ -19,14 +19,14 @@ def test_a_signed_value_is_verified_with_the_same_settings_and_gets_an_id() -> N
     pg = PostgresSettings(signal_secret=SecretStr("a-secret-of-16-chars-or-more"))
     key = signal_key(pg)
     signed = sign_value(pg, DOC)
-    verified = Verifier(key).verify(signed, "test")
+    verified = Verifier(key, "cdc", "cdc_slot").verify(signed, "test")
     assert verified is not None
     assert verified.document["type"] == "execute-snapshot" and verified.id
     other = PostgresSettings(signal_secret=SecretStr("another-secret-of-16-chars"))
-    assert Verifier(signal_key(other)).verify(signed, "test") is None
+    assert Verifier(signal_key(other), "cdc", "cdc_slot").verify(signed, "test") is None
     # An id the sender gave is kept.
     given = sign_value(pg, orjson.dumps({**orjson.loads(DOC), "id": "mine"}))
-    assert Verifier(key).verify(given, "test").id == "mine"  # type: ignore[union-attr]
+    assert Verifier(key, "cdc", "cdc_slot").verify(given, "test").id == "mine"  # type: ignore[union-attr]
 
 
 def test_sign_refuses_what_it_cannot_sign() -> None:
@@ -34,6 +34,6 @@ def test_sign_refuses_what_it_cannot_sign() -> None:
     for body in (b"not json", b"[1, 2]"):
         with pytest.raises(ConfigError, match="JSON object"):
             sign_value(pg, body)
-    keyless = PostgresSettings(dsn=SecretStr("postgresql://cdc@127.0.0.1:55432/cdc"))
+    keyless = PostgresSettings(dsn=SecretStr("postgresql://cdc@db.example:5432/cdc"))
     with pytest.raises(ConfigError, match="signal key"):
         sign_value(keyless, DOC)

@@ -122,7 +122,9 @@ def test_signals_written_while_the_reader_is_down_run_when_it_comes_back(
         }
         key = signal_key(PostgresSettings(dsn=SecretStr(p.dsn)))
         assert key is not None
-        producer.produce(signal_topic, key=p.name.encode(), value=sign(key, signal))
+        producer.produce(
+            signal_topic, key=p.name.encode(), value=sign(key, signal, database=p.name, slot=p.name)
+        )
         assert producer.flush(30) == 0
         reader.catch_up()  # runs the three snapshots before it stops
         text = reader.text()

@@ -152,8 +152,8 @@ def _trust(endpoints: Endpoints, tmp_path: Path, role: str) -> None:
             assert key is not None
             with psycopg.connect(p.dsn, autocommit=True) as conn:
                 for where in ("id = 1; SELECT 1", PROBE, "random() < 0.5"):
-                    emit_signed(conn, key, execute_document([("public", "t")], where))
-                emit_signed(conn, key, execute_document([("public", "outside")]))
+                    emit_signed(conn, key, execute_document([("public", "t")], where), p.name)
+                emit_signed(conn, key, execute_document([("public", "outside")]), p.name)
             pattern = "incremental snapshot of public.(t|outside) refused:"
             wait_until(lambda: len(_log_lines(reader, pattern)) >= 4, timeout=60, what=pattern)
             lines = _log_lines(reader, pattern)

@@ -41,6 +41,9 @@ RUN set -eu; \
     chmod 755 .venv/bin/cdc
 # The project's packages come from /app (the .pth above) and `cdc` is its console script.
 COPY pgcdc/__init__.py pgcdc/
+# What pgcdc.stack imports of pgcdc.core (the stack's paths and ports), not all of it: the
+# jars' layer below stays cached while the rest of the code changes.
+COPY pgcdc/core/__init__.py pgcdc/core/ports.py pgcdc/core/local_stack.py pgcdc/core/
 COPY pgcdc/stack pgcdc/stack
 RUN CACHE_DIR=/app/.cache .venv/bin/python -c 'from pgcdc.stack import common, sparkjars; sparkjars.ensure(common.paths())'
 

@@ -21,10 +21,12 @@ import psycopg
 import redis
 from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from demo.processes import ROOT
 from pgcdc.core.contract import heartbeat_topic
+from pgcdc.core.ports import READER_PASSWORD, READER_ROLE
 from pgcdc.core.settings import KafkaSettings
 
 
@@ -49,6 +51,11 @@ class DemoNames:
         return make_conninfo(self.admin_dsn, dbname=self.database)
 
     @property
+    def reader_dsn(self) -> str:
+        """The reader's connection: the least-privilege role (:func:`grant_reader`)."""
+        return make_conninfo(self.dsn, user=READER_ROLE, password=READER_PASSWORD)
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.home / "checkpoints"
 
@@ -64,9 +71,12 @@ class DemoNames:
         """The environment for the reader and the jobs: every ``CDC_*`` setting they use."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
         env.update(
-            CDC_POSTGRES__DSN=self.dsn,
+            # The reader runs as the least-privilege role, on the publication the tables'
+            # owner made (grant_reader), as docs/own-postgres.md advises for a real database.
+            CDC_POSTGRES__DSN=self.reader_dsn,
             CDC_POSTGRES__SLOT_NAME=self.slot,
             CDC_POSTGRES__PUBLICATION_NAME=self.publication,
+            CDC_POSTGRES__PUBLICATION_AUTOCREATE_MODE="disabled",
             CDC_KAFKA__BOOTSTRAP_SERVERS=self.kafka_bootstrap,
             CDC_KAFKA__TOPIC_PREFIX=self.topic_prefix,
             CDC_KAFKA__DEAD_LETTER_TOPIC=f"{self.topic_prefix}.dlq",
@@ -88,6 +98,30 @@ class DemoNames:
         topic = heartbeat_topic(KafkaSettings(topic_prefix=self.topic_prefix))
         assert topic is not None  # heartbeats are on by default
         return topic
+
+
+def grant_reader(names: DemoNames) -> None:
+    """What the reader's least-privilege role needs, made by the superuser and tables'
+    owner: the role (LOGIN REPLICATION, once per server), the publication of every table,
+    and SELECT on them (docs/own-postgres.md, "The role: least privilege")."""
+    role = sql.Identifier(READER_ROLE)
+    with psycopg.connect(names.dsn, autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (READER_ROLE,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
+                    role, sql.Literal(READER_PASSWORD)
+                )
+            )
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(
+                sql.Identifier(names.publication)
+            )
+        )
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(role))
+        conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(role))
 
 
 def remember_pids(names: DemoNames, pids: list[int]) -> None:

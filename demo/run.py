@@ -86,6 +86,7 @@ class Demo:
         t0 = time.monotonic()
         sample.create_database(n.admin_dsn, n.database)
         counts = sample.load(n.dsn)
+        resources.grant_reader(n)
         toasted, toast_bytes = sample.toast_report(n.dsn)
         self.screen.note(
             f"loaded {sum(counts.values()):,} rows in {time.monotonic() - t0:.1f}s: "

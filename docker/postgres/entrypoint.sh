@@ -33,6 +33,28 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   echo "pgcdc-postgres: initialised $PGDATA (superuser $POSTGRES_USER, database $POSTGRES_DB)"
 fi
 
+# The reader's least-privilege role (docs/own-postgres.md), at every start so that a data
+# folder made before it gets it too: LOGIN REPLICATION, SELECT on the tables of schema public
+# (now and, by default privileges, those POSTGRES_USER creates later), and the publication
+# of every table made by the superuser, since the role may not create one.
+if [ -n "${POSTGRES_READER_PASSWORD:-}" ]; then
+  : "${POSTGRES_READER_USER:=cdc_reader}" "${POSTGRES_READER_PUBLICATION:=cdc_pub}"
+  pg_ctl -D "$PGDATA" -w -o "-c listen_addresses='' -c unix_socket_directories=/var/run/postgresql" start >/dev/null
+  psql -h /var/run/postgresql -U "$POSTGRES_USER" -d "$POSTGRES_DB" -v ON_ERROR_STOP=1 -q \
+    -v role="$POSTGRES_READER_USER" -v pw="$POSTGRES_READER_PASSWORD" \
+    -v owner="$POSTGRES_USER" -v pub="$POSTGRES_READER_PUBLICATION" <<'SQL'
+SELECT format('CREATE ROLE %I LOGIN REPLICATION PASSWORD %L', :'role', :'pw')
+  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'role') \gexec
+SELECT format('CREATE PUBLICATION %I FOR ALL TABLES', :'pub')
+  WHERE NOT EXISTS (SELECT FROM pg_publication WHERE pubname = :'pub') \gexec
+GRANT USAGE ON SCHEMA public TO :"role";
+GRANT SELECT ON ALL TABLES IN SCHEMA public TO :"role";
+ALTER DEFAULT PRIVILEGES FOR ROLE :"owner" IN SCHEMA public GRANT SELECT ON TABLES TO :"role";
+SQL
+  pg_ctl -D "$PGDATA" -w -m fast stop >/dev/null
+  echo "pgcdc-postgres: reader role $POSTGRES_READER_USER (REPLICATION, SELECT on public) and publication $POSTGRES_READER_PUBLICATION ready"
+fi
+
 # The pipeline's needs first; `-c` arguments given to the container come after and win.
 exec postgres -D "$PGDATA" \
   -c listen_addresses='*' \

@@ -69,6 +69,11 @@ ALL_PORTS: tuple[int, ...] = (
 
 # Where each service of the stack answers, as the clients' default settings.
 POSTGRES_DSN = f"postgresql://cdc:cdc@{HOST}:{PORTS['postgres']}/cdc"
+# The least-privilege role the demo and compose run the reader as: LOGIN REPLICATION and
+# SELECT on the captured tables, nothing more (docs/own-postgres.md); the superuser cdc
+# above stays for tests and tools.
+READER_ROLE = "cdc_reader"
+READER_PASSWORD = "cdc_reader"
 KAFKA_BOOTSTRAP = f"{HOST}:{PORTS['kafka']}"
 REDIS_URL = f"redis://{HOST}:{PORTS['redis']}/0"
 KAFKA_CLUSTER_BOOTSTRAP = ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)

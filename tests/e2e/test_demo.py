@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from demo.monitor import committed_offsets, follower_offsets
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
@@ -98,3 +100,14 @@ def test_demo_runs_and_followers_equal_the_database(endpoints: Endpoints) -> Non
     # The live workload really ran, and the plain lines showed the followers' watermarks.
     assert re.search(r"workload done: [\d,]+ transactions", text), text[-3000:]
     assert re.search(r"cache_sync: behind=0 wm=[0-9A-F]+/[0-9A-F]+", text), text[-3000:]
+    # The reader ran as the least-privilege role, not the stack's superuser (issue 34).
+    settings = dict(
+        line.split("=", 1) for line in (ROOT / ".stack/demo/demo.env").read_text().splitlines()
+    )
+    reader = conninfo_to_dict(settings["CDC_POSTGRES__DSN"].strip("'"))
+    assert settings["CDC_POSTGRES__PUBLICATION_AUTOCREATE_MODE"] == "'disabled'"
+    with psycopg.connect(endpoints.postgres_dsn) as conn:
+        row = conn.execute(
+            "SELECT rolsuper, rolreplication FROM pg_roles WHERE rolname = %s", (reader["user"],)
+        ).fetchone()
+    assert reader["user"] == "cdc_reader" and row == (False, True), (reader["user"], row)

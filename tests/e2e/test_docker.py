@@ -32,6 +32,7 @@ import pytest
 
 from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
+from tests.conftest import wait_until
 
 # The first test may wait for the images' preparation (from scratch: installing the engine,
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
@@ -200,6 +201,39 @@ def test_reader_status_in_a_one_off_container(stack: ComposeStack) -> None:
     for follower in status["followers"].values():
         assert "error" not in follower and "error" not in follower["job"], status["followers"]
         assert follower["job"]["batches"] > 0 and follower["watermark"], status["followers"]
+
+
+def test_the_reader_is_least_privileged_and_takes_a_signed_snapshot_signal(
+    stack: ComposeStack,
+) -> None:
+    """Issue 34: compose runs the reader as cdc_reader (REPLICATION, SELECT), and `cdc
+    snapshot` in a one-off container signs with the key make docker-up passed to both."""
+
+    def streaming_role() -> tuple[str, bool] | None:
+        with psycopg.connect(stack.names().dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT a.usename::text, r.rolsuper FROM pg_replication_slots s "
+                "JOIN pg_stat_activity a ON a.pid = s.active_pid "
+                "JOIN pg_roles r ON r.rolname = a.usename WHERE s.slot_name = 'cdc_slot'"
+            ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    role = wait_until(streaming_role, timeout=120, interval=1, what="the reader streaming")
+    assert role == ("cdc_reader", False), role
+    out = docker.compose(
+        "run", "--rm", "-T", "reader", "cdc", "snapshot", "public.categories",
+        project=stack.project, ports=stack.ports, check=False, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    done = "incremental snapshot of public.categories complete"
+    wait_until(
+        lambda: done in stack.compose("logs", "--no-color", "reader", timeout=120),
+        timeout=300,
+        interval=2,
+        what=f"{done!r} in the reader's log",
+    )
+    logs = stack.compose("logs", "--no-color", "reader", timeout=120)
+    assert "signal from" not in logs, logs[-3000:]  # no signal refused
 
 
 def test_down_leaves_nothing(stack: ComposeStack) -> None:

@@ -105,6 +105,8 @@ def test_postgres_has_logical_replication(compose: dict[str, Any]) -> None:
         "POSTGRES_USER": "cdc",
         "POSTGRES_PASSWORD": "cdc",
         "POSTGRES_DB": "cdc",
+        "POSTGRES_READER_USER": "cdc_reader",
+        "POSTGRES_READER_PASSWORD": "cdc_reader",
     }
 
 
@@ -124,6 +126,11 @@ def test_pipeline_services_run_the_reader_and_the_shared_job(compose: dict[str, 
         # Inside the compose network the services are reached by name, not host ports.
         assert env["CDC_KAFKA__BOOTSTRAP_SERVERS"] == "kafka:9092"
         assert "@postgres:5432/" in env["CDC_POSTGRES__DSN"]
+        # The reader's least-privilege role, on the publication the postgres service made,
+        # and the stack's signal key as make docker-up passes it (issue 34).
+        assert env["CDC_POSTGRES__DSN"].startswith("postgresql://cdc_reader:")
+        assert env["CDC_POSTGRES__PUBLICATION_AUTOCREATE_MODE"] == "disabled"
+        assert env["CDC_POSTGRES__SIGNAL_SECRET"] == "${PGCDC_SIGNAL_SECRET:-}"
         assert "kafka" in svc["depends_on"]
         # Each answers its healthcheck on the port its command serves /readyz on.
         port = svc["command"][svc["command"].index("--health-port") + 1]

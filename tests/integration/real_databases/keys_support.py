@@ -19,6 +19,7 @@ from opensearchpy import OpenSearch
 
 from cdc.table_topics import cleanup_policy as topic_cleanup_policy
 from pgcdc.core.contract import (
+    SYNC_JOB,
     UNAVAILABLE_VALUE_PLACEHOLDER,
     UNAVAILABLE_VALUE_PLACEHOLDER_B64,
     UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
@@ -36,7 +37,7 @@ from tests.integration.real_databases.canonical import (
     loads_exact,
 )
 from tests.integration.real_databases.exact import differences, leader_exact
-from tests.integration.real_databases.support import JOBS, Pipeline, Table
+from tests.integration.real_databases.support import Pipeline, Table
 
 PLACEHOLDER_FORMS = frozenset(
     {
@@ -221,14 +222,16 @@ def reset_state(p: Pipeline) -> None:
 def run_jobs_together(
     runs: Sequence[tuple[Pipeline, Path, Sequence[str]]], timeout: float = 900
 ) -> None:
-    """Both jobs of each pipeline with --available-now and the run's arguments, all side by
-    side; each must exit 0."""
+    """Both followers of each pipeline by the shared job (one JVM, one read) with
+    --available-now and the run's arguments, the pipelines side by side; each must exit 0."""
     procs = []
     for p, logs, args in runs:
         logs.mkdir(parents=True, exist_ok=True)
-        for job in JOBS:
-            log = logs / f"{job}.log"
-            procs.append((job, log, start_job(p, job, "--available-now", *args, log=log)))
+        log = logs / f"{SYNC_JOB}.log"
+        followers = ("--followers", "cache,search")
+        procs.append(
+            (SYNC_JOB, log, start_job(p, SYNC_JOB, "--available-now", *followers, *args, log=log))
+        )
     deadline = time.monotonic() + timeout
     for job, log, proc in procs:
         try:

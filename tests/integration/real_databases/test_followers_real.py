@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psycopg
@@ -62,7 +63,7 @@ from tests.integration.real_databases.throwaway import server_near_2_63  # noqa:
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.spark]
 
-MAX_OFFSETS_PER_TRIGGER = "80000"
+MAX_OFFSETS_PER_TRIGGER = "30000"
 
 
 class Run:
@@ -99,6 +100,20 @@ def run(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
 # -- case 4 --------------------------------------------------------------------------------
 
 
+def _held_and_document(p: Pipeline, follower_id: str, key: str) -> tuple[Any, dict[str, Any]]:
+    """The version Redis holds for ``key`` and its OpenSearch document."""
+    cache = CacheSink(p.endpoints.redis_url, p.key_prefix)
+    search = SearchSink(p.endpoints.search_url, p.index_prefix)
+    try:
+        held = cache.read_version(follower_id, key)
+        doc = search.client.get(index=search.index_for(follower_id), id=key)
+    finally:
+        cache.close()
+        search.close()
+    assert held is not None, key
+    return held, dict(doc)
+
+
 def test_case4_a_bulk_delete_and_reinsert_of_the_same_keys_ends_with_the_reinsert(
     run: Run,
 ) -> None:
@@ -110,6 +125,10 @@ def test_case4_a_bulk_delete_and_reinsert_of_the_same_keys_ends_with_the_reinser
             sql.SQL("SELECT count(*), min(gen), max(gen) FROM {}").format(catalog.BULK.ident)
         ).fetchone()
     assert counts == (catalog.BULK_ROWS, 2, 2)
+    # The last re-insert's order is past the 65,535 that once shared one version, in both.
+    last = str(catalog.BULK_ROWS)
+    held, doc = _held_and_document(run.p, catalog.BULK.follower_id(run.p.name), last)
+    assert held.order > catalog.ORDER_ONCE_SHARED and doc["_source"]["gen"] == 2, held
     # The transaction really spanned several micro-batches of each job.
     for job in JOBS:
         batches = run.log(job).count(f" {job} applied=")
@@ -295,8 +314,8 @@ def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47_and_near_2_to_the_63(
     """The packed OpenSearch version overflowed past LSN 2**47: every change was
     dead-lettered. Both followers now hold the re-inserts, at versions past 2**47, on a
     server 1 GiB of WAL below 2**63 (OpenSearch's largest version): one server covers both
-    positions, and a 200k-record transaction (100k deletes, 100k re-inserts) runs there."""
-    rows = 100_000
+    positions, and an 80k-record transaction (40k deletes, 40k re-inserts) runs there."""
+    rows = catalog.BULK_ROWS
     server: throwaway.ThrowawayServer = request.getfixturevalue("server_near_2_63")
     on_server = dataclasses.replace(endpoints, postgres_dsn=server.dsn("postgres"))
     bulk = catalog.BULK
@@ -311,13 +330,7 @@ def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47_and_near_2_to_the_63(
         run_reader_until_current(p)
         run_shared_available_now(p, tmp_path, "--max-offsets-per-trigger", str(rows), timeout=1200)
         assert_followers_equal(p, [bulk])
-        cache = CacheSink(p.endpoints.redis_url, p.key_prefix)
-        search = SearchSink(p.endpoints.search_url, p.index_prefix)
-        try:
-            held = cache.read_version(bulk.follower_id(p.name), "1")
-            doc = search.client.get(index=search.index_for(bulk.follower_id(p.name)), id="1")
-        finally:
-            cache.close()
-            search.close()
-        assert held is not None and held.commit_lsn > 2**47 and held.order >= rows
+        # The last re-insert: a version past 2**47, an order past the 65,535 once shared.
+        held, doc = _held_and_document(p, bulk.follower_id(p.name), str(rows))
+        assert held.commit_lsn > 2**47 and held.order > catalog.ORDER_ONCE_SHARED, held
         assert doc["_version"] == held.commit_lsn and doc["_source"]["gen"] == 2

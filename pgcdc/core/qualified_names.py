@@ -59,10 +59,10 @@ def split_qualified(name: str, what: str = "table") -> tuple[str, str]:
     return (parts[0], parts[1])
 
 
-def split_list(text: str, what: str = "name") -> tuple[str, ...]:
+def split_list(text: str) -> tuple[str, ...]:
     """The entries of a comma-separated list, as written (white space around them dropped,
     empty ones left out); a comma inside double quotes belongs to its name."""
-    return tuple(p.strip() for p in _cut(text, ",", what) if p.strip())
+    return tuple(p.strip() for p in _cut(text, ",", "list") if p.strip())
 
 
 def _quoted(part: str) -> str:

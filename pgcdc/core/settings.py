@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -34,6 +35,7 @@ from pgcdc.core import client_security, ports
 from pgcdc.core.client_security import SaslMechanism, SecurityProtocol
 from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.qualified_names import split_list, split_qualified
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -169,7 +171,8 @@ class PostgresSettings(BaseModel):
     dsn: SecretStr = SecretStr(ports.POSTGRES_DSN)
     slot_name: str = "cdc_slot"
     publication_name: str = "cdc_pub"
-    # Include list of "schema.table"; empty means every table.
+    # Include list of "schema.table" (a name with a dot or a comma in double quotes, as in
+    # SQL: public."a.b"); empty means every table.
     tables: Annotated[tuple[str, ...], NoDecode] = ()
     # Debezium's publication.autocreate.mode; unset: filtered when postgres.tables lists
     # tables, else all_tables. A least-privilege role uses disabled (see docs/own-postgres.md).
@@ -264,15 +267,7 @@ class PostgresSettings(BaseModel):
                     raise ValueError(
                         f"tables {v!r} is neither a JSON list nor comma-separated"
                     ) from e
-            return tuple(t.strip() for t in v.split(",") if t.strip())
-        return v
-
-    @field_validator("tables")
-    @classmethod
-    def _qualified(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for t in v:
-            if t.count(".") != 1 or not all(t.split(".")):
-                raise ValueError(f"table {t!r} must be written as schema.table")
+            return split_list(v)
         return v
 
     @field_validator("signal_secret")
@@ -287,24 +282,26 @@ class PostgresSettings(BaseModel):
     @field_validator("signal_trusted_roles", "signal_filter_functions", mode="before")
     @classmethod
     def _split_names(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return split_list(v) if isinstance(v, str) else v
+
+    @field_validator("tables", "signal_data_collection", "signal_filter_functions")
+    @classmethod
+    def _qualified(cls, v: Any, info: ValidationInfo) -> Any:
+        what = "function" if info.field_name == "signal_filter_functions" else "table"
+        for name in (v,) if isinstance(v, str) else v or ():
+            split_qualified(name, what)
         return v
 
-    @field_validator("signal_filter_functions")
-    @classmethod
-    def _qualified_functions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for f in v:
-            if f.count(".") != 1 or not all(f.split(".")):
-                raise ValueError(f"signal_filter_functions entry {f!r} must be schema.function")
-        return v
+    @property
+    def listed_tables(self) -> tuple[tuple[str, str], ...]:
+        """``tables`` as (schema, table), read by :mod:`pgcdc.core.qualified_names`."""
+        return tuple(split_qualified(t) for t in self.tables)
 
-    @field_validator("signal_data_collection")
-    @classmethod
-    def _qualified_signal(cls, v: str | None) -> str | None:
-        if v is not None and (v.count(".") != 1 or not all(v.split("."))):
-            raise ValueError(f"signal_data_collection {v!r} must be written as schema.table")
-        return v
+    @property
+    def signal_table(self) -> tuple[str, str] | None:
+        """``signal_data_collection`` as (schema, table), if set."""
+        name = self.signal_data_collection
+        return split_qualified(name) if name else None
 
     @field_validator("message_key_columns", mode="before")
     @classmethod

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from cdc.cli import app
+from cdc.incremental.filters import FilterRefused, check_expression
+from cdc.publication import Mode, _alter, _create
 from pgcdc.core.qualified_names import quote_table, split_list, split_name, split_qualified
+from pgcdc.core.settings import load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +72,36 @@ def test_quote_table_reads_back_as_itself(schema: str, table: str) -> None:
     written = quote_table((schema, table))
     assert split_qualified(written) == (schema, table)
     assert split_list(f"{written},{written}") == (written, written)
+
+
+# --- the consumers read the settings' names by the same rule --------------------------------
+
+SETTINGS = {
+    "CDC_POSTGRES__TABLES": '"my.schema"."my.table", public."a""b"',
+    "CDC_POSTGRES__SIGNAL_FILTER_FUNCTIONS": '"my.schema"."tenant.of"',
+}
+
+
+def test_the_publication_lists_the_tables_as_identifiers() -> None:
+    tables = load_settings(environ=SETTINGS).postgres.listed_tables
+    assert _create("pub", tables, Mode.FILTERED).as_string(None) == (
+        'CREATE PUBLICATION "pub" FOR TABLE "my.schema"."my.table", "public"."a""b"'
+    )
+    assert _alter("pub", tables).as_string(None) == (
+        'ALTER PUBLICATION "pub" SET TABLE "my.schema"."my.table", "public"."a""b"'
+    )
+
+
+def test_a_filter_may_call_a_listed_function_with_dots_in_its_names() -> None:
+    allowed = load_settings(environ=SETTINGS).postgres.signal_filter_functions
+    checked = check_expression('"my.schema"."tenant.of"(id) = 1', ["id"], allowed)
+    assert checked.functions == {("my.schema", "tenant.of")}
+    with pytest.raises(FilterRefused, match="is not allowed in a filter"):
+        check_expression('"my.schema".tenant(id) = 1', ["id"], allowed)
+
+
+@pytest.mark.parametrize("name", ["a.b.c", "orders", '"a.b', 'a"b".c'])
+def test_cdc_forget_refuses_a_name_the_rule_refuses_before_connecting(name: str) -> None:
+    result = CliRunner().invoke(app, ["forget", name], env={"CDC_CONFIG": None})
+    assert result.exit_code != 0
+    assert f"table {name!r}" in result.output, result.output

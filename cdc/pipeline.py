@@ -67,6 +67,7 @@ from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.contract import table_topic
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import InitialSnapshot, Settings, SnapshotMode
 from schemas.envelope import EventEncoder
 
@@ -450,7 +451,7 @@ class Pipeline:
         # The captured tables' shapes: a Relation message with another one snapshots the table
         # again (cdc.schema_changes). A table with none recorded (a slot made by this run, a
         # reader from before) starts from its shape now: for a new slot, as it snapshotted.
-        names = {".".join(t): t for t in run.tables}
+        names = {quote_table(t): t for t in run.tables}
         state.relations = {n: c for n, c in state.relations.items() if n in names}
         if any(n not in state.relations for n in names):
             now = published_shapes(

@@ -11,12 +11,11 @@ each with where it came from (:mod:`pgcdc.core.settings_sources`).
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -35,6 +34,7 @@ from pgcdc.core import client_security, ports
 from pgcdc.core.client_security import SaslMechanism, SecurityProtocol
 from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.key_columns import KeyColumns, parse_message_key_columns
 from pgcdc.core.qualified_names import split_list, split_qualified
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -128,37 +128,6 @@ class UnproducibleRecords(StrEnum):
 
     FAIL = "fail"  # stop with one line naming the table and key; acknowledge nothing after it
     DEAD_LETTER = "dead_letter"  # write it to kafka.dead_letter_topic with the reason; go on
-
-
-class KeyColumns(NamedTuple):
-    """One ``message_key_columns`` entry: tables whose ``schema.table`` matches the regular
-    expression ``table_pattern`` (the whole name) are keyed by ``columns``, in that order."""
-
-    table_pattern: str
-    columns: tuple[str, ...]
-
-
-def parse_message_key_columns(text: str) -> tuple[KeyColumns, ...]:
-    """Debezium's ``message.key.columns`` syntax: ``<table>:<col>,<col>;<table>:<col>``,
-    where each ``<table>`` is a regular expression matched against ``schema.table``."""
-    rules = []
-    for entry in text.split(";"):
-        if not entry.strip():
-            continue
-        pattern, sep, cols = entry.rpartition(":")
-        columns = tuple(c.strip() for c in cols.split(",") if c.strip())
-        if not sep or not pattern.strip() or not columns:
-            raise ValueError(
-                f"entry {entry.strip()!r} is not <schema>.<table>:<column>[,<column>...]"
-            )
-        try:
-            re.compile(pattern.strip())
-        except re.error as e:
-            raise ValueError(
-                f"table pattern {pattern.strip()!r} is not a regular expression: {e}"
-            ) from e
-        rules.append(KeyColumns(pattern.strip(), columns))
-    return tuple(rules)
 
 
 # Debezium's skipped.operations values (its "none" means the empty set).

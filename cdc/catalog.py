@@ -21,7 +21,7 @@ import psycopg
 from cdc.keys import KeyFacts, KeylessWarnings, key_columns
 from cdc.pgoutput import Relation
 from pgcdc.core.errors import SchemaError
-from pgcdc.core.settings import KeyColumns
+from pgcdc.core.key_columns import KeyColumns
 from schemas.model import Column, PgType, TableSchema
 
 log = logging.getLogger(__name__)

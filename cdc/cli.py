@@ -22,6 +22,7 @@ from pgcdc import __version__
 from pgcdc.core import kafka_config
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
+from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
 
 log = logging.getLogger("cdc")
@@ -416,9 +417,10 @@ def forget(
         _setup_logging(settings, debug, level="INFO")
         from cdc.forget import forget as forget_table
 
-        schema, _, name = table.rpartition(".")
-        if not schema or not name:
-            raise ConfigError(f"table {table!r} must be written as schema.table")
+        try:
+            schema, name = split_qualified(table)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         count = forget_table(settings, schema, name)
         typer.echo(f"{table}: {count} keys tombstoned; the followers delete their copies")
 

@@ -37,6 +37,7 @@ from cdc.publication import (
 )
 from cdc.slots import FAILOVER_SLOTS_SINCE, slot_info
 from pgcdc.core.errors import CdcError, root_reason
+from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import Settings
 
 
@@ -101,7 +102,7 @@ def _role(conn: psycopg.Connection[Any]) -> tuple[str, bool, CheckResult]:
 
 def _publication(
     conn: psycopg.Connection[Any], settings: Settings
-) -> tuple[list[str], list[CheckResult]]:
+) -> tuple[list[tuple[str, str]], list[CheckResult]]:
     """The tables a run would capture, and whether it may create or use the publication."""
     pg = settings.postgres
     name = pg.publication_name
@@ -110,20 +111,19 @@ def _publication(
             captured = ensure_publication(
                 conn,
                 name,
-                pg.tables,
+                pg.listed_tables,
                 pg.publication_autocreate_mode,
                 generated=pg.publish_generated_columns,
             )
             left_out = [] if publishes_generated(conn, name) else generated_columns(conn, captured)
     except CdcError as e:
         fix = "see docs/own-postgres.md"
-        return list(pg.tables), [_fail("postgres", str(e), fix)]
-    tables = [f"{s}.{t}" for s, t in captured]
+        return list(pg.listed_tables), [_fail("postgres", str(e), fix)]
     mode = pg.publication_autocreate_mode
     how = f"publication_autocreate_mode={mode.value}" if mode is not None else "default mode"
     exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     state = "exists" if exists else "would be created"
-    out = [_ok("postgres", f"publication {name} {state} ({how}), {len(tables)} tables")]
+    out = [_ok("postgres", f"publication {name} {state} ({how}), {len(captured)} tables")]
     if left_out:
         what = f"stored generated columns {', '.join(left_out)} are not published"
         if conn.info.server_version >= GENERATED_COLUMNS_SINCE and pg.publish_generated_columns:
@@ -143,7 +143,7 @@ def _publication(
                     "see docs/own-postgres.md#generated-columns)",
                 )
             )
-    return tables, out
+    return captured, out
 
 
 _TABLE_FACTS = """
@@ -157,11 +157,15 @@ WHERE n.nspname = %s AND c.relname = %s
 
 
 def _tables(
-    conn: psycopg.Connection[Any], settings: Settings, role: str, tables: Sequence[str]
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    role: str,
+    tables: Sequence[tuple[str, str]],
 ) -> list[CheckResult]:
     out: list[CheckResult] = []
-    for qualified in tables:
-        schema, table = qualified.split(".", 1)
+    for schema, table in tables:
+        qualified = quote_table((schema, table))
+        pattern = f"{schema}.{table}"  # what message_key_columns patterns are matched against
         row = conn.execute(_TABLE_FACTS, (schema, table)).fetchone()
         if row is None:
             continue  # the publication check names a listed table that does not exist
@@ -184,7 +188,7 @@ def _tables(
                     f"{'NOTHING' if identity == 'n' else 'DEFAULT'}: PostgreSQL refuses its "
                     "UPDATEs and DELETEs while it is published, and its records have no key",
                     f"add a primary key, or `ALTER TABLE {qualified} REPLICA IDENTITY FULL` "
-                    f"and key it with {KEY_COLUMNS_SETTING}='{qualified}:<column>,...'",
+                    f"and key it with {KEY_COLUMNS_SETTING}='{pattern}:<column>,...'",
                 )
             )
         elif not keyed and rule is None:
@@ -193,7 +197,7 @@ def _tables(
                     "postgres",
                     f"table {qualified} (replica identity FULL) has no key: its records have "
                     "null keys and the followers skip it",
-                    f"add a primary key, or set {KEY_COLUMNS_SETTING}='{qualified}:<column>,...'",
+                    f"add a primary key, or set {KEY_COLUMNS_SETTING}='{pattern}:<column>,...'",
                 )
             )
     if tables and not any(not r.ok for r in out):
@@ -476,11 +480,10 @@ def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     """Who may send signals: the signing key, and the signal table's grants."""
     from cdc.incremental.auth import key_of
     from cdc.incremental.signal_table import untrusted_writers
-    from cdc.incremental.signals import split_table
 
     pg = settings.postgres
-    if pg.signal_data_collection:
-        table = split_table(pg.signal_data_collection)
+    table = pg.signal_table
+    if table:
         reason = untrusted_writers(conn, table, pg.signal_trusted_roles)
         if reason is not None:
             return _fail(

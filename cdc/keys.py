@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgcdc.core.errors import ConfigError
-from pgcdc.core.settings import KeyColumns
+from pgcdc.core.key_columns import KeyColumns
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from cdc.incremental import SnapshotsState, join_tables, load_snapshots, save_sn
 from cdc.incremental.engine import IncrementalSnapshots
 from cdc.incremental.queue import start_slot
 from cdc.incremental.signal_table import check_signal_table
-from cdc.incremental.signals import split_table
 from cdc.incremental.wiring import open_incremental
 from cdc.interrupt import Interrupt, StopRequested
 from cdc.kafka_clients import admin_client
@@ -68,6 +67,7 @@ from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.contract import table_topic
 from pgcdc.core.errors import ConfigError, SlotError
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import InitialSnapshot, Settings, SnapshotMode
 from schemas.envelope import EventEncoder
 
@@ -213,10 +213,10 @@ class Pipeline:
         found = records.get(store.key(database, slot))
         state = ReaderState.from_json(found) if found else None
         pg = self.settings.postgres
-        listed = pg.tables
-        if pg.signal_data_collection and listed and pg.signal_data_collection not in listed:
+        listed, signal = pg.listed_tables, pg.signal_table
+        if signal and listed and signal not in listed:
             # The signal table's inserts reach the reader through the publication.
-            listed = (*listed, pg.signal_data_collection)
+            listed = (*listed, signal)
         tables = ensure_publication(
             admin,
             pg.publication_name,
@@ -246,11 +246,9 @@ class Pipeline:
             snapshots=load_snapshots(store, database, slot),
         )
         check_tables(run.admin, run.catalog, run.encoder, run.table_topics, tables)
-        if pg.signal_data_collection:
+        if signal:
             # Unsigned rows: only trusted roles may be able to insert them.
-            check_signal_table(
-                admin, split_table(pg.signal_data_collection), pg.signal_trusted_roles
-            )
+            check_signal_table(admin, signal, pg.signal_trusted_roles)
         return run
 
     def _claim_prefix(
@@ -453,7 +451,7 @@ class Pipeline:
         # The captured tables' shapes: a Relation message with another one snapshots the table
         # again (cdc.schema_changes). A table with none recorded (a slot made by this run, a
         # reader from before) starts from its shape now: for a new slot, as it snapshotted.
-        names = {".".join(t): t for t in run.tables}
+        names = {quote_table(t): t for t in run.tables}
         state.relations = {n: c for n, c in state.relations.items() if n in names}
         if any(n not in state.relations for n in names):
             now = published_shapes(
@@ -471,13 +469,11 @@ class Pipeline:
     def _started(self, run: _Run, start: Lsn, *, incremental: bool = False) -> None:
         """A slot this run created is ready to stream from ``start``: its snapshot queue is
         saved first, then the STREAMING phase (:func:`cdc.incremental.queue.start_slot`)."""
-        pg = self.settings.postgres
-        signal = split_table(pg.signal_data_collection) if pg.signal_data_collection else None
         start_slot(
             run.snapshots,
             run.tables,
             incremental_initial=incremental,
-            signal_table=signal,
+            signal_table=self.settings.postgres.signal_table,
             save_queue=lambda s: save_snapshots(run.store, run.database, run.slot, s),
             save_streaming=lambda: run.save_state(
                 Phase.STREAMING, consistent_point=start, acked_lsn=start

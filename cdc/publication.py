@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import PublicationAutocreate
 
 log = logging.getLogger(__name__)
@@ -43,18 +44,21 @@ def captured_tables(conn: psycopg.Connection[Any], publication: str) -> list[tup
     return [(r[0], r[1]) for r in rows]
 
 
-def _check_listed_tables_exist(conn: psycopg.Connection[Any], tables: Sequence[str]) -> None:
-    for qualified in tables:
-        schema, table = qualified.split(".")
+def _check_listed_tables_exist(
+    conn: psycopg.Connection[Any], tables: Sequence[tuple[str, str]]
+) -> None:
+    for schema, table in tables:
         found = conn.execute(
             "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = %s", (schema, table)
         ).fetchone()
         if found is None:
-            raise ConfigError(f"table {qualified} listed in postgres.tables does not exist")
+            raise ConfigError(
+                f"table {quote_table((schema, table))} listed in postgres.tables does not exist"
+            )
 
 
-def _table_list(tables: Sequence[str]) -> sql.Composed:
-    return sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in tables)
+def _table_list(tables: Sequence[tuple[str, str]]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(*t) for t in tables)
 
 
 # PostgreSQL 18's publish_generated_columns: stored generated columns in the stream.
@@ -62,7 +66,10 @@ GENERATED_COLUMNS_SINCE = 180000
 
 
 def _create(
-    name: str, tables: Sequence[str], mode: PublicationAutocreate, generated: bool = False
+    name: str,
+    tables: Sequence[tuple[str, str]],
+    mode: PublicationAutocreate,
+    generated: bool = False,
 ) -> sql.Composed:
     """The CREATE PUBLICATION that ``mode`` makes (disabled: the one its owner should run);
     ``generated``: with ``publish_generated_columns = stored``."""
@@ -133,7 +140,7 @@ def warn_generated_left_out(
     return columns
 
 
-def _alter(name: str, tables: Sequence[str]) -> sql.Composed:
+def _alter(name: str, tables: Sequence[tuple[str, str]]) -> sql.Composed:
     head = sql.SQL("ALTER PUBLICATION {} SET TABLE ").format(sql.Identifier(name))
     return head + _table_list(tables)
 
@@ -158,14 +165,14 @@ def _run(conn: psycopg.Connection[Any], name: str, statement: sql.Composed, what
 def ensure_publication(
     conn: psycopg.Connection[Any],
     name: str,
-    tables: tuple[str, ...],
+    tables: Sequence[tuple[str, str]],
     mode: PublicationAutocreate | None = None,
     generated: bool = False,
 ) -> list[tuple[str, str]]:
-    """Create or align the publication as ``mode`` allows (see the module docstring); return
-    the captured tables as (schema, table). ``generated`` (``postgres.publish_generated_columns``)
-    creates it with stored generated columns on PostgreSQL 18+; an existing publication keeps
-    its own choice."""
+    """Create or align the publication for ``tables`` (``postgres.tables`` as (schema, table))
+    as ``mode`` allows (see the module docstring); return the captured tables likewise.
+    ``generated`` (``postgres.publish_generated_columns``) creates it with stored generated
+    columns on PostgreSQL 18+; an existing publication keeps its own choice."""
     generated = generated and conn.info.server_version >= GENERATED_COLUMNS_SINCE
     _check_listed_tables_exist(conn, tables)
     explicit = mode is not None
@@ -202,13 +209,14 @@ def ensure_publication(
             "disabled to stream what it covers"
         )
     if tables:
-        have = {f"{s}.{t}" for s, t in captured_tables(conn, name)}
-        if have != set(tables):
+        have, want = set(captured_tables(conn, name)), set(tables)
+        if have != want:
             if mode is Mode.DISABLED:
-                missing, extra = sorted(set(tables) - have), sorted(have - set(tables))
+                missing = ", ".join(quote_table(t) for t in sorted(want - have)) or "none"
+                extra = ", ".join(quote_table(t) for t in sorted(have - want)) or "none"
                 raise ConfigError(
                     f"publication {name} does not cover exactly postgres.tables (missing: "
-                    f"{', '.join(missing) or 'none'}; not listed: {', '.join(extra) or 'none'})"
+                    f"{missing}; not listed: {extra})"
                     f" and {SETTING}=disabled: have its owner run "
                     f"`{_alter(name, tables).as_string(conn)}`, or list its tables"
                 )

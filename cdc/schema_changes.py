@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from pgcdc.core.qualified_names import quote_table
 from schemas.model import TableSchema
 
 # [[column, type name, type modifier], ...] in column order, as JSON keeps it.
@@ -72,11 +73,12 @@ ORDER BY p.schemaname, p.tablename, a.attnum
 def published_shapes(
     conn: psycopg.Connection[Any], publication: str, generated: bool
 ) -> dict[str, Shape]:
-    """Every published table's shape, by ``schema.table``, from the catalog in one query:
-    a table altered and not written since has sent no Relation message yet."""
+    """Every published table's shape, by ``schema.table`` (:func:`quote_table`, the key of
+    ``relations``), from the catalog in one query: a table altered and not written since has
+    sent no Relation message yet."""
     out: dict[str, Shape] = {}
     for schema, table, column, type_name, typmod in conn.execute(
         _SHAPES_SQL, (publication, generated)
     ).fetchall():
-        out.setdefault(f"{schema}.{table}", []).append([column, type_name, int(typmod)])
+        out.setdefault(quote_table((schema, table)), []).append([column, type_name, int(typmod)])
     return out

@@ -23,6 +23,7 @@ from cdc.kafka_clients import admin_client, cluster_metadata
 from cdc.keys import KEY_COLUMNS_SETTING, matching_rule
 from cdc.table_topics import TableTopics
 from pgcdc.core.contract import table_topic
+from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import KafkaSettings
 from schemas.envelope import EventEncoder
 
@@ -83,7 +84,7 @@ def warn_not_snapshotted(table: str, when: str) -> None:
 
 def warn_left(table: tuple[str, str], prefix: str) -> None:
     """A table left the captured set: say what stays behind and the command that removes it."""
-    name = f"{table[0]}.{table[1]}"
+    name = quote_table(table)
     log.warning(
         "table %s left the captured set (postgres.tables or the publication): its changes are "
         "no longer captured, and its topic %s and the followers' copies keep its last rows; "

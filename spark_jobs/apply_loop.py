@@ -46,7 +46,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.kafka_config import client_config
-from pgcdc.core.settings import ParsePath, ReadPath, Settings, ValueFormat
+from pgcdc.core.settings import Settings, ValueFormat
+from pgcdc.core.spark_settings import ParsePath, ReadPath
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for

@@ -20,7 +20,7 @@ from typing import Any
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
-from pgcdc.core.settings import ReadPath
+from pgcdc.core.spark_settings import ReadPath
 from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.interrupt import await_stop

@@ -9,7 +9,8 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.kafka_config import spark_source_options
-from pgcdc.core.settings import ReadPath, Settings
+from pgcdc.core.settings import Settings
+from pgcdc.core.spark_settings import ReadPath
 from spark_jobs.kafka_direct import SOURCE_NAME, Subscription, direct_source
 from spark_jobs.options import JobOptions
 

@@ -41,6 +41,7 @@ from cdc.observer import NullObserver, StreamObserver
 from cdc.schema_changes import Shape, describe
 from pgcdc.core.contract import table_topic, version_headers
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.qualified_names import quote_table, split_qualified
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class IncrementalSnapshots:
         table again (:meth:`Requests.schema_changed`). Saved before the change that follows
         the message can be acknowledged (:meth:`save_pending`, before each acknowledgment:
         a storm of DDL costs one write an acknowledgment, not one a message)."""
-        name = f"{table[0]}.{table[1]}"
+        name = quote_table(table)
         before = self.state.relations.get(name)
         if before == columns:
             return
@@ -156,8 +157,7 @@ class IncrementalSnapshots:
             if self._looked is not None and before == columns:
                 continue
             if self.state.relations[name] != columns:
-                schema, _, table = name.partition(".")
-                self.relation_seen((schema, table), columns)
+                self.relation_seen(split_qualified(name), columns)
         self._looked = seen
 
     def save_pending(self) -> None:

@@ -38,6 +38,8 @@ from pglast.parser import ParseError
 from pglast.stream import RawStream
 from psycopg import sql
 
+from pgcdc.core.qualified_names import split_qualified
+
 SAFE_SEARCH_PATH = "SET LOCAL search_path TO pg_catalog, pg_temp"
 
 # Node types a filter may hold (a value node, String/Integer/..., anywhere).
@@ -116,7 +118,7 @@ def check_expression(
 ) -> CheckedFilter:
     """Parse ``text`` and walk it (rules 1, 2 of the module docstring); FilterRefused if it
     is not one boolean expression over ``columns``."""
-    allowed = {tuple(f.split(".", 1)) for f in allowed_functions}
+    allowed = {split_qualified(f, "function") for f in allowed_functions}
     try:
         statements = parse_sql(f"SELECT WHERE {text}")
     except ParseError as e:
@@ -139,7 +141,7 @@ def check_expression(
 
 
 class _Walker:
-    def __init__(self, columns: set[str], allowed: set[tuple[str, ...]]) -> None:
+    def __init__(self, columns: set[str], allowed: set[tuple[str, str]]) -> None:
         self.columns = columns
         self.allowed = allowed
         self.functions: set[tuple[str | None, str]] = set()

@@ -22,6 +22,7 @@ from cdc.incremental.signals import SnapshotRequest, StopRequest
 from cdc.schema_changes import Shape
 from cdc.table_checks import warn_not_snapshotted
 from pgcdc.core.errors import SchemaError
+from pgcdc.core.qualified_names import quote_table
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class Requests:
         """``table``'s columns changed (``what``, :func:`cdc.schema_changes.describe`):
         snapshot it again from its first key (unless turned off), whatever was queued for
         it, so that every row reaches the followers in its new shape."""
-        name = f"{table[0]}.{table[1]}"
+        name = quote_table(table)
         if table == self.config.signal_table:
             return
         way = f"`cdc snapshot {name}` (on the primary) publishes every row in its new shape"

@@ -25,6 +25,10 @@ import orjson
 
 from cdc.incremental.queue import KeyRange
 
+# Names are read and written by the one rule (re-exported: the signal modules import them here).
+from pgcdc.core.qualified_names import quote_table as quote_table
+from pgcdc.core.qualified_names import split_name as split_name
+
 log = logging.getLogger(__name__)
 
 SIGNAL_PREFIX = "pgcdc-signal"
@@ -61,42 +65,6 @@ class StopRequest:
 
 
 Signal = SnapshotRequest | StopRequest
-
-
-def split_name(name: str) -> list[str]:
-    """The parts of a possibly qualified name, ``"`` quoting (and ``""`` escaping) honoured:
-    ``public.orders`` -> [public, orders], ``"my.schema"."T"`` -> [my.schema, T]. Unquoted
-    parts are kept as written (PostgreSQL would fold them to lower case; names here are
-    compared as the catalog spells them)."""
-    parts: list[str] = []
-    cur: list[str] = []
-    i, n = 0, len(name)
-    while i < n:
-        c = name[i]
-        if c == '"':
-            j = i + 1
-            while True:
-                k = name.find('"', j)
-                if k < 0:
-                    raise ValueError(f"table {name!r}: unterminated quote")
-                if k + 1 < n and name[k + 1] == '"':
-                    cur.append(name[j : k + 1])
-                    j = k + 2
-                    continue
-                cur.append(name[j:k])
-                i = k + 1
-                break
-            continue
-        if c == ".":
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-        i += 1
-    parts.append("".join(cur))
-    if not all(p.strip() for p in parts):
-        raise ValueError(f"table {name!r} must be written as schema.table")
-    return [p.strip() for p in parts]
 
 
 def split_table(name: str) -> Table:
@@ -180,12 +148,3 @@ def execute_document(
 def stop_document(tables: Iterable[Table]) -> dict[str, Any]:
     names = [quote_table(t) for t in tables]
     return {"id": uuid.uuid4().hex, "type": STOP, "data": {"data-collections": names}}
-
-
-def quote_table(table: Table) -> str:
-    """``schema.table``, each part quoted only when it holds a dot or a quote."""
-
-    def part(p: str) -> str:
-        return '"' + p.replace('"', '""') + '"' if "." in p or '"' in p else p
-
-    return f"{part(table[0])}.{part(table[1])}"

@@ -11,13 +11,11 @@ each with where it came from (:mod:`pgcdc.core.settings_sources`).
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -25,6 +23,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -34,6 +33,9 @@ from pgcdc.core import client_security, ports
 from pgcdc.core.client_security import SaslMechanism, SecurityProtocol
 from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.key_columns import KeyColumns, parse_message_key_columns
+from pgcdc.core.qualified_names import split_list, split_qualified
+from pgcdc.core.spark_settings import SparkSettings
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -96,22 +98,6 @@ class ValueFormat(StrEnum):
     AVRO = "avro"
 
 
-class ParsePath(StrEnum):
-    """Where the sync jobs parse the Debezium JSON: Spark SQL's ``from_json`` in the JVM, or
-    orjson in the Python task that applies it (:mod:`spark_jobs.parse`)."""
-
-    JVM = "jvm"
-    PYTHON = "python"
-
-
-class ReadPath(StrEnum):
-    """How the sync jobs read Kafka: Spark's Kafka source (every record through the JVM), or
-    each task its own offset range with librdkafka (:mod:`spark_jobs.kafka_direct`)."""
-
-    SPARK = "spark"
-    DIRECT = "direct"
-
-
 class PublicationAutocreate(StrEnum):
     """Debezium's ``publication.autocreate.mode``: what the reader may do to the publication."""
 
@@ -128,37 +114,6 @@ class UnproducibleRecords(StrEnum):
     DEAD_LETTER = "dead_letter"  # write it to kafka.dead_letter_topic with the reason; go on
 
 
-class KeyColumns(NamedTuple):
-    """One ``message_key_columns`` entry: tables whose ``schema.table`` matches the regular
-    expression ``table_pattern`` (the whole name) are keyed by ``columns``, in that order."""
-
-    table_pattern: str
-    columns: tuple[str, ...]
-
-
-def parse_message_key_columns(text: str) -> tuple[KeyColumns, ...]:
-    """Debezium's ``message.key.columns`` syntax: ``<table>:<col>,<col>;<table>:<col>``,
-    where each ``<table>`` is a regular expression matched against ``schema.table``."""
-    rules = []
-    for entry in text.split(";"):
-        if not entry.strip():
-            continue
-        pattern, sep, cols = entry.rpartition(":")
-        columns = tuple(c.strip() for c in cols.split(",") if c.strip())
-        if not sep or not pattern.strip() or not columns:
-            raise ValueError(
-                f"entry {entry.strip()!r} is not <schema>.<table>:<column>[,<column>...]"
-            )
-        try:
-            re.compile(pattern.strip())
-        except re.error as e:
-            raise ValueError(
-                f"table pattern {pattern.strip()!r} is not a regular expression: {e}"
-            ) from e
-        rules.append(KeyColumns(pattern.strip(), columns))
-    return tuple(rules)
-
-
 # Debezium's skipped.operations values (its "none" means the empty set).
 OPERATIONS = ("c", "u", "d", "t")
 
@@ -169,7 +124,8 @@ class PostgresSettings(BaseModel):
     dsn: SecretStr = SecretStr(ports.POSTGRES_DSN)
     slot_name: str = "cdc_slot"
     publication_name: str = "cdc_pub"
-    # Include list of "schema.table"; empty means every table.
+    # Include list of "schema.table" (a name with a dot or a comma in double quotes, as in
+    # SQL: public."a.b"); empty means every table.
     tables: Annotated[tuple[str, ...], NoDecode] = ()
     # Debezium's publication.autocreate.mode; unset: filtered when postgres.tables lists
     # tables, else all_tables. A least-privilege role uses disabled (see docs/own-postgres.md).
@@ -265,15 +221,7 @@ class PostgresSettings(BaseModel):
                     raise ValueError(
                         f"tables {v!r} is neither a JSON list nor comma-separated"
                     ) from e
-            return tuple(t.strip() for t in v.split(",") if t.strip())
-        return v
-
-    @field_validator("tables")
-    @classmethod
-    def _qualified(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for t in v:
-            if t.count(".") != 1 or not all(t.split(".")):
-                raise ValueError(f"table {t!r} must be written as schema.table")
+            return split_list(v)
         return v
 
     @field_validator("signal_secret", mode="before")
@@ -294,24 +242,26 @@ class PostgresSettings(BaseModel):
     @field_validator("signal_trusted_roles", "signal_filter_functions", mode="before")
     @classmethod
     def _split_names(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return tuple(t.strip() for t in v.split(",") if t.strip())
+        return split_list(v) if isinstance(v, str) else v
+
+    @field_validator("tables", "signal_data_collection", "signal_filter_functions")
+    @classmethod
+    def _qualified(cls, v: Any, info: ValidationInfo) -> Any:
+        what = "function" if info.field_name == "signal_filter_functions" else "table"
+        for name in (v,) if isinstance(v, str) else v or ():
+            split_qualified(name, what)
         return v
 
-    @field_validator("signal_filter_functions")
-    @classmethod
-    def _qualified_functions(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for f in v:
-            if f.count(".") != 1 or not all(f.split(".")):
-                raise ValueError(f"signal_filter_functions entry {f!r} must be schema.function")
-        return v
+    @property
+    def listed_tables(self) -> tuple[tuple[str, str], ...]:
+        """``tables`` as (schema, table), read by :mod:`pgcdc.core.qualified_names`."""
+        return tuple(split_qualified(t) for t in self.tables)
 
-    @field_validator("signal_data_collection")
-    @classmethod
-    def _qualified_signal(cls, v: str | None) -> str | None:
-        if v is not None and (v.count(".") != 1 or not all(v.split("."))):
-            raise ValueError(f"signal_data_collection {v!r} must be written as schema.table")
-        return v
+    @property
+    def signal_table(self) -> tuple[str, str] | None:
+        """``signal_data_collection`` as (schema, table), if set."""
+        name = self.signal_data_collection
+        return split_qualified(name) if name else None
 
     @field_validator("message_key_columns", mode="before")
     @classmethod
@@ -525,60 +475,6 @@ class SearchSettings(BaseModel):
     def _auth_complete(self) -> SearchSettings:
         client_security.check_search(self)
         return self
-
-
-class SparkSettings(BaseModel):
-    model_config = _FROZEN
-
-    master: str = "local[2]"
-    # Each job checkpoints to <checkpoint_dir>/<job>. A relative path is made absolute against
-    # the current directory when the settings are loaded, so the driver and the executors
-    # (which receive the loaded settings) name the same folder; a URI (hdfs://…) is kept.
-    checkpoint_dir: str = Field(default=".stack/checkpoints", validate_default=True)
-    trigger_interval: str = "500 milliseconds"
-    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
-    # Tasks per micro-batch when more than the topics' partitions: the Kafka source splits
-    # offset ranges and the jobs spread the batch by (topic, key) hash (one shuffle). Unset:
-    # one task per Kafka partition and no shuffle (one key lives in one partition).
-    min_partitions: int | None = Field(default=None, ge=1)
-    # How long a job keeps running a batch again while its follower is unreachable (the
-    # sink's own retries exhausted) before it stops with one line; a restart resumes there.
-    follower_retry_s: float = Field(default=600.0, ge=0)
-    # The shared job (spark_jobs/sync.py, several followers): how long one follower may stay
-    # unreachable within a batch while another follower applies it before the job goes on
-    # without it; it is then *behind* and catches up from Kafka when it answers again.
-    follower_behind_after_s: float = Field(default=30.0, ge=0)
-    # `cdc status` is unhealthy (exit 3) when a follower's watermark has not advanced for
-    # this long while the reader has acknowledged changes past it (a stopped or stuck job;
-    # an idle database is not). A rate-limited catch-up longer than this counts too: its
-    # watermark waits until the job reaches the end of the topics.
-    watermark_stale_s: float = Field(default=60.0, gt=0)
-    # Where `cdc status` finds each running job's /metrics: job name -> the URL of its
-    # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
-    job_endpoints: dict[str, str] = Field(default_factory=dict)
-    starting_offsets: str = "earliest"
-    # Where the jobs parse each record: `jvm` (Spark SQL's from_json) or `python` (orjson
-    # in the task that applies it, one parse per record: spark_jobs/parse.py).
-    parse: ParsePath = ParsePath.JVM
-    # How the jobs read Kafka: `spark` (Spark's Kafka source; every record crosses the JVM)
-    # or `direct` (each task reads its offset range itself with librdkafka and parses it in
-    # Python, whatever `parse` says; a task per Kafka partition, so not with
-    # `min_partitions`: spark_jobs/kafka_direct.py).
-    read: ReadPath = ReadPath.SPARK
-
-    @model_validator(mode="after")
-    def _direct_is_a_task_per_partition(self) -> SparkSettings:
-        if self.read is ReadPath.DIRECT and self.min_partitions:
-            raise ValueError(
-                "spark.min_partitions splits partitions, which spark.read = direct does not "
-                "(a task per Kafka partition): leave one of them out"
-            )
-        return self
-
-    @field_validator("checkpoint_dir")
-    @classmethod
-    def _absolute_checkpoint_dir(cls, v: str) -> str:
-        return v if urlsplit(v).scheme else os.path.abspath(v)
 
 
 class Settings(BaseSettings):

@@ -3,8 +3,8 @@
 ``python -m pgcdc.core.settings_doc`` rewrites the file; ``--check`` exits 1 when it is
 stale (a unit test does the same). Each setting's meaning is its ``Field(description=...)``,
 else a line of :data:`MEANINGS` here, else the comment written above or beside it in
-:mod:`pgcdc.core.settings`; the Debezium property it corresponds to comes from
-:data:`DEBEZIUM`.
+:mod:`pgcdc.core.settings` (the spark section's in :mod:`pgcdc.core.spark_settings`); the
+Debezium property it corresponds to comes from :data:`DEBEZIUM`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pgcdc.core import settings as model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 
-# Meanings of settings that carry no comment of their own in pgcdc/core/settings.py (or
-# share one with their neighbours).
+# Meanings of settings that carry no comment of their own in pgcdc/core/settings.py or
+# spark_settings.py (or share one with their neighbours).
 MEANINGS = {
     "postgres.dsn": "libpq connection string or URI of the captured database; "
     "TLS with `sslmode=verify-full&sslrootcert=<ca file>`",

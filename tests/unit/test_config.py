@@ -107,3 +107,61 @@ def test_bad_config_files(tmp_path: Path) -> None:
 def test_secrets_are_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDC_POSTGRES__DSN", "postgresql://u:hunter2@db/app")
     assert "hunter2" not in repr(load_settings())
+
+
+# --- qualified names: one rule (pgcdc.core.qualified_names) for every setting -------------
+
+QUOTED = '"my.schema"."my.table"'
+
+
+def test_a_quoted_dotted_name_is_taken_by_every_setting_and_split_alike(tmp_path: Path) -> None:
+    from cdc.incremental.signals import split_table
+
+    env = {
+        "CDC_POSTGRES__TABLES": f'{QUOTED}, public."a.b", "x,y".z',
+        "CDC_POSTGRES__SIGNAL_DATA_COLLECTION": 'public."sig.nals"',
+        "CDC_POSTGRES__SIGNAL_FILTER_FUNCTIONS": '"my.schema"."tenant.of", public.f',
+    }
+    pg = load_settings(environ=env).postgres
+    assert pg.tables == (QUOTED, 'public."a.b"', '"x,y".z')  # as written
+    assert pg.listed_tables == (("my.schema", "my.table"), ("public", "a.b"), ("x,y", "z"))
+    assert [split_table(t) for t in pg.tables] == list(pg.listed_tables)
+    assert pg.signal_table == ("public", "sig.nals") == split_table('public."sig.nals"')
+    assert pg.signal_filter_functions == ('"my.schema"."tenant.of"', "public.f")
+
+    f = tmp_path / "cdc.toml"
+    f.write_text(f"[postgres]\ntables = ['{QUOTED}']\nsignal_data_collection = '{QUOTED}'\n")
+    pg = load_settings(f, environ={}).postgres
+    assert pg.listed_tables == (("my.schema", "my.table"),)
+    assert pg.signal_table == ("my.schema", "my.table")
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("a", "must be written as schema.{what}"),
+        ("a.b.c", "must be written as schema.{what}"),
+        (".b", "must be written as schema.{what}"),
+        ("a.", "must be written as schema.{what}"),
+        ('"a.b', "unterminated quote"),
+        ('a"b".c', "a quote must enclose a whole part"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("setting", "what"),
+    [
+        ("postgres.tables", "table"),
+        ("postgres.signal_data_collection", "table"),
+        ("postgres.signal_filter_functions", "function"),
+    ],
+)
+def test_a_name_that_is_not_schema_dot_name_is_refused_naming_the_setting(
+    name: str, reason: str, setting: str, what: str
+) -> None:
+    variable = "CDC_" + setting.upper().replace(".", "__")
+    with pytest.raises(ConfigError) as e:
+        load_settings(environ={variable: name})
+    message = str(e.value)
+    assert message.startswith(f"invalid setting {setting} = ")
+    assert f"(from {variable}): " in message
+    assert message.endswith(reason.format(what=what)), message

@@ -16,14 +16,8 @@ from cdc.keys import KeyFacts, check_key_columns, key_columns, matching_rule
 from cdc.live_keys import LiveKeys
 from pgcdc.core.contract import decode_unchanged_header, encode_unchanged_header
 from pgcdc.core.errors import ConfigError
-from pgcdc.core.settings import (
-    KeyColumns,
-    PostgresSettings,
-    SchemaSettings,
-    ValueFormat,
-    load_settings,
-    parse_message_key_columns,
-)
+from pgcdc.core.key_columns import KeyColumns, parse_message_key_columns
+from pgcdc.core.settings import PostgresSettings, SchemaSettings, ValueFormat, load_settings
 from schemas.envelope import EventEncoder
 from schemas.model import Column, PgType, SourceInfo, TableSchema
 

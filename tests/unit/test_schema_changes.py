@@ -4,13 +4,17 @@ The real-server run is tests/integration/incremental/test_schema_changes.py."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Any, cast
 
 import pytest
 
+from cdc.incremental.engine import IncrementalSnapshots
+from cdc.incremental.merge import ReadSnapshot
 from cdc.incremental.queue import SnapshotsState, TableSnapshot
 from cdc.incremental.requests import EngineConfig, Requests
-from cdc.schema_changes import describe, shape
+from cdc.incremental.worker import ChunkRequest
+from cdc.schema_changes import Shape, describe, published_shapes, shape
 from schemas.model import Column, PgType, TableSchema
 
 pytestmark = pytest.mark.unit
@@ -116,3 +120,84 @@ def test_the_signal_table_is_not_snapshotted() -> None:
     state = SnapshotsState()
     _requests(state, signal_table=("public", "items")).schema_changed(("public", "items"), "x")
     assert state.queue == []
+
+
+class _OneTable:
+    """The engine's catalog: one published table, whose columns are ``columns`` now (read by
+    published_shapes, from the rows its query returns)."""
+
+    def __init__(self, table: tuple[str, str], columns: list[list[Any]]) -> None:
+        self.table, self.rows = table, [(*table, *c) for c in columns]
+
+    def execute(self, query: str, params: Any) -> _OneTable:
+        return self
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def captured(self) -> list[tuple[str, str]]:
+        return [self.table]
+
+    def shapes(self) -> dict[str, Shape]:
+        return published_shapes(cast(Any, self), "pub", False)
+
+    def visibility(self) -> ReadSnapshot:
+        return ReadSnapshot(frozenset(), 1)
+
+    def committed_invisible(self) -> frozenset[int]:
+        return frozenset()
+
+    def close(self) -> None:
+        pass
+
+
+class _NoSignals:
+    def poll_topic(self) -> list[Any]:
+        return []
+
+    def commit_topic(self) -> None:
+        pass
+
+    def recheck_table(self) -> None:
+        pass
+
+
+class _Chunks:
+    def __init__(self) -> None:
+        self.asked: list[ChunkRequest] = []
+
+    def submit(self, request: ChunkRequest) -> Future[Any]:
+        self.asked.append(request)
+        return Future()  # never read: the test looks at what was asked
+
+
+def test_a_shape_change_the_catalog_shows_snapshots_the_table_with_dots_in_its_names() -> None:
+    # The shapes are keyed by the table's name as the one rule writes it, and read back by it:
+    # my.schema.my.table cut at its first dot would snapshot ("my", "schema.my.table").
+    table = ("my.schema", "my.table")
+    old, new = [["id", "int4", -1]], [["id", "int4", -1], ["n", "text", -1]]
+    state = SnapshotsState(captured=[table], relations={'"my.schema"."my.table"': old})
+    chunks = _Chunks()
+    engine = IncrementalSnapshots(
+        EngineConfig("p", "pub"),
+        state=state,
+        save=lambda s: None,
+        chunks=chunks,
+        publisher=cast(Any, None),
+        catalog=_OneTable(table, new),
+        intake=cast(Any, _NoSignals()),
+    )
+    engine.tick(0.0)
+    assert [s.key for s in state.queue] == [table]
+    assert [(r.schema, r.table) for r in chunks.asked] == [table]
+    assert state.relations == {'"my.schema"."my.table"': new}
+
+
+def test_the_command_it_suggests_names_a_dotted_table_so_that_it_reads_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        _requests(SnapshotsState(), snapshot_on_schema_change=False).schema_changed(
+            ("my.schema", "items"), "name dropped"
+        )
+    assert '`cdc snapshot "my.schema".items` (on the primary)' in caplog.text

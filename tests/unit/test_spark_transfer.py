@@ -298,7 +298,8 @@ def test_arrow_rows_equal_the_pickled_rows_of_the_same_records(spark: Any) -> No
 @pytest.mark.spark
 def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: Any) -> None:
     from pgcdc.core.errors import RetryableSinkError
-    from pgcdc.core.settings import ParsePath, load_settings
+    from pgcdc.core.settings import load_settings
+    from pgcdc.core.spark_settings import ParsePath
     from spark_jobs.apply_loop import ApplyBatch
     from spark_jobs.options import JobOptions
     from tests.unit.test_spark_transforms import _event, _headers, _key

@@ -1,0 +1,81 @@
+"""The ``spark`` section of :class:`pgcdc.core.settings.Settings`, with the choices only it
+takes: how the sync jobs run, read Kafka and parse its records, and when ``cdc status`` finds
+a follower behind or stale."""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ParsePath(StrEnum):
+    """Where the sync jobs parse the Debezium JSON: Spark SQL's ``from_json`` in the JVM, or
+    orjson in the Python task that applies it (:mod:`spark_jobs.parse`)."""
+
+    JVM = "jvm"
+    PYTHON = "python"
+
+
+class ReadPath(StrEnum):
+    """How the sync jobs read Kafka: Spark's Kafka source (every record through the JVM), or
+    each task its own offset range with librdkafka (:mod:`spark_jobs.kafka_direct`)."""
+
+    SPARK = "spark"
+    DIRECT = "direct"
+
+
+class SparkSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    master: str = "local[2]"
+    # Each job checkpoints to <checkpoint_dir>/<job>. A relative path is made absolute against
+    # the current directory when the settings are loaded, so the driver and the executors
+    # (which receive the loaded settings) name the same folder; a URI (hdfs://…) is kept.
+    checkpoint_dir: str = Field(default=".stack/checkpoints", validate_default=True)
+    trigger_interval: str = "500 milliseconds"
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1)
+    # Tasks per micro-batch when more than the topics' partitions: the Kafka source splits
+    # offset ranges and the jobs spread the batch by (topic, key) hash (one shuffle). Unset:
+    # one task per Kafka partition and no shuffle (one key lives in one partition).
+    min_partitions: int | None = Field(default=None, ge=1)
+    # How long a job keeps running a batch again while its follower is unreachable (the
+    # sink's own retries exhausted) before it stops with one line; a restart resumes there.
+    follower_retry_s: float = Field(default=600.0, ge=0)
+    # The shared job (spark_jobs/sync.py, several followers): how long one follower may stay
+    # unreachable within a batch while another follower applies it before the job goes on
+    # without it; it is then *behind* and catches up from Kafka when it answers again.
+    follower_behind_after_s: float = Field(default=30.0, ge=0)
+    # `cdc status` is unhealthy (exit 3) when a follower's watermark has not advanced for
+    # this long while the reader has acknowledged changes past it (a stopped or stuck job;
+    # an idle database is not). A rate-limited catch-up longer than this counts too: its
+    # watermark waits until the job reaches the end of the topics.
+    watermark_stale_s: float = Field(default=60.0, gt=0)
+    # Where `cdc status` finds each running job's /metrics: job name -> the URL of its
+    # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
+    job_endpoints: dict[str, str] = Field(default_factory=dict)
+    starting_offsets: str = "earliest"
+    # Where the jobs parse each record: `jvm` (Spark SQL's from_json) or `python` (orjson
+    # in the task that applies it, one parse per record: spark_jobs/parse.py).
+    parse: ParsePath = ParsePath.JVM
+    # How the jobs read Kafka: `spark` (Spark's Kafka source; every record crosses the JVM)
+    # or `direct` (each task reads its offset range itself with librdkafka and parses it in
+    # Python, whatever `parse` says; a task per Kafka partition, so not with
+    # `min_partitions`: spark_jobs/kafka_direct.py).
+    read: ReadPath = ReadPath.SPARK
+
+    @model_validator(mode="after")
+    def _direct_is_a_task_per_partition(self) -> SparkSettings:
+        if self.read is ReadPath.DIRECT and self.min_partitions:
+            raise ValueError(
+                "spark.min_partitions splits partitions, which spark.read = direct does not "
+                "(a task per Kafka partition): leave one of them out"
+            )
+        return self
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _absolute_checkpoint_dir(cls, v: str) -> str:
+        return v if urlsplit(v).scheme else os.path.abspath(v)

@@ -478,7 +478,7 @@ def check_postgres(settings: Settings) -> list[CheckResult]:
 
 def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     """Who may send signals: the signing key, and the signal table's grants."""
-    from cdc.incremental.auth import key_of
+    from cdc.incremental.auth import SET_A_KEY, key_of
     from cdc.incremental.signal_table import untrusted_writers
 
     pg = settings.postgres
@@ -493,8 +493,8 @@ def _signals(conn: psycopg.Connection[Any], settings: Settings) -> CheckResult:
     if key.key is None:
         return _fail(
             "postgres",
-            "no key signs signals: cdc snapshot and the signal topic are refused",
-            key.source,
+            f"{key.source}: cdc snapshot and the signal topic are refused",
+            SET_A_KEY,
         )
     return _ok("postgres", f"signals are signed with {key.source}")
 

@@ -82,12 +82,14 @@ def key_of(pg: PostgresSettings) -> SignalKey:
         if password
         else "postgres.dsn holds no password to derive a key from"
     )
-    return SignalKey(
-        None,
-        f"there is no signal key: {why}; set postgres.signal_secret (16 characters or more, "
-        "e.g. CDC_POSTGRES__SIGNAL_SECRET=$(openssl rand -base64 32)) on the reader and the "
-        "sender",
-    )
+    return SignalKey(None, f"there is no signal key ({why})")
+
+
+# How to give a reader and its senders a key (the way past every "no key" line).
+SET_A_KEY = (
+    "set postgres.signal_secret (16 characters or more, e.g. "
+    "CDC_POSTGRES__SIGNAL_SECRET=$(openssl rand -base64 32)) on the reader and the sender"
+)
 
 
 def signal_key(pg: PostgresSettings) -> bytes | None:
@@ -127,7 +129,7 @@ def sign_value(pg: PostgresSettings, body: bytes) -> bytes:
     send --sign``); ConfigError without a key or a JSON object."""
     found = key_of(pg)
     if found.key is None:
-        raise ConfigError(f"--sign needs a signal key, and {found.source}")
+        raise ConfigError(f"--sign needs a signal key, and {found.source}: {SET_A_KEY}")
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -178,7 +180,7 @@ class Verifier:
 
     def _check(self, content: bytes) -> Verified | str:
         if self._key is None:
-            return f"signed signals are refused: {self._missing}"
+            return f"signed signals are refused: {self._missing}; {SET_A_KEY}"
         if not content.startswith(MAGIC) or len(content) < len(MAGIC) + 65:
             return "not signed (expected sig1:<hmac>:<document>; see docs/incremental-snapshots.md)"
         digest, sep, payload = content[len(MAGIC) :].partition(b":")

@@ -17,7 +17,7 @@ import psycopg
 
 from cdc.catalog import load_table
 from cdc.connection import connect, current_database
-from cdc.incremental.auth import key_of, sign
+from cdc.incremental.auth import SET_A_KEY, key_of, sign
 from cdc.incremental.filters import FilterRefused, check_expression, check_on_server
 from cdc.incremental.queue import Table
 from cdc.incremental.signals import (
@@ -64,7 +64,7 @@ def send_snapshot_signal(
     check fails."""
     found = key_of(pg)
     if found.key is None:
-        raise ConfigError(f"cdc snapshot signs its signal, and {found.source}")
+        raise ConfigError(f"cdc snapshot signs its signal, and {found.source}: {SET_A_KEY}")
     key = found.key
     if not names and not stop:
         raise ConfigError("name at least one table to snapshot (schema.table)")

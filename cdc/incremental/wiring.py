@@ -9,7 +9,7 @@ import sys
 import psycopg
 
 from cdc.connection import connect, in_recovery
-from cdc.incremental.auth import Verifier, key_of
+from cdc.incremental.auth import SET_A_KEY, Verifier, key_of
 from cdc.incremental.channels import SignalIntake
 from cdc.incremental.cursor import ChunkPublisher
 from cdc.incremental.engine import IncrementalSnapshots
@@ -119,8 +119,9 @@ def open_incremental(
     key = key_of(pg)
     if key.key is None:
         log.warning(
-            "signals through the WAL (cdc snapshot) and the signal topic are refused: %s",
+            "signals through the WAL (cdc snapshot) and the signal topic are refused: %s; %s",
             key.source,
+            SET_A_KEY,
         )
     topic = (
         SignalTopic(kafka, kafka.signal_topic, database, pg.slot_name)

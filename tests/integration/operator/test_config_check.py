@@ -18,7 +18,7 @@ from tests.integration.real_databases.throwaway import ThrowawayServer, throwawa
 pytestmark = [pytest.mark.integration]
 
 ROLE = "plain_reader"
-ROLE_PASSWORD = "pl41n-Reader-pw"
+ROLE_PASSWORD = "pl41n-Reader-pw-16+"  # 16+ characters: it derives the signal key
 TABLES = "public.items,public.keyless,public.hidden"
 
 

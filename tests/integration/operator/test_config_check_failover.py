@@ -32,6 +32,8 @@ def test_config_check_verifies_both_sides_of_a_failover_slot(endpoints: Endpoint
             "CDC_KAFKA__BOOTSTRAP_SERVERS": endpoints.kafka_bootstrap,
             "CDC_REDIS__URL": endpoints.redis_url,
             "CDC_SEARCH__URL": endpoints.search_url,
+            # The throwaway servers' password (cdc) is too short to derive a signal key.
+            "CDC_POSTGRES__SIGNAL_SECRET": "a-signal-key-of-the-failover-test",
         }
         first = _check(env)
         assert first.returncode != 0

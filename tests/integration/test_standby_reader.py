@@ -70,6 +70,8 @@ def test_the_reader_streams_from_a_standby(
         extra={
             "CDC_POSTGRES__PUBLICATION_NAME": "pub",
             "CDC_POSTGRES__PUBLICATION_AUTOCREATE_MODE": "disabled",
+            # The throwaway servers' password (cdc) is too short to derive a signal key.
+            "CDC_POSTGRES__SIGNAL_SECRET": "a-signal-key-of-the-standby-test",
         },
     )
     # A slot on a standby waits for the primary's next record of running transactions (the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import string
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,10 @@ import psycopg
 import pytest
 import redis
 
-from pgcdc.core.contract import JOBS
+from pgcdc.core.contract import JOBS, SYNC_JOB
 from tests.conftest import Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
+    SHARED_LOG,
     Pipeline,
     cache_state,
     cache_watermark,
@@ -247,32 +249,47 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
     run_reader_until_current(converged)
 
     fresh = converged.with_follower("k")
-    procs = {
-        job: start_job(
-            fresh,
-            job,
-            "--max-offsets-per-trigger",
-            "3000",
-            "--trigger-interval",
-            "100 milliseconds",
-            log=tmp_path / f"{job}.log",
-        )
-        for job in JOBS
-    }
-    # Wait until the cache job has applied at least one batch, then kill both mid-stream
-    # (rows, not the watermark: under a rate limit it waits for the end of the topics).
+    followers = ("--followers", "cache,search")
+    killed_log = tmp_path / "killed" / SHARED_LOG
+    killed_log.parent.mkdir()
+    proc = start_job(
+        fresh,
+        SYNC_JOB,
+        *followers,
+        "--max-offsets-per-trigger",
+        "3000",
+        "--trigger-interval",
+        "100 milliseconds",
+        log=killed_log,
+    )
+    # Wait until a first batch is committed and the cache holds rows, then kill the job
+    # mid-stream (rows, not the watermark: under a rate limit it waits for the end of the
+    # topics).
+    commits = fresh.checkpoint_dir / SYNC_JOB / "commits"
+
+    def committed() -> list[int]:
+        return sorted(int(f.name) for f in commits.glob("[0-9]*")) if commits.is_dir() else []
+
     wait_until(
-        lambda: cache_state(fresh, "public.orders"),
+        lambda: committed() and cache_state(fresh, "public.orders"),
         timeout=600,
         interval=0.5,
-        what="a first applied batch",
+        what="a first committed batch",
     )
-    for proc in procs.values():
-        kill_group(proc)
+    kill_group(proc)
     partial = cache_state(fresh, "public.orders")
-    # Restart from the checkpoints: the killed batch is replayed; versions make it harmless.
+    last = committed()
+    # Restart from the same checkpoint: the killed batch is replayed; versions make it
+    # harmless. The restart numbers its batches on from the last committed one: it resumed.
     run_shared_available_now(fresh, tmp_path)
-    assert partial is not None
+    assert partial is not None and last, (partial, last)
+    restarted = [
+        int(m.group(1))
+        for m in re.finditer(
+            r"batch (\d+): cache_sync applied=", (tmp_path / SHARED_LOG).read_text()
+        )
+    ]
+    assert restarted and min(restarted) > last[-1], (last, restarted)
     assert_followers_equal_leader(fresh)
 
     # Replay everything from offset 0 into the same followers with new checkpoints.
@@ -334,9 +351,17 @@ def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: P
 
     fresh = converged.with_follower("w")
     reader = start_reader(fresh, tmp_path / "reader.log")
+    # Both followers by the shared job, streaming; each records its own watermark.
     jobs = [
-        start_job(fresh, job, "--trigger-interval", "200 milliseconds", log=tmp_path / f"{job}.log")
-        for job in JOBS
+        start_job(
+            fresh,
+            SYNC_JOB,
+            "--followers",
+            "cache,search",
+            "--trigger-interval",
+            "200 milliseconds",
+            log=tmp_path / SHARED_LOG,
+        )
     ]
     try:
         marker = unique("ryw")

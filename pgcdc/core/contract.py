@@ -149,7 +149,7 @@ def decode_part(part: str) -> str:
     return raw.decode()
 
 
-def _fit(name: str, limit: int) -> str:
+def fit_name(name: str, limit: int) -> str:
     """``name`` if it fits ``limit`` bytes, else a cut of it plus ``--`` and a hash."""
     if len(name.encode()) <= limit:
         return name
@@ -165,7 +165,7 @@ def table_id(schema: str, table: str) -> str:
 
 def table_topic(prefix: str, schema: str, table: str) -> str:
     """``<prefix>.<schema>.<table>`` with the parts encoded (see the names note above)."""
-    return _fit(f"{prefix}.{table_id(schema, table)}", MAX_TOPIC_LENGTH)
+    return fit_name(f"{prefix}.{table_id(schema, table)}", MAX_TOPIC_LENGTH)
 
 
 def table_of_topic(prefix: str, topic: str) -> str:
@@ -183,7 +183,7 @@ def table_index(index_prefix: str, table_id_: str) -> str:
     encoded = ".".join(
         encode_index_part(decode_part(p)) if "--" not in p else p.lower() for p in parts
     )
-    return _fit(f"{index_prefix.lower()}-{encoded}", MAX_INDEX_NAME_BYTES)
+    return fit_name(f"{index_prefix.lower()}-{encoded}", MAX_INDEX_NAME_BYTES)
 
 
 def table_topic_pattern(prefix: str) -> str:

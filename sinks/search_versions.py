@@ -1,0 +1,148 @@
+"""The versions of a table's OpenSearch index: the one searches read, the one being built
+beside it after a schema change, and the atomic switch between them (issue 38).
+
+A table's index name ``N`` (:func:`sinks.search_index.index_name`) is what searches and the
+follower use. The first index of a table is a concrete index named ``N`` (version 1, as
+every index before versions were made). When the table's columns change in a way ``N``'s
+mapping cannot hold (a type change), the follower builds version ``K+1`` under its own name
+(:func:`version_name`, ``N-v<K+1>``: ``-v`` never occurs in an encoded table name), with the
+new mapping, and writes every change to both; searches keep reading ``N``, complete, the
+whole time. Version ``K+1`` has caught up when it holds every document the serving version
+holds (:func:`missing`): the reader snapshots the table again after the change, so each row
+that did not change since reaches the new version too. Then :func:`switch` makes ``N`` an
+alias of version ``K+1`` in one atomic ``_aliases`` call (removing a concrete ``N`` in the
+same call) and the old version is retired after.
+
+What version an index is lives in its mapping's ``_meta`` (``pgcdc_version``), so a name cut
+to fit 255 bytes (hashed) still says it. A build that was under way when the job died is
+found again by its name: the next version's index exists.
+
+Every function takes the client and raises the client's errors; the sink retries them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import NotFoundError
+
+from pgcdc.core.contract import MAX_INDEX_NAME_BYTES, fit_name
+
+META_KEY: Final = "pgcdc_version"
+PAGE: Final = 10_000  # ids per page when comparing two versions
+
+
+def version_name(name: str, version: int) -> str:
+    """The concrete index of ``version`` (2 or more) of the table index ``name``."""
+    if version < 2:
+        raise ValueError(f"version {version}: version 1 is the index {name} itself")
+    return fit_name(f"{name}-v{version}", MAX_INDEX_NAME_BYTES)
+
+
+def with_version(mapping: Mapping[str, Any], version: int) -> dict[str, Any]:
+    """``mapping`` recording that its index is ``version`` (in ``_meta``)."""
+    meta = {**dict(mapping.get("_meta") or {}), META_KEY: version}
+    return {**mapping, "_meta": meta}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The concrete index searches read through ``name``, and its version."""
+
+    name: str  # the table's index name: an alias, or (version 1) the index itself
+    index: str  # the concrete index
+    version: int
+
+    @property
+    def is_alias(self) -> bool:
+        return self.index != self.name
+
+    @property
+    def next_index(self) -> str:
+        return version_name(self.name, self.version + 1)
+
+
+def serving(client: OpenSearch, name: str) -> Serving | None:
+    """What ``name`` reads now, or None if there is no such index or alias."""
+    try:
+        got = client.indices.get_mapping(index=name)
+    except NotFoundError:
+        return None
+    if len(got) != 1:
+        raise ValueError(f"{name} names {len(got)} indices, not one: {sorted(got)}")
+    ((index, body),) = got.items()
+    meta = body.get("mappings", {}).get("_meta") or {}
+    return Serving(name, index, int(meta.get(META_KEY, 1)))
+
+
+def building(client: OpenSearch, now: Serving) -> str | None:
+    """The next version's index if a build of it is under way (its index exists)."""
+    nxt = now.next_index
+    return nxt if client.indices.exists(index=nxt) else None
+
+
+def _ids(client: OpenSearch, index: str, page: int) -> Iterator[list[str]]:
+    """Every document id of ``index``, a page at a time (search_after on _id: no scroll
+    context to keep or leak)."""
+    after: list[Any] | None = None
+    while True:
+        body: dict[str, Any] = {
+            "size": page,
+            "_source": False,
+            "sort": [{"_id": "asc"}],
+            "query": {"match_all": {}},
+        }
+        if after is not None:
+            body["search_after"] = after
+        hits = client.search(index=index, body=body)["hits"]["hits"]
+        if not hits:
+            return
+        yield [h["_id"] for h in hits]
+        after = hits[-1]["sort"]
+
+
+def count(client: OpenSearch, index: str) -> int:
+    return int(client.count(index=index)["count"])
+
+
+def missing(client: OpenSearch, now: Serving, target: str, page: int = PAGE) -> int:
+    """How many documents of the serving version ``target`` lacks (0: caught up). Both are
+    refreshed first, so what was written is compared. A count first: while the target holds
+    fewer documents it cannot have them all, and that check reads no id."""
+    client.indices.refresh(index=f"{now.index},{target}")
+    short = count(client, now.index) - count(client, target)
+    if short > 0:
+        return short
+    lacking = 0
+    for ids in _ids(client, now.index, page):
+        found = client.count(index=target, body={"query": {"ids": {"values": ids}}})["count"]
+        lacking += len(ids) - int(found)
+    return lacking
+
+
+def switch(client: OpenSearch, now: Serving, target: str) -> str | None:
+    """Make ``now.name`` read ``target`` in one atomic call; the old version to
+    :func:`retire` once the searches that had already resolved to it are done (None: there
+    is none left).
+
+    A concrete version 1 is removed in that same call (``remove_index``): that is what lets
+    its name become the alias with no moment in which the name answers nothing, but a search
+    in flight on its shards at that instant fails (503, all shards failed) and is retried by
+    the searcher. From an alias (version 2 on) the switch moves the alias only, and the old
+    version stays until it is retired: no search fails."""
+    if now.is_alias:
+        old: dict[str, Any] = {"remove": {"index": now.index, "alias": now.name}}
+    else:
+        old = {"remove_index": {"index": now.index}}
+    client.indices.update_aliases(
+        body={"actions": [old, {"add": {"index": target, "alias": now.name}}]}
+    )
+    return now.index if now.is_alias else None
+
+
+def retire(client: OpenSearch, index: str) -> None:
+    """Delete a version no alias reads any more."""
+    client.indices.delete(index=index, params={"ignore_unavailable": "true"})

@@ -1,0 +1,126 @@
+"""The versions of a table's index against the real OpenSearch (sinks.search_versions): the
+next version built beside the serving one, the check that it caught up, and the atomic switch
+while a searcher reads the table's name the whole time."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import TransportError
+
+from sinks import search_versions as v
+from sinks.search import SearchSink
+from sinks.search_index import index_settings
+from tests.conftest import Endpoints, wait_until
+
+pytestmark = pytest.mark.integration
+
+T = "public.items"
+ROWS = 1_200  # more than one page of ids at page=500
+
+
+@pytest.fixture
+def sink(endpoints: Endpoints, index_prefix: str) -> Iterator[SearchSink]:
+    s = SearchSink(endpoints.search_url, index_prefix)
+    yield s
+    s.close()
+
+
+def _create(sink: SearchSink, index: str, qty_type: str, version: int) -> None:
+    mapping = v.with_version({"properties": {"qty": {"type": qty_type}}}, version)
+    body = {"settings": index_settings("24h"), "mappings": mapping}
+    sink.client.indices.create(index=index, body=body)
+
+
+def _fill(sink: SearchSink, index: str, ids: range, qty: object) -> None:
+    lines = []
+    for i in ids:
+        lines += [{"index": {"_index": index, "_id": str(i)}}, {"qty": qty}]
+    got = sink.client.bulk(body=lines, params={"refresh": "true"})
+    assert not got["errors"], got["items"][:3]
+
+
+def test_a_version_is_built_beside_and_switched_atomically_twice(sink: SearchSink) -> None:
+    name = sink.index_for(T)
+    assert v.serving(sink.client, name) is None
+    _create(sink, name, "integer", 1)  # as every index before versions: concrete, version 1
+    _fill(sink, name, range(ROWS), 7)
+    first = v.serving(sink.client, name)
+    assert first == v.Serving(name, name, 1) and not first.is_alias
+    assert v.building(sink.client, first) is None
+
+    # Version 2 with the new mapping (qty text); the serving index cannot take text.
+    nxt = first.next_index
+    assert nxt == f"{name}-v2"
+    _create(sink, nxt, "keyword", 2)
+    assert v.building(sink.client, first) == nxt
+    _fill(sink, nxt, range(0, ROWS, 2), "many")  # half of the rows so far
+    assert v.missing(sink.client, first, nxt) == ROWS - ROWS // 2  # by count alone
+    _fill(sink, nxt, range(ROWS, ROWS + ROWS // 2), "new")  # as many, but other ids
+    assert v.missing(sink.client, first, nxt, page=500) == ROWS - ROWS // 2  # by ids
+    _fill(sink, nxt, range(1, ROWS, 2), "many")
+    assert v.missing(sink.client, first, nxt, page=500) == 0
+
+    # A searcher counts the table's documents through its name the whole time.
+    # A searcher counts the table's documents through its name the whole time, both
+    # switches long: from the concrete version 1, then from an alias.
+    seen: list[tuple[str, int]] = []
+    errors: list[tuple[str, BaseException]] = []
+    phase = ["v1"]
+    stop = threading.Event()
+    searcher_client = OpenSearch(sink.client.transport.hosts)
+
+    def search() -> None:
+        while not stop.is_set():
+            try:
+                seen.append((phase[0], int(searcher_client.count(index=name)["count"])))
+            except TransportError as e:
+                errors.append((phase[0], e))
+
+    def twenty_more(what: str) -> None:
+        start = len(seen)
+        wait_until(lambda: len(seen) >= start + 20, timeout=30, what=f"searches {what}")
+
+    searcher = threading.Thread(target=search)
+    searcher.start()
+    try:
+        twenty_more("before the switch")
+        phase[0] = "to v2"
+        assert v.switch(sink.client, first, nxt) is None  # version 1 went in the same call
+        twenty_more("after it")
+        second = v.serving(sink.client, name)
+        assert second == v.Serving(name, nxt, 2) and second.is_alias
+        third = second.next_index
+        _create(sink, third, "text", 3)
+        _fill(sink, third, range(ROWS + ROWS // 2), "x")
+        assert v.missing(sink.client, second, third) == 0
+        phase[0] = "to v3"
+        retired = v.switch(sink.client, second, third)
+        twenty_more("after the switch to v3")
+        assert retired == nxt
+        v.retire(sink.client, retired)
+        phase[0] = "retired"
+        twenty_more("after retiring v2")
+    finally:
+        stop.set()
+        searcher.join()
+        searcher_client.close()
+    # Every answer counted a complete version; only the switch away from a concrete
+    # version 1 may fail a search in flight (and then only with a retryable 503).
+    assert min(n for _, n in seen) >= ROWS, sorted({n for _, n in seen})[:5]
+    assert {n for p, n in seen if p == "retired"} == {ROWS + ROWS // 2}
+    assert all(p == "to v2" and e.status_code == 503 for p, e in errors), errors
+    assert v.serving(sink.client, name) == v.Serving(name, third, 3)
+    assert not sink.client.indices.exists(index=nxt)
+
+
+def test_a_long_name_keeps_its_version_in_the_mapping(sink: SearchSink) -> None:
+    name = sink.index_for("public." + "t" * 240)
+    nxt = v.version_name(name, 2)
+    assert len(nxt.encode()) <= 255 and nxt != name and "--" in nxt  # cut and hashed
+    _create(sink, nxt, "keyword", 2)
+    sink.client.indices.update_aliases(body={"actions": [{"add": {"index": nxt, "alias": name}}]})
+    assert v.serving(sink.client, name) == v.Serving(name, nxt, 2)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from cdc.kafka_clients import admin_client, client_conf, create_topics, read_topic
@@ -124,11 +126,42 @@ class StateStore:
         self.save_record(f"{database}/{slot}#left".encode(), value, wait=True)
 
     def ensure_topic(self) -> None:
-        """Create the compacted state topic if it is missing."""
+        """Create the compacted state topic if it is missing; one made before records could
+        grow past Kafka's 1 MB default is given the larger limit."""
         admin = admin_client(self._kafka)
         if self.topic in admin.list_topics(timeout=10).topics:
+            self._raise_record_limit(admin)
             return
         create_topics(admin, [NewTopic(self.topic, 1, self._rf, config=STATE_TOPIC_CONFIG)])
+
+    def _raise_record_limit(self, admin: AdminClient) -> None:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        try:
+            configs = admin.describe_configs([resource])[resource].result(timeout=30)
+            held = configs.get("max.message.bytes")
+            if held is not None and int(held.value) >= STATE_RECORD_BYTES:
+                return
+            entry = ConfigEntry(
+                "max.message.bytes",
+                str(STATE_RECORD_BYTES),
+                incremental_operation=AlterConfigOpType.SET,
+            )
+            resource = ConfigResource(
+                ConfigResource.Type.TOPIC, self.topic, incremental_configs=[entry]
+            )
+            admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+            log.info(
+                "state topic %s now takes records up to %d bytes", self.topic, STATE_RECORD_BYTES
+            )
+        except KafkaException as e:
+            # A principal without AlterConfigs: records past the topic's limit fail when
+            # written, with Kafka's reason; until then nothing is lost.
+            log.warning(
+                "state topic %s keeps its record limit (%s): set its max.message.bytes to %d",
+                self.topic,
+                e.args[0].str(),
+                STATE_RECORD_BYTES,
+            )
 
     def latest(self, timeout_s: float = 15.0) -> dict[bytes, bytes | None]:
         """Every key's latest value in the state topic (None: a tombstone)."""

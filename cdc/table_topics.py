@@ -61,6 +61,13 @@ class TableTopics:
 
 def cleanup_policy(kafka: KafkaSettings | str, topic: str, timeout_s: float = 30.0) -> str:
     """The topic's ``cleanup.policy`` (e.g. ``compact``, ``delete``, ``compact,delete``)."""
+    return topic_config(kafka, topic, "cleanup.policy", timeout_s) or "delete"
+
+
+def topic_config(
+    kafka: KafkaSettings | str, topic: str, name: str, timeout_s: float = 30.0
+) -> str | None:
+    """The topic's value of configuration ``name`` (None: the topic has no such entry)."""
     admin = admin_client(as_settings(kafka))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     deadline = time.monotonic() + timeout_s
@@ -75,5 +82,5 @@ def cleanup_policy(kafka: KafkaSettings | str, topic: str, timeout_s: float = 30
                 time.sleep(0.2)
                 continue
             raise PublishError(f"cannot read the configuration of {topic}: {err.str()}") from e
-    entry = configs.get("cleanup.policy")
-    return str(entry.value) if entry is not None else "delete"
+    entry = configs.get(name)
+    return str(entry.value) if entry is not None else None

@@ -53,6 +53,7 @@ from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import opensearch_options
 from pgcdc.core.settings import SearchSettings
+from sinks import search_versions as versions
 from sinks.base import (
     ApplyResult,
     BatchOutcomes,
@@ -102,6 +103,9 @@ class _Op:
     action: bytes  # the bulk action line and, for index, the source line
     note: str | None = None  # reported with an applied outcome
     last_error: str | None = None  # why the last attempt was refused, if it was
+    # A write to the version searches read while the next one is built: sent, retried, and
+    # its outcome left out (the next version's write is the change's outcome).
+    echo: bool = False
 
 
 class SearchSink:
@@ -132,8 +136,15 @@ class SearchSink:
         shards: int = 1,
         replicas: int = 0,
         refresh_interval: str = "1s",
+        evolve_indices: bool = False,
+        build_check_interval_s: float = 10.0,
     ) -> None:
         check_index_prefix(index_prefix)
+        self.evolve_indices = evolve_indices
+        self.build_check_interval_s = build_check_interval_s
+        # Tables whose next index version is being built: what searches read, and the next.
+        self._builds: dict[str, tuple[versions.Serving, str]] = {}
+        self._build_checked: dict[str, float] = {}
         self.bulk_max_bytes = bulk_max_bytes
         self.shards, self.replicas, self.refresh_interval = shards, replicas, refresh_interval
         self.index_prefix = index_prefix
@@ -167,6 +178,7 @@ class SearchSink:
                 "shards": settings.number_of_shards,
                 "replicas": settings.number_of_replicas,
                 "refresh_interval": settings.refresh_interval,
+                "evolve_indices": settings.evolve_indices,
                 **kwargs,
             },
         )
@@ -219,6 +231,8 @@ class SearchSink:
         doc_id, index = f"{_REFUSED}{table}", self.watermark_index
         if props is None:
             return  # no index yet: it is created with this schema's mapping
+        if self.evolve_indices and self._evolve(table, name, fields, refused):
+            refused = []  # the next version takes them: nothing is refused
         if refused:
             if index not in self._ready:
                 self._create_index(index, WATERMARK_MAPPING)
@@ -249,6 +263,98 @@ class SearchSink:
                 f"clear {doc_id}",
                 lambda: self.client.delete(index=index, id=doc_id, params={"ignore": 404}),
             )
+
+    def _evolve(
+        self,
+        table: str,
+        name: str,
+        fields: Sequence[Mapping[str, Any]],
+        refused: Sequence[tuple[str, str, str]],
+    ) -> bool:
+        """Build (or join the build of) the next version of ``table``'s index when its
+        serving version refuses columns, or when a build is under way (a job that died
+        mid-build, another worker that started it); True if the table's writes now go to the
+        next version too (:meth:`apply`)."""
+        now = self._retrying.call(f"resolve {name}", partial(versions.serving, self.client, name))
+        if now is None:
+            return False
+        target = self._retrying.call(
+            f"look for a build of {name}", partial(versions.building, self.client, now)
+        )
+        if target is None and refused:
+            target = now.next_index
+            mapping = versions.with_version(mapping_from_connect_schema(fields), now.version + 1)
+            self._create_index(target, mapping)
+            columns = "; ".join(
+                f"{c} is {held} in the index, {new} now" for c, held, new in refused
+            )
+            log.warning(
+                "index %s cannot take table %s's columns as they are now (%s): building version "
+                "%d (%s) beside it; searches read version %d, complete, until the new one holds "
+                "every document (the reader snapshots the table again after such a change)",
+                name,
+                table,
+                columns,
+                now.version + 1,
+                target,
+                now.version,
+                extra={"table": table, "index": name},
+            )
+        if target is None:
+            return False
+        self._builds[table] = (now, target)
+        return True
+
+    def advance_builds(self, *, force: bool = False) -> list[str]:
+        """Switch each table whose next index version holds every document of the serving
+        one (checked at most every ``build_check_interval_s``, unless ``force``); the
+        tables switched."""
+        done: list[str] = []
+        for table, (now, target) in list(self._builds.items()):
+            last = self._build_checked.get(table, 0.0)
+            if not force and time.monotonic() - last < self.build_check_interval_s:
+                continue
+            self._build_checked[table] = time.monotonic()
+            current = self._retrying.call(
+                f"resolve {now.name}", partial(versions.serving, self.client, now.name)
+            )
+            if current is not None and current.index == target:  # switched by another worker
+                del self._builds[table]
+                done.append(table)
+                continue
+            lacking = self._retrying.call(
+                f"compare {target} with {now.index}",
+                partial(versions.missing, self.client, now, target),
+            )
+            if lacking:
+                log.info(
+                    "index %s: version %d still lacks %d documents of version %d",
+                    now.name,
+                    now.version + 1,
+                    lacking,
+                    now.version,
+                    extra={"table": table, "index": now.name},
+                )
+                continue
+            retired = self._retrying.call(
+                f"switch {now.name} to {target}",
+                partial(versions.switch, self.client, now, target),
+            )
+            if retired is not None:
+                self._retrying.call(
+                    f"retire {retired}", partial(versions.retire, self.client, retired)
+                )
+            del self._builds[table]
+            done.append(table)
+            log.warning(
+                "index %s now reads version %d (%s), which holds every document of the table "
+                "as it is now",
+                now.name,
+                now.version + 1,
+                target,
+                extra={"table": table, "index": now.name},
+            )
+        return done
 
     def refused_tables(self) -> list[dict[str, Any]]:
         """The tables whose index refuses their columns as they are now (see
@@ -362,6 +468,11 @@ class SearchSink:
                 outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
             self.ensure_index(change.table)
+            build = self._builds.get(change.table)
+            if build is not None:
+                # The next version's write is the change's outcome; the serving version
+                # gets the same write as an echo, so searches see it until the switch.
+                index = build[1]
             if change.doc is None:
                 ops.append(_Op(slot, change.table, bulk_action("delete", index, change)))
                 continue
@@ -373,9 +484,26 @@ class SearchSink:
 
         if partial:
             self._merge_held(partial, ops, outcomes)
+        if self._builds:
+            ops += self._echoes(ops)
         if ops:
             self._bulk(ops, outcomes)
+        if self._builds:
+            self.advance_builds()
         return outcomes.results()
+
+    def _echoes(self, ops: Sequence[_Op]) -> list[_Op]:
+        """The same writes to the serving versions of the tables being built."""
+        echoes = []
+        for op in ops:
+            build = self._builds.get(op.table)
+            if build is None:
+                continue
+            now, target = build
+            head, sep, rest = op.action.partition(b"\n")
+            moved = head.replace(orjson.dumps(target), orjson.dumps(now.name), 1)
+            echoes.append(_Op(op.slot, op.table, moved + sep + rest, echo=True))
+        return echoes
 
     def _check(self, change: Change) -> str:
         """The change's index name; SinkError or ValueError if it cannot be written."""
@@ -505,6 +633,8 @@ class SearchSink:
                 if outcome == RETRY:
                     op.last_error = reason
                     again.append(op)
+                elif op.echo:
+                    continue  # the serving version's copy: the next version's outcome counts
                 elif outcome == Outcome.APPLIED:
                     outcomes.set(op.slot, Outcome.APPLIED, op.note)
                 else:
@@ -515,6 +645,8 @@ class SearchSink:
                 return
             if last:
                 for op in again:
+                    if op.echo:
+                        continue
                     reason = f"refused after {attempts} attempts: {op.last_error}"
                     outcomes.set(op.slot, Outcome.FAILED, reason, retryable=True)
                 return

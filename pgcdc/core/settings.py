@@ -470,6 +470,11 @@ class SearchSettings(BaseModel):
     number_of_shards: int = Field(default=1, ge=1)
     number_of_replicas: int = Field(default=0, ge=0)
     refresh_interval: str = "1s"
+    # A table whose columns change so that its index cannot take them (a type change) gets
+    # the next version of its index, built beside the one searches read (which stays complete)
+    # and switched to by an alias once it holds every document (docs/schema-changes.md).
+    # False: those changes are refused and dead-lettered, and cdc status says so.
+    evolve_indices: bool = False
 
     @model_validator(mode="after")
     def _auth_complete(self) -> SearchSettings:

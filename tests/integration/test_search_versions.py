@@ -11,7 +11,9 @@ import pytest
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import TransportError
 
+from pgcdc.core.search_documents import every_document
 from sinks import search_versions as v
+from sinks.base import Change, Outcome
 from sinks.search import SearchSink
 from sinks.search_index import index_settings
 from tests.conftest import Endpoints, wait_until
@@ -124,3 +126,65 @@ def test_a_long_name_keeps_its_version_in_the_mapping(sink: SearchSink) -> None:
     _create(sink, nxt, "keyword", 2)
     sink.client.indices.update_aliases(body={"actions": [{"add": {"index": nxt, "alias": name}}]})
     assert v.serving(sink.client, name) == v.Serving(name, nxt, 2)
+
+
+# -- the follower's sink with search.evolve_indices ----------------------------------------
+
+
+def _schema(qty: str) -> dict[str, object]:
+    """A Debezium value schema whose row has id (int32) and qty of Connect type ``qty``."""
+    row = {
+        "type": "struct",
+        "field": "after",
+        "optional": True,
+        "fields": [{"field": "id", "type": "int32"}, {"field": "qty", "type": qty}],
+    }
+    return {"type": "struct", "fields": [{**row, "field": "before"}, row]}
+
+
+def _changes(ids: range, qty: object, lsn: int) -> list[Change]:
+    return [Change(T, str(i), lsn, i, {"id": i, "qty": qty}) for i in ids]
+
+
+def test_the_sink_builds_the_next_version_after_a_type_change_and_switches(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    rows = 60
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    try:
+        name = sink.index_for(T)
+        sink.register_schema(T, _schema("int32"))
+        assert {r.outcome for r in sink.apply(_changes(range(rows), 7, 100))} == {Outcome.APPLIED}
+        # ALTER COLUMN qty TYPE text: the serving version maps qty as integer.
+        sink.register_schema(T, _schema("string"))
+        assert v.serving(sink.client, name) == v.Serving(name, name, 1)
+        assert v.building(sink.client, v.Serving(name, name, 1)) == f"{name}-v2"
+        # Changes in the new shape: applied (to version 2), not dead-lettered, although
+        # version 1 refuses them; searches still read version 1, complete.
+        got = sink.apply(_changes(range(0, rows, 3), "many", 200))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got[:2]
+        assert sink.advance_builds(force=True) == []  # two thirds of the rows not there yet
+        assert sink.client.count(index=name)["count"] == rows
+        # A worker that starts now (a restart mid-build) joins the build.
+        again = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+        try:
+            again.register_schema(T, _schema("string"))
+            # The reader's snapshot after the change brings every other row in the new shape.
+            rest = [i for i in range(rows) if i % 3]
+            got = again.apply([c for c in _changes(range(rows), "snap", 300) if int(c.key) in rest])
+            assert {r.outcome for r in got} == {Outcome.APPLIED}
+            # apply checks the build itself (at most every build_check_interval_s).
+            assert T not in again._builds or again.advance_builds(force=True) == [T]
+        finally:
+            again.close()
+        assert v.serving(sink.client, name) == v.Serving(name, f"{name}-v2", 2)
+        held = {h["_id"]: h["_source"]["qty"] for h in every_document(endpoints.search_url, name)}
+        assert len(held) == rows and held["0"] == "many" and held["1"] == "snap", held
+        # The first worker learns of the switch at its next check, and writes on.
+        assert sink.advance_builds(force=True) == [T]
+        assert {r.outcome for r in sink.apply(_changes(range(2), "later", 400))} == {
+            Outcome.APPLIED
+        }
+        assert sink.client.get(index=name, id="1")["_source"]["qty"] == "later"
+    finally:
+        sink.close()

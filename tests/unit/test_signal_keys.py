@@ -100,7 +100,7 @@ def test_a_short_dsn_password_derives_no_key(stack_dir: Path) -> None:
     found = key_of(short)
     assert found.key is None
     assert "3 characters, too few to derive a key from (16 or more)" in found.source
-    with pytest.raises(ConfigError, match="too few to derive a key.*set postgres.signal_secret"):
+    with pytest.raises(ConfigError, match=r"too few to derive a key.*set postgres\.signal_secret"):
         sign_value(short, b"{}")
     password = "p" * MIN_DERIVED_PASSWORD
     long = PostgresSettings(dsn=SecretStr(f"postgresql://cdc:{password}@db.example/cdc"))

@@ -283,7 +283,9 @@ class SearchSink:
         )
         if target is None and refused:
             target = now.next_index
-            mapping = versions.with_version(mapping_from_connect_schema(fields), now.version + 1)
+            mapping = versions.with_version(
+                mapping_from_connect_schema(fields), name, now.version + 1
+            )
             self._create_index(target, mapping)
             columns = "; ".join(
                 f"{c} is {held} in the index, {new} now" for c, held, new in refused
@@ -315,46 +317,68 @@ class SearchSink:
             if not force and time.monotonic() - last < self.build_check_interval_s:
                 continue
             self._build_checked[table] = time.monotonic()
-            current = self._retrying.call(
-                f"resolve {now.name}", partial(versions.serving, self.client, now.name)
-            )
-            if current is not None and current.index == target:  # switched by another worker
+            if self._advance(now, target, table):
                 del self._builds[table]
                 done.append(table)
-                continue
-            lacking = self._retrying.call(
-                f"compare {target} with {now.index}",
-                partial(versions.missing, self.client, now, target),
-            )
-            if lacking:
-                log.info(
-                    "index %s: version %d still lacks %d documents of version %d",
-                    now.name,
-                    now.version + 1,
-                    lacking,
-                    now.version,
-                    extra={"table": table, "index": now.name},
-                )
-                continue
-            retired = self._retrying.call(
-                f"switch {now.name} to {target}",
-                partial(versions.switch, self.client, now, target),
-            )
-            if retired is not None:
-                self._retrying.call(
-                    f"retire {retired}", partial(versions.retire, self.client, retired)
-                )
-            del self._builds[table]
-            done.append(table)
-            log.warning(
-                "index %s now reads version %d (%s), which holds every document of the table "
-                "as it is now",
+        return done
+
+    def maintain(self) -> None:
+        """After each batch, on the job's driver: switch every build under way that caught
+        up, those the workers started included (found by their indices), also while no
+        change of their table comes to call :meth:`advance_builds`."""
+        if not self.evolve_indices:
+            return
+        found = self._retrying.call(
+            "look for index builds",
+            partial(versions.under_way, self.client, self.index_prefix.lower()),
+        )
+        for now, target in found:
+            last = self._build_checked.get(target, 0.0)
+            if time.monotonic() - last >= self.build_check_interval_s:
+                self._build_checked[target] = time.monotonic()
+                self._advance(now, target, now.name)
+
+    def _advance(self, now: versions.Serving, target: str, table: str) -> bool:
+        """Switch ``now.name`` to ``target`` if it caught up; True once it reads ``target``
+        (switched here or by another worker)."""
+        current = self._retrying.call(
+            f"resolve {now.name}", partial(versions.serving, self.client, now.name)
+        )
+        if current is not None and current.index == target:
+            return True
+        lacking = self._retrying.call(
+            f"compare {target} with {now.index}",
+            partial(versions.missing, self.client, now, target),
+        )
+        if lacking:
+            log.info(
+                "index %s: version %d still lacks %d documents of version %d",
                 now.name,
                 now.version + 1,
-                target,
+                lacking,
+                now.version,
                 extra={"table": table, "index": now.name},
             )
-        return done
+            return False
+        try:
+            retired = versions.switch(self.client, now, target)
+        except TransportError as e:
+            # Another worker switched first (the old version or alias is gone): as it is now.
+            current = versions.serving(self.client, now.name)
+            if current is not None and current.index == target:
+                return True
+            raise SinkError(f"cannot switch {now.name} to {target}: {e}") from e
+        if retired is not None:
+            self._retrying.call(f"retire {retired}", partial(versions.retire, self.client, retired))
+        log.warning(
+            "index %s now reads version %d (%s), which holds every document of the table as "
+            "it is now",
+            now.name,
+            now.version + 1,
+            target,
+            extra={"table": table, "index": now.name},
+        )
+        return True
 
     def refused_tables(self) -> list[dict[str, Any]]:
         """The tables whose index refuses their columns as they are now (see

@@ -32,6 +32,7 @@ from opensearchpy.exceptions import NotFoundError
 from pgcdc.core.contract import MAX_INDEX_NAME_BYTES, fit_name
 
 META_KEY: Final = "pgcdc_version"
+NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
 PAGE: Final = 10_000  # ids per page when comparing two versions
 
 
@@ -42,9 +43,9 @@ def version_name(name: str, version: int) -> str:
     return fit_name(f"{name}-v{version}", MAX_INDEX_NAME_BYTES)
 
 
-def with_version(mapping: Mapping[str, Any], version: int) -> dict[str, Any]:
-    """``mapping`` recording that its index is ``version`` (in ``_meta``)."""
-    meta = {**dict(mapping.get("_meta") or {}), META_KEY: version}
+def with_version(mapping: Mapping[str, Any], name: str, version: int) -> dict[str, Any]:
+    """``mapping`` recording that its index is ``version`` of the table index ``name``."""
+    meta = {**dict(mapping.get("_meta") or {}), META_KEY: version, NAME_KEY: name}
     return {**mapping, "_meta": meta}
 
 
@@ -82,6 +83,26 @@ def building(client: OpenSearch, now: Serving) -> str | None:
     """The next version's index if a build of it is under way (its index exists)."""
     nxt = now.next_index
     return nxt if client.indices.exists(index=nxt) else None
+
+
+def under_way(client: OpenSearch, prefix: str) -> list[tuple[Serving, str]]:
+    """Every build under way among the indices of ``prefix``: (what the name reads now, the
+    next version), found by the versions' own indices, so whoever runs this (the job's
+    driver) sees the builds the workers started."""
+    try:
+        got = client.indices.get_mapping(index=f"{prefix}-*-v*")
+    except NotFoundError:
+        return []
+    found = []
+    for index, body in got.items():
+        meta = body.get("mappings", {}).get("_meta") or {}
+        name, version = meta.get(NAME_KEY), int(meta.get(META_KEY, 0))
+        if not name or version < 2:
+            continue
+        now = serving(client, str(name))
+        if now is not None and now.index != index and now.version == version - 1:
+            found.append((now, index))
+    return found
 
 
 def _ids(client: OpenSearch, index: str, page: int) -> Iterator[list[str]]:

@@ -772,6 +772,9 @@ class ApplyBatch:
             sink = cached_sink(self.settings, f.job, f.make_sink)
             try:
                 sink.record_watermark(f.job, watermark)
+                maintain = getattr(sink, "maintain", None)
+                if maintain is not None:
+                    maintain()  # e.g. switch an index version that caught up
             except RetryableSinkError as e:
                 drop_sink(self.settings, f.job)
                 failed[f.job] = str(e)[:300]

@@ -332,11 +332,8 @@ class SearchSink:
             "look for index builds",
             partial(versions.under_way, self.client, self.index_prefix.lower()),
         )
-        for now, target in found:
-            last = self._build_checked.get(target, 0.0)
-            if time.monotonic() - last >= self.build_check_interval_s:
-                self._build_checked[target] = time.monotonic()
-                self._advance(now, target, now.name)
+        for now, target in found:  # once a batch: a count while the build is short
+            self._advance(now, target, now.name)
 
     def _advance(self, now: versions.Serving, target: str, table: str) -> bool:
         """Switch ``now.name`` to ``target`` if it caught up; True once it reads ``target``

@@ -772,9 +772,26 @@ class ApplyBatch:
             sink = cached_sink(self.settings, f.job, f.make_sink)
             try:
                 sink.record_watermark(f.job, watermark)
-                maintain = getattr(sink, "maintain", None)
-                if maintain is not None:
-                    maintain()  # e.g. switch an index version that caught up
+            except RetryableSinkError as e:
+                drop_sink(self.settings, f.job)
+                failed[f.job] = str(e)[:300]
+            except BaseException:
+                drop_sink(self.settings, f.job)
+                raise
+        return failed
+
+    def _maintain(self, followers: Sequence[Follower]) -> dict[str, str]:
+        """Each follower's work between batches on the driver (``maintain``, when its sink
+        has one: the search follower switches an index version that caught up); the reasons
+        of those unreachable."""
+        failed: dict[str, str] = {}
+        for f in followers:
+            sink = cached_sink(self.settings, f.job, f.make_sink)
+            maintain = getattr(sink, "maintain", None)
+            if maintain is None:
+                continue
+            try:
+                maintain()
             except RetryableSinkError as e:
                 drop_sink(self.settings, f.job)
                 failed[f.job] = str(e)[:300]
@@ -801,6 +818,11 @@ class ApplyBatch:
                 [f for f in self.followers if f.job in done and f.job not in self.behind],
                 lambda fs: self._record(fs, watermark),
             )
+        self._each(
+            batch_id,
+            [f for f in self.followers if f.job in done and f.job not in self.behind],
+            self._maintain,
+        )
         seconds = time.monotonic() - t0
         extra = {"job": self.opts.name, "batch_id": batch_id}
         if seen.keyless:

@@ -786,7 +786,12 @@ class ApplyBatch:
         of those unreachable."""
         failed: dict[str, str] = {}
         for f in followers:
-            sink = cached_sink(self.settings, f.job, f.make_sink)
+            # A sink the driver holds already (it wrote a watermark), or, when a setting asks
+            # for work between batches (search.evolve_indices), a new one: no connection is
+            # made for a batch that does not need one.
+            sink = _SINKS.get(_sink_key(self.settings, f.job))
+            if sink is None and self.settings.search.evolve_indices:
+                sink = cached_sink(self.settings, f.job, f.make_sink)
             maintain = getattr(sink, "maintain", None)
             if maintain is None:
                 continue

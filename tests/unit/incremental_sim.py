@@ -256,13 +256,24 @@ class Worker:
         self.db.emit(self.pending.request.low)
         self.pending.low = True
 
+    def chunk_keys(self) -> list[int]:
+        """The keys the chunk asked for would read now."""
+        held = frozenset(self.db.held)
+        _, rows = self.db.state(visible=lambda x: x not in held)
+        return self._first_keys(rows)
+
+    def _first_keys(self, rows: dict[int, dict[str, int | None]]) -> list[int]:
+        p = self.pending
+        assert p is not None
+        after = int(p.request.after[0]) if p.request.after else None
+        return sorted(k for k in rows if after is None or k > after)[: p.request.rows]
+
     def read(self) -> None:
         p = self.pending
         assert p is not None and p.low and p.read is None
         held = frozenset(self.db.held)
         schema, rows = self.db.state(visible=lambda x: x not in held)
-        after = int(p.request.after[0]) if p.request.after else None
-        keys = sorted(k for k in rows if after is None or k > after)[: p.request.rows]
+        keys = self._first_keys(rows)
         table = TableSchema(
             *TABLE,
             tuple(Column(c, _INT, -1, c != "id", c == "id") for c in ("id", *schema.columns)),

@@ -31,7 +31,7 @@ from cdc import pgoutput
 from cdc.incremental.auth import Verifier
 from cdc.incremental.channels import SignalIntake
 from cdc.incremental.engine import RETRY_BASE_S, RETRY_MAX_S, IncrementalSnapshots
-from cdc.incremental.merge import ReadSnapshot
+from cdc.incremental.merge import ReadSnapshot, Window, merge_chunk
 from cdc.incremental.queue import SnapshotsState, Table, start_slot
 from cdc.incremental.requests import EngineConfig
 from cdc.incremental.worker import WATERMARK_PREFIX, ChunkFailure, ChunkRead, ChunkRequest
@@ -450,9 +450,14 @@ class World:
         r.pos += 1
         self.furthest = max(self.furthest, r.pos)
         if isinstance(entry, Msg):
+            chunk = r.engine._open  # the chunk this message may end (its H)
+            merges = r.engine.published + r.engine.invisible
             r.engine.on_message(
                 pgoutput.LogicalMessage(False, Lsn(entry.lsn), WATERMARK_PREFIX, entry.content)
             )
+            if chunk is not None and r.engine.published + r.engine.invisible > merges:
+                assert chunk.future is not None
+                self._rules_needed(chunk.window, chunk.future.result(), r.pos)
             self.track()
         else:
             self._stream_txn(r, entry)
@@ -490,6 +495,23 @@ class World:
                         SEEN["key in a window under other bytes than the chunk's"] += 1
         if not self.committed_only_when_busy or r.engine.busy:
             r.engine.committed(txn.xid)
+
+    def _rules_needed(self, window: Window, read: ChunkRead, upto: int) -> None:
+        """Count each merge rule this chunk needed: the merge with that rule's input taken
+        away (the rest as the engine noted it) would publish a row that is not its key's
+        state at H (the WAL's first ``upto`` entries)."""
+        schema, rows = self.db.state(upto=upto)
+        table = as_table(schema, rows)
+
+        def wrong(i: int) -> bool:
+            want = table.get(read.ids[i][0] or "")
+            doc = json.loads(read.values[i])
+            return want is None or {c: doc.get(c) for c in want} != want
+
+        for path, without in RULES.items():
+            kept = merge_chunk(read.ids, read.seen, without(window))
+            if kept is not None and any(wrong(i) for i in kept):
+                SEEN[path] += 1
 
     def _truncate(self, r: Reader, txn: Txn, order: int) -> int:
         r.engine.on_truncate(TABLE)
@@ -534,6 +556,18 @@ class World:
         for i, rec in enumerate(self.kafka.records):
             last[rec.key] = i
         return [self.kafka.records[i] for i in sorted(last.values())]
+
+
+# Each merge rule (cdc.incremental.merge), by the path that needs it: the window without
+# what the rule reads.
+RULES: dict[str, Callable[[Window], Window]] = {
+    "rule 1 needed: an unseen transaction streamed before the request": lambda w: replace(
+        w, unconfirmed=frozenset()
+    ),
+    "rule 2 needed: an early key of an unseen transaction": lambda w: replace(w, early={}),
+    "rule 3 needed: a key changed in the window": lambda w: replace(w, window=set()),
+    "rule 4 needed: a TRUNCATE in the window": lambda w: replace(w, truncated=False),
+}
 
 
 def _records(c: Change) -> list[tuple[int, dict[str, int | None] | None]]:

@@ -14,6 +14,13 @@ After every step:
 - a TRUNCATE never tombstones a key that holds a record newer than it;
 - a chunk read again after a failure waits its backoff.
 
+Each rule of the merge (``cdc/incremental/merge.py``, rules 1 to 4) has a rule of the machine
+that steers a chunk's window to the path that needs it, and the run counts where each was
+needed (the merge without it would have published a row that is not its key's state at H;
+``incremental_sim.RULES``). A run in which one was never needed fails; a rule deleted where
+it is needed leaves a follower wrong, which the first check finds (each rule deleted alone
+fails the test at this setting: ``scripts/merge_mutations.py``).
+
 The engine, the merge, the queue's startup order and the truncate's key rule are the real
 code. ``docs/incremental-snapshots.md`` says which finding each check catches when its fix
 is reverted.
@@ -36,6 +43,7 @@ from hypothesis.stateful import (
 from cdc.incremental.engine import RETRY_MAX_S
 from cdc.incremental.worker import ChunkRead
 from tests.unit.incremental_sim import (
+    RULES,
     SEEN,
     Change,
     Db,
@@ -199,7 +207,8 @@ class IncrementalModel(RuleBasedStateMachine):
 
     # One rule for each rule of the merge (cdc.incremental.merge), steering a chunk's window
     # to the path that needs it; each ends the window (H streamed). Rule 1's is
-    # held_change_streamed_then_a_snapshot, rule 4's the truncate's in_a_window.
+    # held_change_streamed_then_a_snapshot, rule 4's the truncate's in_a_window. How often
+    # each rule of the merge was needed is counted (incremental_sim.RULES), checked below.
 
     @precondition(lambda self: self.world.reader is not None and not self.world.db.held
                   and not (self._pending() and self.world.worker.pending.low))  # fmt: skip
@@ -424,6 +433,7 @@ PATHS = (
     "key in a window under other bytes than the chunk's",
     "restart replays what was streamed",
     "killed before the slot was ready",
+    *RULES,
 )
 
 

@@ -8,6 +8,9 @@ code; the rest stands in for PostgreSQL, the streamer and Kafka, with their orde
 - a transaction's commit record enters the WAL when it commits; it becomes visible to new
   snapshots then, or later when *held* (a synchronous standby's wait);
 - the stream reads the WAL in order; a transaction's records carry (commit LSN, order);
+  it publishes and observes every change (no operation is skipped here: the real loop's
+  order, a change in ``postgres.skipped_operations`` returning before the engine observes
+  it, is tested on the real streamer in ``test_incremental_stream_order.py``);
 - the worker writes L, reads at a snapshot (rows and columns as that snapshot sees them),
   writes H; a lock taken before its snapshot keeps DDL out of the read;
 - Kafka holds every record sent; the slot is confirmed up to a position the stream passed;

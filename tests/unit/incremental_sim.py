@@ -8,6 +8,9 @@ code; the rest stands in for PostgreSQL, the streamer and Kafka, with their orde
 - a transaction's commit record enters the WAL when it commits; it becomes visible to new
   snapshots then, or later when *held* (a synchronous standby's wait);
 - the stream reads the WAL in order; a transaction's records carry (commit LSN, order);
+  it publishes and observes every change (no operation is skipped here: the real loop's
+  order, a change in ``postgres.skipped_operations`` returning before the engine observes
+  it, is tested on the real streamer in ``test_incremental_stream_order.py``);
 - the worker writes L, reads at a snapshot (rows and columns as that snapshot sees them),
   writes H; a lock taken before its snapshot keeps DDL out of the read;
 - Kafka holds every record sent; the slot is confirmed up to a position the stream passed;
@@ -31,7 +34,7 @@ from cdc import pgoutput
 from cdc.incremental.auth import Verifier
 from cdc.incremental.channels import SignalIntake
 from cdc.incremental.engine import RETRY_BASE_S, RETRY_MAX_S, IncrementalSnapshots
-from cdc.incremental.merge import ReadSnapshot
+from cdc.incremental.merge import ReadSnapshot, Window, merge_chunk
 from cdc.incremental.queue import SnapshotsState, Table, start_slot
 from cdc.incremental.requests import EngineConfig
 from cdc.incremental.worker import WATERMARK_PREFIX, ChunkFailure, ChunkRead, ChunkRequest
@@ -256,13 +259,24 @@ class Worker:
         self.db.emit(self.pending.request.low)
         self.pending.low = True
 
+    def chunk_keys(self) -> list[int]:
+        """The keys the chunk asked for would read now."""
+        held = frozenset(self.db.held)
+        _, rows = self.db.state(visible=lambda x: x not in held)
+        return self._first_keys(rows)
+
+    def _first_keys(self, rows: dict[int, dict[str, int | None]]) -> list[int]:
+        p = self.pending
+        assert p is not None
+        after = int(p.request.after[0]) if p.request.after else None
+        return sorted(k for k in rows if after is None or k > after)[: p.request.rows]
+
     def read(self) -> None:
         p = self.pending
         assert p is not None and p.low and p.read is None
         held = frozenset(self.db.held)
         schema, rows = self.db.state(visible=lambda x: x not in held)
-        after = int(p.request.after[0]) if p.request.after else None
-        keys = sorted(k for k in rows if after is None or k > after)[: p.request.rows]
+        keys = self._first_keys(rows)
         table = TableSchema(
             *TABLE,
             tuple(Column(c, _INT, -1, c != "id", c == "id") for c in ("id", *schema.columns)),
@@ -439,9 +453,14 @@ class World:
         r.pos += 1
         self.furthest = max(self.furthest, r.pos)
         if isinstance(entry, Msg):
+            chunk = r.engine._open  # the chunk this message may end (its H)
+            merges = r.engine.published + r.engine.invisible
             r.engine.on_message(
                 pgoutput.LogicalMessage(False, Lsn(entry.lsn), WATERMARK_PREFIX, entry.content)
             )
+            if chunk is not None and r.engine.published + r.engine.invisible > merges:
+                assert chunk.future is not None
+                self._rules_needed(chunk.window, chunk.future.result(), r.pos)
             self.track()
         else:
             self._stream_txn(r, entry)
@@ -479,6 +498,23 @@ class World:
                         SEEN["key in a window under other bytes than the chunk's"] += 1
         if not self.committed_only_when_busy or r.engine.busy:
             r.engine.committed(txn.xid)
+
+    def _rules_needed(self, window: Window, read: ChunkRead, upto: int) -> None:
+        """Count each merge rule this chunk needed: the merge with that rule's input taken
+        away (the rest as the engine noted it) would publish a row that is not its key's
+        state at H (the WAL's first ``upto`` entries)."""
+        schema, rows = self.db.state(upto=upto)
+        table = as_table(schema, rows)
+
+        def wrong(i: int) -> bool:
+            want = table.get(read.ids[i][0] or "")
+            doc = json.loads(read.values[i])
+            return want is None or {c: doc.get(c) for c in want} != want
+
+        for path, without in RULES.items():
+            kept = merge_chunk(read.ids, read.seen, without(window))
+            if kept is not None and any(wrong(i) for i in kept):
+                SEEN[path] += 1
 
     def _truncate(self, r: Reader, txn: Txn, order: int) -> int:
         r.engine.on_truncate(TABLE)
@@ -523,6 +559,18 @@ class World:
         for i, rec in enumerate(self.kafka.records):
             last[rec.key] = i
         return [self.kafka.records[i] for i in sorted(last.values())]
+
+
+# Each merge rule (cdc.incremental.merge), by the path that needs it: the window without
+# what the rule reads.
+RULES: dict[str, Callable[[Window], Window]] = {
+    "rule 1 needed: an unseen transaction streamed before the request": lambda w: replace(
+        w, unconfirmed=frozenset()
+    ),
+    "rule 2 needed: an early key of an unseen transaction": lambda w: replace(w, early={}),
+    "rule 3 needed: a key changed in the window": lambda w: replace(w, window=set()),
+    "rule 4 needed: a TRUNCATE in the window": lambda w: replace(w, truncated=False),
+}
 
 
 def _records(c: Change) -> list[tuple[int, dict[str, int | None] | None]]:

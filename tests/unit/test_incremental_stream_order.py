@@ -165,7 +165,7 @@ def window(*changes: bytes, **postgres: Any) -> list[bytes]:
         chunks=worker,
         publisher=sink,
         catalog=EngineCatalog(),
-        intake=SignalIntake(Verifier(None), state),
+        intake=SignalIntake(Verifier(None, "cdc", "cdc_slot"), state),
     )
     assert engine.requests.request(TABLE)
     engine.tick(0.0)

@@ -364,7 +364,20 @@ class SearchSink:
             current = versions.serving(self.client, now.name)
             if current is not None and current.index == target:
                 return True
-            raise SinkError(f"cannot switch {now.name} to {target}: {e}") from e
+            if retryable_status(e.status_code):
+                raise RetryableSinkError(f"cannot switch {now.name} to {target}: {e}") from e
+            # Refused (e.g. no privilege on aliases): searches keep reading the complete
+            # serving version, writes go on to both; never a stop of the job for good.
+            log.error(
+                "index %s cannot be switched to %s (%s): it keeps reading version %d; give "
+                "the follower's user the indices:admin/aliases privilege",
+                now.name,
+                target,
+                e,
+                now.version,
+                extra={"table": table, "index": now.name},
+            )
+            return False
         if retired is not None:
             self._retrying.call(f"retire {retired}", partial(versions.retire, self.client, retired))
         log.warning(

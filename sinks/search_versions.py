@@ -97,7 +97,9 @@ def under_way(client: OpenSearch, prefix: str) -> list[tuple[Serving, str]]:
     for index, body in got.items():
         meta = body.get("mappings", {}).get("_meta") or {}
         name, version = meta.get(NAME_KEY), int(meta.get(META_KEY, 0))
-        if not name or version < 2:
+        # Only an index whose name is the version it says it is: an index someone else made
+        # under the prefix never becomes what a table's name reads.
+        if not name or version < 2 or index != version_name(str(name), version):
             continue
         now = serving(client, str(name))
         if now is not None and now.index != index and now.version == version - 1:

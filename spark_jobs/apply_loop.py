@@ -767,36 +767,43 @@ class ApplyBatch:
 
     def _record(self, followers: Sequence[Follower], watermark: int) -> dict[str, str]:
         """Record ``watermark`` for each of ``followers``; the reasons of those unreachable."""
-        failed: dict[str, str] = {}
-        for f in followers:
-            sink = cached_sink(self.settings, f.job, f.make_sink)
-            try:
-                sink.record_watermark(f.job, watermark)
-            except RetryableSinkError as e:
-                drop_sink(self.settings, f.job)
-                failed[f.job] = str(e)[:300]
-            except BaseException:
-                drop_sink(self.settings, f.job)
-                raise
-        return failed
+        return self._on_driver(
+            followers,
+            lambda f: cached_sink(self.settings, f.job, f.make_sink),
+            lambda f, sink: sink.record_watermark(f.job, watermark),
+        )
 
     def _maintain(self, followers: Sequence[Follower]) -> dict[str, str]:
         """Each follower's work between batches on the driver (``maintain``, when its sink
         has one: the search follower switches an index version that caught up); the reasons
         of those unreachable."""
-        failed: dict[str, str] = {}
-        for f in followers:
+
+        def held(f: Follower) -> Sink | None:
             # A sink the driver holds already (it wrote a watermark), or, when a setting asks
             # for work between batches (search.evolve_indices), a new one: no connection is
             # made for a batch that does not need one.
             sink = _SINKS.get(_sink_key(self.settings, f.job))
             if sink is None and self.settings.search.evolve_indices:
                 sink = cached_sink(self.settings, f.job, f.make_sink)
-            maintain = getattr(sink, "maintain", None)
-            if maintain is None:
+            return sink if hasattr(sink, "maintain") else None
+
+        return self._on_driver(followers, held, lambda _f, sink: sink.maintain())  # type: ignore[attr-defined]
+
+    def _on_driver(
+        self,
+        followers: Sequence[Follower],
+        sink_of: Callable[[Follower], Sink | None],
+        step: Callable[[Follower, Sink], None],
+    ) -> dict[str, str]:
+        """``step`` with each follower's driver-side sink (none: skipped); the reasons of
+        those unreachable. A sink that failed is dropped: the next use builds a new one."""
+        failed: dict[str, str] = {}
+        for f in followers:
+            sink = sink_of(f)
+            if sink is None:
                 continue
             try:
-                maintain()
+                step(f, sink)
             except RetryableSinkError as e:
                 drop_sink(self.settings, f.job)
                 failed[f.job] = str(e)[:300]

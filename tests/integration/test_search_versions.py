@@ -205,3 +205,17 @@ def test_the_sink_builds_the_next_version_after_a_type_change_and_switches(
         assert sink.client.get(index=name, id="1")["_source"]["qty"] == "later"
     finally:
         sink.close()
+
+
+def test_an_index_that_only_claims_to_be_a_version_is_never_switched_to(
+    sink: SearchSink,
+) -> None:
+    name = sink.index_for(T)
+    _create(sink, name, "integer", 1)
+    # Made by someone else under the prefix, its _meta naming the table's index.
+    impostor = f"{sink.index_for('public.other')}-v2"
+    mapping = v.with_version({"properties": {}}, name, 2)
+    sink.client.indices.create(index=impostor, body={"mappings": mapping})
+    assert v.under_way(sink.client, sink.index_prefix) == []
+    _create(sink, f"{name}-v2", "keyword", 2)
+    assert [t for _, t in v.under_way(sink.client, sink.index_prefix)] == [f"{name}-v2"]

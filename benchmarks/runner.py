@@ -35,6 +35,7 @@ from benchmarks.envelope import measure_envelope
 from benchmarks.follower_run import followers, start_followers
 from benchmarks.followers_backlog import backlog
 from benchmarks.incremental import incremental_large, incremental_snapshot
+from benchmarks.index_rebuild import index_rebuild
 from benchmarks.ours import OursReader
 from benchmarks.results import Figure
 from benchmarks.snapshots import snapshot_ceiling, snapshot_debezium, snapshot_ours
@@ -174,6 +175,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "hotpath": hotpath,
     "followers": followers,
     "backlog": backlog,
+    "index_rebuild": index_rebuild,
     "incremental": incremental_snapshot,
     # Not in the full run (15-20 min, gigabytes): --only incremental_large.
     "incremental_large": incremental_large,
@@ -230,3 +232,4 @@ def run_all(b: Bench) -> None:
         )
     else:
         backlog(b)
+    index_rebuild(b)

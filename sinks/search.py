@@ -136,7 +136,7 @@ class SearchSink:
         shards: int = 1,
         replicas: int = 0,
         refresh_interval: str = "1s",
-        evolve_indices: bool = False,
+        evolve_indices: bool = True,
         build_check_interval_s: float = 10.0,
     ) -> None:
         check_index_prefix(index_prefix)

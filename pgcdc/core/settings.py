@@ -472,9 +472,10 @@ class SearchSettings(BaseModel):
     refresh_interval: str = "1s"
     # A table whose columns change so that its index cannot take them (a type change) gets
     # the next version of its index, built beside the one searches read (which stays complete)
-    # and switched to by an alias once it holds every document (docs/schema-changes.md).
-    # False: those changes are refused and dead-lettered, and cdc status says so.
-    evolve_indices: bool = False
+    # and switched to by an alias once it holds every document (docs/schema-changes.md); the
+    # follower's user needs the indices:admin/aliases privilege. False: those changes are
+    # refused and dead-lettered, and cdc status says so until the index is built by hand.
+    evolve_indices: bool = True
 
     @model_validator(mode="after")
     def _auth_complete(self) -> SearchSettings:

@@ -1,18 +1,16 @@
-"""A table's columns change under both followers (issue 38): columns added, dropped and
-renamed, and a type change in the cache, end equal to the table in Redis and OpenSearch,
-rows not changed since the DDL included. A type change the search index cannot take makes
-``cdc status`` unhealthy with one line naming the table, until the index is built again as
-docs/schema-changes.md says. The reader's side (a Relation message with another shape
-snapshots the table again) is tests/integration/incremental/test_schema_changes.py."""
+"""A table's columns change under both followers streaming (issue 38): a type change, a
+column added, one dropped, one renamed, and the type changed back, end equal to the table in
+Redis and OpenSearch, rows not changed since the DDL included; the search follower builds the
+next version of the index beside the one searches read and switches to it (also when killed
+mid-build). Without search.evolve_indices, ``cdc status`` names a table whose index refuses
+its columns: tests/integration/test_search_versions.py. The reader's side (a Relation message
+with another shape snapshots the table again) is
+tests/integration/incremental/test_schema_changes.py."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
-import subprocess
 import threading
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +23,17 @@ from demo.compare import diff, leader_state
 from pgcdc.core.contract import SYNC_JOB
 from sinks import search_versions as versions
 from sinks.search_index import index_name
-from tests.conftest import ROOT, Endpoints, wait_until
+from tests.conftest import Endpoints, wait_until
 from tests.e2e.pipeline import (
-    CDC,
     SHARED_LOG,
     Pipeline,
     cache_state,
     kill_group,
-    run_jobs_in_session,
     run_reader_until_current,
     run_shared_available_now,
     search_state,
     start_job,
+    start_reader,
 )
 from tests.integration.real_databases.support import fresh_pipeline
 
@@ -49,93 +46,136 @@ INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 200) g;
 """
 
 
-def _status(p: Pipeline) -> dict[str, Any]:
-    out = subprocess.run(
-        [*CDC, "status", "--json"],
-        env=p.env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return dict(json.loads(out.stdout))
+class Searcher:
+    """Counts the documents of ``name`` through the name searches use, over and over, on a
+    thread of its own, until stopped: what a user's searches saw while the follower built."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
+        self.counts: list[int] = []
+        self.errors: list[TransportError] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> Searcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        client = OpenSearch(self.url)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.counts.append(int(client.count(index=self.name)["count"]))
+                except TransportError as e:
+                    self.errors.append(e)
+                self._stop.wait(0.02)  # a pace, not a wait on anything: the other core works
+        finally:
+            client.close()
+
+    def assert_complete(self, rows: int) -> None:
+        """Every answer counted at least ``rows``; only the switch away from a concrete
+        version 1 may fail a search in flight, with a retryable 503."""
+        assert self.counts and min(self.counts) >= rows, sorted(set(self.counts))[:5]
+        assert all(e.status_code == 503 for e in self.errors), self.errors
 
 
-def test_added_dropped_and_renamed_columns_reach_both_followers(
-    spark: Any, endpoints: Endpoints, tmp_path: Path
+# The acceptance's sequence (issue 38), each statement while the reader and the shared job
+# stream: a type change, rows updated in it, a column added and filled, one dropped, a row
+# inserted, a rename, and the type changed back.
+SEQUENCE = (
+    "ALTER TABLE items ALTER COLUMN qty TYPE text USING qty::text",
+    "UPDATE items SET qty = 'many-' || id WHERE id <= 50",
+    "ALTER TABLE items ADD COLUMN tags text[]",
+    "UPDATE items SET tags = ARRAY['t' || id, 'x'] WHERE id % 7 = 0",
+    "ALTER TABLE items DROP COLUMN name",
+    "INSERT INTO items (id, qty) VALUES (1000, 'new')",
+    "ALTER TABLE items RENAME COLUMN qty TO amount",
+    "UPDATE items SET amount = amount || '!' WHERE id <= 3",
+    "ALTER TABLE items ALTER COLUMN amount TYPE int "
+    "USING CASE WHEN amount ~ '^[0-9]+$' THEN amount::int ELSE -id END",
+    "UPDATE items SET amount = amount + 1 WHERE id > 890",
+)
+
+
+def test_the_ddl_sequence_reaches_both_followers_while_they_stream(
+    endpoints: Endpoints, tmp_path: Path
 ) -> None:
+    """With the defaults, both followers streaming: afterwards every document and every Redis
+    row equals the table (no dropped column, the new types, row 1000), nothing was
+    dead-lettered, the index's name reads version 2 (built after the first type change), and
+    every search during the build counted a complete index."""
+    rows = 900  # row 1000 comes with the sequence
     with fresh_pipeline(endpoints, tmp_path, "ddl") as p:  # its slot and database dropped after
-        _steps(spark, endpoints, p)
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            conn.execute(SCHEMA.replace("200", str(rows)))
+        name = index_name(p.index_prefix, TABLE)
+        reader = start_reader(p, tmp_path / "reader.log")
+        job = start_job(
+            p,
+            SYNC_JOB,
+            "--followers",
+            "cache,search",
+            "--max-offsets-per-trigger",
+            "400",
+            "--trigger-interval",
+            "200 milliseconds",
+            log=tmp_path / SHARED_LOG,
+        )
+        try:
+            _converged(p, name, version=1)
+            with Searcher(endpoints.search_url, name) as searcher:
+                with psycopg.connect(p.dsn, autocommit=True) as conn:
+                    for sql in SEQUENCE:
+                        conn.execute(sql)
+                leader = _converged(p, name, version=2)
+        finally:
+            kill_group(job)
+            kill_group(reader)
+        assert set(leader["1"]) == {"id", "amount", "tags"}, leader["1"]
+        assert leader["5"]["amount"] == -5 and leader["1000"]["amount"] == -999
+        assert leader["7"]["tags"] == ["t7", "x"] and leader["895"]["amount"] == 896
+        searcher.assert_complete(rows)
+        log = (tmp_path / SHARED_LOG).read_text()
+        assert "now reads version 2" in log  # the build happened, and switched
+        assert not re.search(r"_sync applied=\d+ skipped=\d+ failed=[1-9]", log)
+        assert "no longer follows" not in log
 
 
-def _steps(spark: Any, endpoints: Endpoints, p: Pipeline) -> None:
-    with psycopg.connect(p.dsn, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-    run_reader_until_current(p)
-    run_jobs_in_session(spark, p)
-    assert len(cache_state(p, TABLE)) == len(search_state(p, TABLE)) == 200
+def _converged(p: Pipeline, name: str, *, version: int) -> dict[str, dict[str, Any]]:
+    """Wait until Redis and OpenSearch equal the table and ``name`` reads ``version``; the
+    table's state."""
+    client = OpenSearch(p.endpoints.search_url)
+    leader: dict[str, dict[str, Any]] = {}
 
-    with psycopg.connect(p.dsn, autocommit=True) as conn:
-        for sql in (
-            "ALTER TABLE items ADD COLUMN tags text[]",
-            "UPDATE items SET tags = ARRAY['t' || id] WHERE id % 7 = 0",
-            "ALTER TABLE items DROP COLUMN name",
-            "INSERT INTO items (id, qty) VALUES (1000, 1000)",
-            "ALTER TABLE items RENAME COLUMN qty TO amount",
-            "UPDATE items SET amount = amount + 1 WHERE id <= 3",
-        ):
-            conn.execute(sql)
-    run_reader_until_current(p)
-    run_jobs_in_session(spark, p)
-    leader = leader_state(p.dsn, TABLE)
-    assert set(leader["1"]) == {"id", "amount", "tags"}
-    assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))
-    assert not diff(leader, search_state(p, TABLE)), diff(leader, search_state(p, TABLE))
+    def equal() -> bool:
+        nonlocal leader
+        serving = versions.serving(client, name)
+        if serving is None or serving.version != version:
+            return False
+        leader = leader_state(p.dsn, TABLE)
+        return not diff(leader, cache_state(p, TABLE)) and not diff(leader, search_state(p, TABLE))
 
-    # A type change whose values only PostgreSQL knows (USING): the cache holds them all.
-    with psycopg.connect(p.dsn, autocommit=True) as conn:
-        conn.execute("ALTER TABLE items ALTER COLUMN amount TYPE text USING 'many-' || amount")
-    run_reader_until_current(p)
-    run_jobs_in_session(spark, p)
-    leader = leader_state(p.dsn, TABLE)
-    assert leader["5"]["amount"] == "many-5"
-    assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))
-
-    # The search index maps amount as a number: it refuses 'many-5', and says so.
-    problems = _status(p)["problems"]
-    index = index_name(p.index_prefix, TABLE)
-    refused = [x for x in problems if f"index {index} no longer follows table public.items" in x]
-    # (amount came with the rename: the index mapped it dynamically, as a long)
-    assert refused and "amount is long in the index, text now" in refused[0], problems
-
-    # Built again as docs/schema-changes.md says: the index deleted, the table snapshotted.
-    request = urllib.request.Request(f"{endpoints.search_url}/{index}", method="DELETE")
-    urllib.request.urlopen(request, timeout=30).close()
-    out = subprocess.run(
-        [*CDC, "snapshot", TABLE],
-        env=p.env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    run_reader_until_current(p)
-    run_jobs_in_session(spark, p)
-    assert not diff(leader, search_state(p, TABLE)), diff(leader, search_state(p, TABLE))
-    assert not any("no longer follows" in x for x in _status(p)["problems"])
+    try:
+        wait_until(equal, timeout=600, interval=1, what=f"both followers equal, version {version}")
+    finally:
+        client.close()
+    return leader
 
 
 def test_a_type_change_builds_the_next_index_version_while_searches_stay_complete(
     endpoints: Endpoints, tmp_path: Path
 ) -> None:
-    """search.evolve_indices: after ALTER … TYPE the search index cannot take, the shared job
+    """After ALTER … TYPE the search index cannot take, the shared job
     builds the next version beside the one searches read, is killed mid-build, resumes, and
     switches; a searcher counting through the index name never sees fewer rows, and no
     change is dead-lettered."""
     rows = 2_000
-    with fresh_pipeline(endpoints, tmp_path, "ddlv") as first:
-        p = dataclasses.replace(first, settings_env=(("CDC_SEARCH__EVOLVE_INDICES", "true"),))
+    with fresh_pipeline(endpoints, tmp_path, "ddlv") as p:  # search.evolve_indices by default
         with psycopg.connect(p.dsn, autocommit=True) as conn:
             conn.execute(SCHEMA.replace("200", str(rows)))
         run_reader_until_current(p)
@@ -150,24 +190,7 @@ def test_a_type_change_builds_the_next_index_version_while_searches_stay_complet
             conn.execute("UPDATE items SET name = 'u' || id WHERE id <= 50")
         run_reader_until_current(p)  # the reader snapshots the table again in the new shape
 
-        counts: list[int] = []
-        errors: list[TransportError] = []
-        stop = threading.Event()
-
-        def searcher() -> None:
-            client = OpenSearch(endpoints.search_url)
-            try:
-                while not stop.is_set():
-                    try:
-                        counts.append(int(client.count(index=name)["count"]))
-                    except TransportError as e:
-                        errors.append(e)
-            finally:
-                client.close()
-
-        probe = threading.Thread(target=searcher)
-        probe.start()
-        try:
+        with Searcher(endpoints.search_url, name) as searcher:
             # Streaming in small batches; killed once the next version exists (mid-build).
             (tmp_path / "killed").mkdir()
             job = start_job(
@@ -192,19 +215,13 @@ def test_a_type_change_builds_the_next_index_version_while_searches_stay_complet
             assert versions.serving(client, name) == versions.Serving(name, name, 1)
             # Restarted from its checkpoint: it finds the build by its index and goes on.
             run_shared_available_now(p, tmp_path)
-        finally:
-            stop.set()
-            probe.join()
         assert versions.serving(client, name) == versions.Serving(name, f"{name}-v2", 2)
         client.close()
         leader = leader_state(p.dsn, TABLE)
         assert leader["5"]["qty"] == "many-5"
         assert not diff(leader, search_state(p, TABLE)), diff(leader, search_state(p, TABLE))
         assert not diff(leader, cache_state(p, TABLE)), diff(leader, cache_state(p, TABLE))
-        # Every answer counted a complete index; only the switch away from the concrete
-        # version 1 may fail a search in flight, with a retryable 503.
-        assert counts and min(counts) >= rows, sorted(set(counts))[:5]
-        assert all(e.status_code == 503 for e in errors), errors
+        searcher.assert_complete(rows)
         logs = (tmp_path / SHARED_LOG).read_text() + (tmp_path / "killed" / SHARED_LOG).read_text()
         assert "now reads version 2" in logs  # the driver's switch (workers log the build)
         assert not re.search(r"search_sync applied=\d+ skipped=\d+ failed=[1-9]", logs)

@@ -219,3 +219,45 @@ def test_an_index_that_only_claims_to_be_a_version_is_never_switched_to(
     assert v.under_way(sink.client, sink.index_prefix) == []
     _create(sink, f"{name}-v2", "keyword", 2)
     assert [t for _, t in v.under_way(sink.client, sink.index_prefix)] == [f"{name}-v2"]
+
+
+def test_without_evolve_a_type_change_is_refused_and_cdc_status_says_so(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """search.evolve_indices = false: the index keeps its mapping, the changes it cannot take
+    are refused, and the follower's status names the table until the index is built again
+    (what the acceptance's first run did by hand: the index deleted, the table snapshotted)."""
+    from cdc.status import problems
+    from pgcdc.core.settings import Settings
+    from sinks.status import follower_status
+
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=False, refresh=True)
+    settings = Settings(
+        search={"url": endpoints.search_url, "index_prefix": index_prefix}  # type: ignore[arg-type]
+    )
+    slot = {"slot": "s", "exists": True}
+    try:
+        name = sink.index_for(T)
+        sink.register_schema(T, _schema("int32"))
+        assert {r.outcome for r in sink.apply(_changes(range(3), 7, 100))} == {Outcome.APPLIED}
+        sink.register_schema(T, _schema("string"))  # ALTER COLUMN qty TYPE text
+        assert v.building(sink.client, v.Serving(name, name, 1)) is None  # no version built
+        got = sink.apply(_changes(range(1), "many-0", 200))
+        assert [r.outcome for r in got] == [Outcome.FAILED], got
+
+        def refused_lines() -> list[str]:
+            lines = problems({"slot": slot, "followers": follower_status(settings)}, 1 << 40)
+            return [x for x in lines if "no longer follows" in x]
+
+        # (the record is searchable at the watermark index's next refresh)
+        wait_until(refused_lines, timeout=60, interval=0.2, what="the refused table's line")
+        assert refused_lines() == [
+            f"follower search_sync: index {name} no longer follows table {T}: qty is integer "
+            "in the index, text now; its changes are refused and dead-lettered until the index "
+            "is built again (docs/schema-changes.md)"
+        ]
+        # Built again (deleted; the table's snapshot makes it anew): the line goes.
+        sink.client.indices.delete(index=name)
+        assert refused_lines() == []
+    finally:
+        sink.close()

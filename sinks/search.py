@@ -286,10 +286,28 @@ class SearchSink:
             mapping = versions.with_version(
                 mapping_from_connect_schema(fields), name, now.version + 1
             )
-            self._create_index(target, mapping)
             columns = "; ".join(
                 f"{c} is {held} in the index, {new} now" for c, held, new in refused
             )
+            try:
+                self._create_index(target, mapping)
+            except RetryableSinkError:
+                raise
+            except SinkError as e:
+                # Refused for good (a shard or field limit, a template, no privilege): the
+                # table's changes are refused as without versions, and cdc status says so.
+                log.error(
+                    "index %s cannot take table %s's columns as they are now (%s), and "
+                    "OpenSearch refuses to create version %d (%s): %s",
+                    name,
+                    table,
+                    columns,
+                    now.version + 1,
+                    target,
+                    e,
+                    extra={"table": table, "index": name},
+                )
+                return False
             log.warning(
                 "index %s cannot take table %s's columns as they are now (%s): building version "
                 "%d (%s) beside it; searches read version %d, complete, until the new one holds "

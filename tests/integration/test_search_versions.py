@@ -261,3 +261,48 @@ def test_without_evolve_a_type_change_is_refused_and_cdc_status_says_so(
         assert refused_lines() == []
     finally:
         sink.close()
+
+
+def test_a_version_opensearch_refuses_to_create_is_refused_like_without_versions(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """Creating the next version refused for good (here an index template's field limit, as
+    a shard limit or a missing privilege would): the job does not stop; the table's changes
+    are refused as without versions, and ``cdc status`` names the table."""
+    from pgcdc.core.settings import Settings
+    from sinks.status import follower_status
+
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    name = sink.index_for(T)
+    template = f"{index_prefix}-limit"
+    sink.client.transport.perform_request(
+        "PUT",
+        f"/_index_template/{template}",
+        body={
+            "index_patterns": [f"{name}-v*"],
+            "priority": 900,
+            "template": {"settings": {"index.mapping.total_fields.limit": 1}},
+        },
+    )
+    settings = Settings(
+        search={"url": endpoints.search_url, "index_prefix": index_prefix}  # type: ignore[arg-type]
+    )
+    try:
+        sink.register_schema(T, _schema("int32"))
+        assert {r.outcome for r in sink.apply(_changes(range(3), 7, 100))} == {Outcome.APPLIED}
+        sink.register_schema(T, _schema("string"))  # no exception: the job goes on
+        assert not sink.client.indices.exists(index=f"{name}-v2")
+        assert [r.outcome for r in sink.apply(_changes(range(1), "many", 200))] == [Outcome.FAILED]
+        wait_until(
+            lambda: follower_status(settings)["search_sync"]["refused_tables"],
+            timeout=60,
+            interval=0.2,
+            what="the table refused in the follower's status",
+        )
+        (refused,) = follower_status(settings)["search_sync"]["refused_tables"]
+        assert refused["index"] == name and refused["columns"] == (
+            "qty is integer in the index, text now"
+        )
+    finally:
+        sink.client.transport.perform_request("DELETE", f"/_index_template/{template}")
+        sink.close()

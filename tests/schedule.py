@@ -37,6 +37,8 @@ SLOW_MODULES: dict[str, float] = {
     "tests/e2e/test_docker.py": 1200,
     "tests/integration/real_databases/test_followers_real.py": 700,
     "tests/e2e/test_jobs_robustness.py": 420,
+    # Case 9 on servers of its own (it left the exclusive phase): kills, restarts, both jobs.
+    "tests/integration/real_databases/test_kills_and_restarts.py": 250,
     "tests/integration/real_databases/test_keys_and_truncate.py": 400,
     "tests/integration/incremental/test_kills.py": 360,
     "tests/integration/incremental/test_joined_and_signals.py": 300,

@@ -10,6 +10,7 @@ proxy, and cutting it makes Kafka unreachable without touching the shared stack.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,6 +59,16 @@ class ProxiedKafka:
     proxy: Proxy
     bootstrap: str  # the proxy's address: what the reader is given
     log: Path
+    broker: Kafka
+
+    def restart(self) -> float:
+        """Stop the broker and start it again on its storage (a broker restart, the proxy
+        left as it is); the seconds it was down."""
+        t0 = time.monotonic()
+        self.broker.stop()
+        self.broker.start()
+        self.broker.wait_ready()
+        return time.monotonic() - t0
 
 
 @contextmanager
@@ -70,7 +81,7 @@ def proxied_kafka(folder: Path) -> Iterator[ProxiedKafka]:
     try:
         broker.start()
         broker.wait_ready()
-        yield ProxiedKafka(proxy, f"{HOST}:{proxy.port}", broker.log)
+        yield ProxiedKafka(proxy, f"{HOST}:{proxy.port}", broker.log, broker)
     finally:
         broker.stop()
         proxy.close()

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.conftest import ROOT, STACK
+from tests.conftest import ROOT
 from tests.e2e.pipeline import CDC
 from tests.integration.real_databases.support import Pipeline, Table
 
@@ -170,20 +170,6 @@ def pending_wal(dsn: str, slot: str) -> int:
             (slot,),
         ).fetchone()
     return int(row[0]) if row and row[0] is not None else 0
-
-
-def restart_service(service: str) -> float:
-    """Stop and start one of the stack's services; returns the seconds it was down. Always
-    started again, and waited for until it answers (``scripts/stack up`` waits)."""
-    t0 = time.monotonic()
-    try:
-        subprocess.run([str(STACK), "down", service], check=True, capture_output=True, timeout=120)
-    finally:
-        up = subprocess.run(
-            [str(STACK), "up", service], capture_output=True, text=True, timeout=300
-        )
-    assert up.returncode == 0, f"scripts/stack up {service} failed:\n{up.stdout}\n{up.stderr}"
-    return time.monotonic() - t0
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:

@@ -12,17 +12,14 @@ Each case then compares every row of PostgreSQL with Redis and OpenSearch.
   dead-lettered with a reason (counted).
 - keyless tables: their records are skipped with a log line, never dead-lettered.
 
-Case 4 on a server whose LSN is beyond 2**47 (near 2**63) and case 9 (kill -9 of the reader at 22
-random points, a broker and a PostgreSQL restart mid-stream) are slow, each with its own
-pipeline.
+Case 4 on a server whose LSN is beyond 2**47 (near 2**63) is slow, with its own pipeline.
+Case 9 (kill -9 of the reader at 22 random points, a broker and a PostgreSQL restart
+mid-stream) is test_kills_and_restarts.py, on servers of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
-import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,10 +36,9 @@ from pgcdc.core.contract import table_index
 from sinks.base import key_id
 from sinks.cache import CacheSink
 from sinks.search import SearchSink
-from tests.conftest import Endpoints, wait_until
-from tests.e2e.pipeline import SHARED_LOG, run_shared_available_now, tail
-from tests.integration.reader_support import assert_topic_equals_table, end_offset, read_topic
-from tests.integration.real_databases import catalog, crash, throwaway
+from tests.conftest import Endpoints
+from tests.e2e.pipeline import SHARED_LOG, run_shared_available_now
+from tests.integration.real_databases import catalog, throwaway
 from tests.integration.real_databases.exact import (
     DeadLetter,
     cache_exact,
@@ -219,89 +215,6 @@ def test_keyless_tables_are_skipped_with_a_log_line_never_dead_lettered(run: Run
     for job in JOBS:
         lines = [ln for ln in run.log(job).splitlines() if "keyless tables" in ln]
         assert lines and tid in lines[0], f"{job} said nothing of {tid}"
-
-
-# -- case 9 --------------------------------------------------------------------------------
-
-KILLS = 22
-
-
-def _produced(p: Pipeline, topics: list[str]) -> int:
-    return sum(end_offset(p.endpoints.kafka_bootstrap, t) for t in topics)
-
-
-def _wait_produced(
-    p: Pipeline,
-    topics: list[str],
-    beyond: int,
-    reader: subprocess.Popen[bytes],
-    log: Path,
-    what: str,
-) -> None:
-    """Until the topics grew beyond ``beyond``; fails if the reader exits first."""
-    wait_until(
-        lambda: _produced(p, topics) > beyond or reader.poll() is not None,
-        timeout=180,
-        what=what,
-    )
-    assert reader.poll() is None, f"the reader exited ({what}):\n{tail(log)}"
-
-
-@pytest.mark.slow
-@pytest.mark.exclusive  # restarts the stack's Kafka and PostgreSQL, which every test shares
-def test_case9_kills_and_restarts_mid_stream_converge(endpoints: Endpoints, tmp_path: Path) -> None:
-    """kill -9 of the reader at random points of a mixed workload (truncates, key changes,
-    bulk transactions), a Kafka broker restart and a PostgreSQL restart while it streams:
-    afterwards the reduced topics and both followers equal the database."""
-    rng = random.Random(10)
-    with fresh_pipeline(endpoints, tmp_path, "rdbk") as p:
-        log = p.checkpoint_dir.with_name("reader.log")
-        crash.create_tables(p.dsn)
-        run_reader_until_current(p)  # the snapshot
-        topics = [crash.ITEMS.topic(p.name), crash.SIDE.topic(p.name)]
-        workload = crash.MixedWorkload(p.dsn, seed=10)
-        workload.start()
-        landed = 0
-        restarts: dict[str, float] = {}
-        try:
-            for i in range(KILLS):
-                reader = crash.start_reader(p, log)
-                base = _produced(p, topics)
-                _wait_produced(p, topics, base, reader, log, f"kill {i}: the reader to produce")
-                if i in (7, 15):  # a service restart while the reader streams
-                    service = "kafka" if i == 7 else "postgres"
-                    if service == "postgres" and endpoints.restart_postgres is not None:
-                        began = time.monotonic()  # the server of the major under test
-                        endpoints.restart_postgres()
-                        restarts[service] = time.monotonic() - began
-                    else:
-                        restarts[service] = crash.restart_service(service)
-                    mark = _produced(p, topics)
-                    # The reader goes on, or exits and is started again (a supervisor's job).
-                    if reader.poll() is not None:
-                        reader = crash.start_reader(p, log)
-                    _wait_produced(
-                        p, topics, mark, reader, log, f"produce after the {service} restart"
-                    )
-                time.sleep(rng.uniform(0.05, 1.5))
-                # Mid-stream: it produced, it still runs, and WAL is still waiting for it.
-                produced = _produced(p, topics) > base
-                if reader.poll() is None and produced and crash.pending_wal(p.dsn, p.name) > 0:
-                    landed += 1
-                crash.kill(reader)
-        finally:
-            workload.stop()
-        assert landed >= 20, f"only {landed} of {KILLS} kills landed mid-stream:\n{tail(log)}"
-        assert set(restarts) == {"kafka", "postgres"}
-        assert workload.done["truncate"] + workload.done["truncate in a transaction"] > 0
-        assert workload.done["key change"] > 0 and workload.done["bulk"] > 0
-        crash.catch_up(p, log)
-        for t in (crash.ITEMS, crash.SIDE):
-            assert_topic_equals_table(
-                read_topic(p.endpoints.kafka_bootstrap, t.topic(p.name)), p.dsn, t.name
-            )
-        run_shared_available_now(p, tmp_path)
-        assert_followers_equal(p, [crash.ITEMS, crash.SIDE], allow_empty=True)
 
 
 # -- case 4 on servers far along their WAL -------------------------------------------------

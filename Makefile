@@ -48,7 +48,8 @@ test: install
 	$(PY) scripts/test $(PYTEST_ARGS)
 
 # The followers' end-to-end tests with their servers as testcontainers of the project's images
-# (not in the default run: CI time). CDC_TEST_FOLLOWERS_CHANGES sets the streamed workload.
+# (the default run has one such test, in tests/e2e/test_docker.py; the whole set is not, for CI
+# time). CDC_TEST_FOLLOWERS_CHANGES sets the streamed workload.
 test-containers: install
 	scripts/docker images
 	CDC_TEST_DOCKER=1 $(VENV)/bin/pytest tests/e2e/test_followers.py $(PYTEST_ARGS)

@@ -7,8 +7,9 @@
   changed live while the reader's process is killed mid-stream (its restart policy brings
   it back); both followers end equal to PostgreSQL; ``docker compose down -v`` leaves no
   container, network or volume.
-- **testcontainers**: ``make test-containers`` runs the followers' end-to-end tests with their
-  servers as containers of these images (not in the default run: CI time).
+- **testcontainers**: the servers as containers of these images, the reader and the shared
+  job on this machine against them: a snapshot and streamed changes reach both followers
+  (in the default run); ``make test-containers`` runs every follower end-to-end test so.
 
 A Docker engine is started when none answers and the machine allows it (root); the images
 are prepared once (``make test`` starts that in the background, this waits for it), then
@@ -25,11 +26,14 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from demo.compare import diff, leader_state
 from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
 from tests.conftest import wait_until
@@ -126,6 +130,50 @@ def stack(prepared: dict[str, float]) -> Iterator[ComposeStack]:
         FIGURES["compose logs"] = str(log)
         s.compose("down", "-v", "--remove-orphans", check=False, timeout=600)
         print("figures:", json.dumps(FIGURES, indent=2))
+
+
+TC_SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, name text, qty int, tags text[]);
+INSERT INTO items SELECT g, 'n' || g, g, ARRAY['t' || g] FROM generate_series(1, 500) g;
+"""
+
+
+def test_the_followers_converge_on_testcontainers(
+    prepared: dict[str, float], tmp_path: Path
+) -> None:
+    """The mission's third way of running it: the servers as testcontainers of the project's
+    images (tests/containers.py, what ``make test-containers`` gives every follower test),
+    the reader and the shared job on this machine against them. A snapshot, then updates,
+    deletes (tombstones) and inserts streamed: both followers equal the table."""
+    from tests.conftest import Endpoints
+    from tests.containers import start_servers
+    from tests.e2e.pipeline import (
+        cache_state,
+        new_pipeline,
+        run_reader_until_current,
+        run_shared_available_now,
+        search_state,
+    )
+
+    with ExitStack() as servers:
+        t0 = time.monotonic()
+        ep = Endpoints(**start_servers(servers), via="testcontainers")
+        FIGURES["testcontainers: four servers healthy (s)"] = round(time.monotonic() - t0, 1)
+        p = new_pipeline(ep, "tc", TC_SCHEMA, tmp_path / "checkpoints")
+        run_reader_until_current(p)  # the snapshot
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            conn.execute("UPDATE items SET qty = qty * 10, tags = tags || 'u'::text WHERE id % 3 = 0")
+            conn.execute("DELETE FROM items WHERE id % 5 = 0")
+            conn.execute(
+                "INSERT INTO items SELECT g, 'new', g, NULL FROM generate_series(501, 600) g"
+            )
+        run_reader_until_current(p)
+        run_shared_available_now(p, tmp_path)
+        leader = leader_state(p.dsn, "public.items")
+        assert len(leader) == 500 and leader["3"]["qty"] == 30 and "5" not in leader
+        assert not diff(leader, cache_state(p, "public.items"))
+        assert not diff(leader, search_state(p, "public.items"))
+        FIGURES["testcontainers: the whole test (s)"] = round(time.monotonic() - t0, 1)
 
 
 def test_every_service_is_healthy_and_the_pipeline_is_not_root(stack: ComposeStack) -> None:

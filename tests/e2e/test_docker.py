@@ -162,7 +162,9 @@ def test_the_followers_converge_on_testcontainers(
         p = new_pipeline(ep, "tc", TC_SCHEMA, tmp_path / "checkpoints")
         run_reader_until_current(p)  # the snapshot
         with psycopg.connect(p.dsn, autocommit=True) as conn:
-            conn.execute("UPDATE items SET qty = qty * 10, tags = tags || 'u'::text WHERE id % 3 = 0")
+            conn.execute(
+                "UPDATE items SET qty = qty * 10, tags = tags || 'u'::text WHERE id % 3 = 0"
+            )
             conn.execute("DELETE FROM items WHERE id % 5 = 0")
             conn.execute(
                 "INSERT INTO items SELECT g, 'new', g, NULL FROM generate_series(501, 600) g"

@@ -257,7 +257,7 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
         SYNC_JOB,
         *followers,
         "--max-offsets-per-trigger",
-        "3000",
+        "10000",  # several batches (the topics hold about 70,000 records), few JVM round trips
         "--trigger-interval",
         "100 milliseconds",
         log=killed_log,

@@ -17,6 +17,7 @@ import psycopg
 import redis
 from redis.cluster import RedisCluster
 
+from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.follower_clients import redis_cluster_url
 from pgcdc.core.search_documents import every_document
 from sinks.search_index import index_name
@@ -63,8 +64,7 @@ def cache_state(dsn: str, redis_url: str, key_prefix: str, table: str) -> dict[s
     prefix = f"{key_prefix}:{table}:"
     out: dict[str, dict[str, Any]] = {}
     try:
-        for k in r.scan_iter(match=f"{prefix}*", count=5000):
-            fields = r.hgetall(k)
+        for k, fields in every_hash(r, f"{prefix}*"):
             row = {_text(f): orjson.loads(v) for f, v in fields.items()}
             out[_text(k)[len(prefix) :]] = {
                 c: canonical(v, types.get(c, "?")) for c, v in row.items()

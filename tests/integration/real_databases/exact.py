@@ -13,6 +13,7 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from psycopg import sql
 
+from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.contract import table_index
 from pgcdc.core.search_documents import every_document
 from sinks.base import key_id
@@ -63,8 +64,7 @@ def cache_exact(p: Pipeline, table: Table) -> Rows:
     raw: dict[str, dict[str, Any]] = {}
     try:
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
-        for k in r.scan_iter(match=pattern, count=5000):
-            fields: dict[bytes, bytes] = r.hgetall(k)  # type: ignore[assignment]
+        for k, fields in every_hash(r, pattern):
             name = k.decode() if isinstance(k, bytes) else str(k)
             raw[name[len(prefix) :]] = {f.decode(): loads_exact(v) for f, v in fields.items()}
     finally:

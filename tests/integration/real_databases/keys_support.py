@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from opensearchpy import OpenSearch
 
 from cdc.table_topics import cleanup_policy as topic_cleanup_policy
+from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.contract import (
     SYNC_JOB,
     UNAVAILABLE_VALUE_PLACEHOLDER,
@@ -111,8 +112,7 @@ def _cache_raw(p: Pipeline, table: Table) -> dict[str, dict[str, Any]]:
     raw: dict[str, dict[str, Any]] = {}
     try:
         pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
-        for k in r.scan_iter(match=pattern, count=5000):
-            fields = r.hgetall(k)
+        for k, fields in every_hash(r, pattern):
             name = k.decode() if isinstance(k, bytes) else k
             raw[name[len(prefix) :]] = {
                 (f.decode() if isinstance(f, bytes) else f): loads_exact(v)

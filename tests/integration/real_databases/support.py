@@ -21,6 +21,7 @@ from opensearchpy import OpenSearch
 from psycopg import sql
 
 from demo.compare import canonical, diff
+from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.contract import JOBS, table_id, table_index, table_of_topic, table_topic
 from pgcdc.core.search_documents import every_document
 from sinks.base import key_id
@@ -158,8 +159,8 @@ def cache_rows(p: Pipeline, table: Table) -> dict[str, dict[str, Any]]:
     r = redis.Redis.from_url(p.endpoints.redis_url)
     out: dict[str, dict[str, Any]] = {}
     try:
-        for k in r.scan_iter(match=_glob_escape(prefix) + "*", count=5000):
-            row = {f.decode(): orjson.loads(v) for f, v in r.hgetall(k).items()}
+        for k, fields in every_hash(r, _glob_escape(prefix) + "*"):
+            row = {f.decode(): orjson.loads(v) for f, v in fields.items()}
             out[k.decode()[len(prefix) :]] = {
                 c: canonical(v, types.get(c, "?")) for c, v in row.items()
             }

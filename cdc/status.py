@@ -147,6 +147,14 @@ def problems(
         if stale:
             out.append(f"follower {job}: {stale}")
         for refused in follower.get("refused_tables") or []:
+            if "switch" in refused:
+                out.append(
+                    f"follower {job}: index {refused['index']} cannot switch to version "
+                    f"{refused['version']} ({refused['switch']}), which holds every document "
+                    f"({refused['reason']}); searches read the version before it, which no "
+                    "longer follows its table (docs/schema-changes.md)"
+                )
+                continue
             out.append(
                 f"follower {job}: index {refused['index']} no longer follows table "
                 f"{refused['table']}: {refused['columns']}; its changes are refused and "

@@ -145,6 +145,7 @@ class SearchSink:
         # Tables whose next index version is being built: what searches read, and the next.
         self._builds: dict[str, tuple[versions.Serving, str]] = {}
         self._build_checked: dict[str, float] = {}
+        self._switch_refused: set[str] = set()  # versions whose switch was refused (logged)
         self.bulk_max_bytes = bulk_max_bytes
         self.shards, self.replicas, self.refresh_interval = shards, replicas, refresh_interval
         self.index_prefix = index_prefix
@@ -384,18 +385,25 @@ class SearchSink:
                 return True
             if retryable_status(e.status_code):
                 raise RetryableSinkError(f"cannot switch {now.name} to {target}: {e}") from e
-            # Refused (e.g. no privilege on aliases): searches keep reading the complete
-            # serving version, writes go on to both; never a stop of the job for good.
-            log.error(
-                "index %s cannot be switched to %s (%s): it keeps reading version %d; give "
-                "the follower's user the indices:admin/aliases privilege",
-                now.name,
-                target,
-                e,
-                now.version,
-                extra={"table": table, "index": now.name},
-            )
+            # Refused (e.g. no privilege on aliases, a block on the index): searches keep
+            # reading the serving version, writes go on to both; never a stop of the job for
+            # good. The serving version no longer takes the table's changes: cdc status says
+            # so until the switch lands.
+            if target not in self._switch_refused:
+                self._switch_refused.add(target)
+                log.error(
+                    "index %s cannot be switched to %s (%s): it keeps reading version %d, "
+                    "which no longer follows its table; give the follower's user the "
+                    "indices:admin/aliases privilege",
+                    now.name,
+                    target,
+                    e,
+                    now.version,
+                    extra={"table": table, "index": now.name},
+                )
+                self._record_refused_switch(now, target, e)
             return False
+        self._clear_refused_switch(now.name)
         if retired is not None:
             self._retrying.call(f"retire {retired}", partial(versions.retire, self.client, retired))
         log.warning(
@@ -408,10 +416,41 @@ class SearchSink:
         )
         return True
 
+    def _record_refused_switch(self, now: versions.Serving, target: str, e: TransportError) -> None:
+        """Record in the watermark index that ``now.name`` cannot switch to ``target``
+        (``refused:switch:<name>``, read by :meth:`refused_tables`)."""
+        if self.watermark_index not in self._ready:
+            self._create_index(self.watermark_index, WATERMARK_MAPPING)
+        body = {
+            "index": now.name,
+            "switch": target,
+            "version": now.version + 1,
+            "reason": _reason(e),
+            "at_ms": int(time.time() * 1000),
+        }
+        self._retrying.call(
+            f"record the refused switch of {now.name}",
+            lambda: self.client.index(
+                index=self.watermark_index, id=f"{_REFUSED}switch:{now.name}", body=body
+            ),
+        )
+
+    def _clear_refused_switch(self, name: str) -> None:
+        self._retrying.call(
+            f"clear the refused switch of {name}",
+            lambda: self.client.delete(
+                index=self.watermark_index,
+                id=f"{_REFUSED}switch:{name}",
+                params={"ignore": 404},
+            ),
+        )
+
     def refused_tables(self) -> list[dict[str, Any]]:
         """The tables whose index refuses their columns as they are now (see
         :meth:`_check_mapping`): ``{"table", "index", "columns", "refused", "at_ms"}`` each;
-        a record whose index has been built again since (or is gone) is left out."""
+        a record whose index has been built again since (or is gone) is left out. And the
+        names whose switch to a complete next version was refused (:meth:`_advance`):
+        ``{"index", "switch", "version", "reason", "at_ms"}``, until the name reads it."""
 
         def read() -> list[dict[str, Any]]:
             try:
@@ -427,6 +466,9 @@ class SearchSink:
             ]
 
         def still(record: Mapping[str, Any]) -> bool:
+            if "switch" in record:  # a refused switch: until the name reads that version
+                now = versions.serving(self.client, record["index"])
+                return now is not None and now.index != record["switch"]
             # The index may have been built again since (deleted, or by hand): as it is now.
             try:
                 got = self.client.indices.get_mapping(index=record["index"])
@@ -776,3 +818,12 @@ class SearchSink:
     def close(self) -> None:
         """Close the client's connections."""
         self.client.close()
+
+
+def _reason(e: TransportError) -> str:
+    """``<status> <type>: <reason>`` of an answer OpenSearch refused."""
+    info = e.info if isinstance(e.info, Mapping) else {}
+    error = info.get("error")
+    if isinstance(error, Mapping):
+        return f"{e.status_code} {error.get('type', '')}: {error.get('reason', '')}"
+    return f"{e.status_code} {e.error}"

@@ -306,3 +306,56 @@ def test_a_version_opensearch_refuses_to_create_is_refused_like_without_versions
     finally:
         sink.client.transport.perform_request("DELETE", f"/_index_template/{template}")
         sink.close()
+
+
+def test_a_switch_refused_for_good_keeps_serving_and_cdc_status_says_so(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """The next version holds every document but OpenSearch refuses the switch (here a
+    read-only block on version 1, as a missing alias privilege would): the job goes on,
+    searches read version 1, and ``cdc status`` names the index until the switch lands."""
+    from cdc.status import problems
+    from pgcdc.core.settings import Settings
+    from sinks.status import follower_status
+
+    sink = SearchSink(
+        endpoints.search_url,
+        index_prefix,
+        evolve_indices=True,
+        refresh=True,
+        build_check_interval_s=float("inf"),  # its writes never switch: maintain does
+    )
+    settings = Settings(
+        search={"url": endpoints.search_url, "index_prefix": index_prefix}  # type: ignore[arg-type]
+    )
+
+    def lines() -> list[str]:
+        got = problems({"slot": {"slot": "s"}, "followers": follower_status(settings)}, 1 << 40)
+        return [x for x in got if "cannot switch" in x]
+
+    try:
+        name = sink.index_for(T)
+        sink.register_schema(T, _schema("int32"))
+        sink.apply(_changes(range(5), 7, 100))
+        sink.register_schema(T, _schema("string"))
+        assert {r.outcome for r in sink.apply(_changes(range(5), "many", 200))} == {Outcome.APPLIED}
+        sink.client.indices.put_settings(index=name, body={"index.blocks.read_only": True})
+        sink.maintain()  # caught up, the switch refused: no exception
+        assert v.serving(sink.client, name) == v.Serving(name, name, 1)
+        wait_until(lines, timeout=60, interval=0.2, what="the refused switch in the status")
+        assert lines() == [
+            f"follower search_sync: index {name} cannot switch to version 2 ({name}-v2), "
+            "which holds every document (403 cluster_block_exception: index "
+            f"[{name}] blocked by: [FORBIDDEN/5/index read-only (api)];); searches read the "
+            "version before it, which no longer follows its table (docs/schema-changes.md)"
+        ]
+        sink.client.indices.put_settings(index=name, body={"index.blocks.read_only": False})
+        sink.maintain()  # allowed again: it switches, and the line goes
+        assert v.serving(sink.client, name) == v.Serving(name, f"{name}-v2", 2)
+        assert lines() == []
+    finally:
+        if sink.client.indices.exists(index=name):
+            sink.client.indices.put_settings(
+                index=name, body={"index.blocks.read_only": False}, params={"ignore": 404}
+            )
+        sink.close()

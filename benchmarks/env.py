@@ -6,9 +6,11 @@ first: a leftover slot keeps the server's WAL forever.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,3 +232,20 @@ class BenchEnv:
         except Exception as e:
             problems.append(f"topics: {e}")
         return problems
+
+
+def run_alone(keep: bool, name: str, measure: Callable[[BenchEnv], dict[str, Any]]) -> int:
+    """One benchmark module run by itself (``python -m benchmarks.<name>``): its figures from
+    ``measure`` on a fresh environment (removed after unless ``keep``), written to the run's
+    ``<name>.json`` and printed."""
+    env = BenchEnv.from_environ()
+    env.keep = env.keep or keep
+    try:
+        result = measure(env)
+    finally:
+        if not env.keep:
+            env.cleanup()
+    out: Path = env.run_dir / f"{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0

@@ -23,21 +23,19 @@ Every ratio compares figures of the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import redis
 from opensearchpy import OpenSearch
 
 from benchmarks.context import Bench
-from benchmarks.env import ROOT, BenchEnv
+from benchmarks.env import ROOT, BenchEnv, run_alone
 from benchmarks.followers import SparkJobs
 from benchmarks.ours import OursReader
 from benchmarks.proc import ProcStats
@@ -339,17 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         p.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
-    env = BenchEnv.from_environ()
-    env.keep = env.keep or a.keep
-    try:
-        result = run(env, a.rows, modes, paths, a.max_offsets_per_trigger)
-    finally:
-        if not env.keep:
-            env.cleanup()
-    out: Path = env.run_dir / "followers_backlog.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+    return run_alone(
+        a.keep,
+        "followers_backlog",
+        lambda env: run(env, a.rows, modes, paths, a.max_offsets_per_trigger),
+    )
 
 
 if __name__ == "__main__":

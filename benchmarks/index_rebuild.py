@@ -26,14 +26,13 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import redis
 from opensearchpy import OpenSearch
 
 from benchmarks.context import Bench
-from benchmarks.env import BenchEnv
+from benchmarks.env import BenchEnv, run_alone
 from benchmarks.followers import SparkJobs
 from benchmarks.followers_backlog import apply_window, cpu_at
 from benchmarks.ours import OursReader
@@ -190,19 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("opensearch").setLevel(logging.WARNING)  # a line per request
-    env = BenchEnv.from_environ()
-    env.keep = env.keep or a.keep
-    started = time.monotonic()
-    try:
+
+    def measure(env: BenchEnv) -> dict[str, Any]:
+        started = time.monotonic()
         result = run(env, a.rows, a.read)
-    finally:
-        if not env.keep:
-            env.cleanup()
-    result["bench_s"] = round(time.monotonic() - started, 1)
-    out: Path = env.run_dir / "index_rebuild.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+        return {**result, "bench_s": round(time.monotonic() - started, 1)}
+
+    return run_alone(a.keep, "index_rebuild", measure)
 
 
 if __name__ == "__main__":

@@ -347,8 +347,18 @@ class Streamer:
         topic = self._topics[relation_id]
         if self._snapshots is not None:
             self._snapshots.on_truncate((table.schema, table.table))
-        version = (int(self._commit_lsn_header), self._order)
-        deleted = self._truncates.write(table, topic, self._source(frame), self._send_to, version)
+        # One order for all of the truncate's records (they name distinct keys), so the
+        # transaction's later records get the same orders however many keys it deletes: a
+        # replay deletes fewer (those the first run's later records made newer), and shifted
+        # orders could lose to the first run's records in a follower rebuilt from compaction.
+        at = self._order
+        version = (int(self._commit_lsn_header), at)
+
+        def send(topic: str, key: bytes | None, value: bytes | None) -> None:
+            self._send_to(topic, key, value, order=at)
+
+        deleted = self._truncates.write(table, topic, self._source(frame), send, version)
+        self._order = at + 1
         for _ in range(deleted):
             self._count("d")
         if "t" not in self._skipped:
@@ -381,16 +391,24 @@ class Streamer:
         return TransactionInfo(txid, self._order + 1, n)
 
     def _send_to(
-        self, topic: str, key: bytes | None, value: bytes | None, extra_headers: Headers = ()
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        extra_headers: Headers = (),
+        *,
+        order: int | None = None,
     ) -> None:
-        """Queue a record of the open transaction with its version (the next order)."""
+        """Queue a record of the open transaction with its version: the next order, or
+        ``order`` (a truncate's records share one, see :meth:`_truncate`)."""
         if self._txn is None:
             raise SlotError("a change arrived outside a transaction")
-        headers = version_headers(self._commit_lsn_header, self._order)
+        headers = version_headers(self._commit_lsn_header, self._order if order is None else order)
         if extra_headers:
             headers = [*headers, *extra_headers]
         self._publisher.send(self._txn, topic, key, value, headers)
-        self._order += 1
+        if order is None:
+            self._order += 1
 
     def _count(self, op: str) -> None:
         self.events += 1

@@ -8,9 +8,12 @@ start to its end, and for every key live there (its newest record is not a tombs
 (``before`` holds the key's columns) and a tombstone. A key that already holds a record
 newer than the truncate, from a later transaction, is left alone: a truncate replayed after
 a restart must not tombstone what a later change or an incremental snapshot chunk wrote
-(compaction would then drop that record for good). They carry the truncate's transaction
-version and the next orders of that transaction, so the rows it inserted before the
-truncate are deleted and those it inserts after it win. Followers delete every row, and a
+(compaction would then drop that record for good). They all carry the truncate's version
+(its transaction's commit LSN and one order, the next of that transaction), so the rows it
+inserted before the truncate are deleted and those it inserts after it win; the
+transaction's later records take the orders after it however many keys it named, so a
+replay (which names fewer: those the first run's later records made newer) gives them the
+same orders as the first run. Followers delete every row, and a
 follower rebuilt from the compacted topic never sees them.
 
 Debezium's ``t`` event is written as well unless ``postgres.skipped_operations`` holds ``t``
@@ -34,7 +37,7 @@ from schemas.model import SourceInfo, TableSchema
 
 log = logging.getLogger(__name__)
 
-# (topic, key, value) → queued with the transaction's version and its next order.
+# (topic, key, value) → queued with the truncate's version (its transaction's, one order).
 Send = Callable[[str, bytes | None, bytes | None], None]
 
 FLUSH_TIMEOUT_S = 300.0

@@ -532,8 +532,7 @@ class World:
             if any(x.key == key and x.version > version and x.version[0] != txn.lsn
                    for x in self.kafka.records):  # fmt: skip
                 self.newer_tombstoned.append(key.decode())
-            self.kafka.records.append(Record(key, None, (txn.lsn, order)))
-            order += 2
+            self.kafka.records.append(Record(key, None, (txn.lsn, order)))  # one order for all
         return order + 1
 
     def confirm(self) -> None:

@@ -52,7 +52,7 @@ from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.gc_pause import gc_paused
+from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import RANGE_SCHEMA, Range, plan_ranges, range_starts, read_range
 from spark_jobs.metrics import JobMetrics
@@ -136,6 +136,7 @@ def drop_sink(settings: Settings, job: str) -> None:
     sink = _SINKS.pop(_sink_key(settings, job), None)
     if sink is not None:
         sink.close()
+        thaw()  # its cycles, frozen after an earlier task, are garbage now
 
 
 @dataclass

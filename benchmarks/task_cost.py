@@ -126,16 +126,14 @@ def main(argv: list[str] | None = None) -> int:
                 best[stage] = min(best.get(stage, cpu), cpu)
         # The task itself, after the stages: it starts from nothing held, as a job's does.
         del got, rows, reduced
-        ranges = pa.RecordBatch.from_pylist(
-            [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}]
-        )
+        ids = pa.RecordBatch.from_pylist([{"id": 0}])
         for i in range(a.repeats):
             into = _settings(prefix, f"{prefix}ranges{i}")
             followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
             out, cpu = _timed(
                 i == a.repeats - 1 and a.profile == "ranges",
                 _list,
-                apply_ranges(into, followers, None, iter([ranges])),
+                apply_ranges(into, followers, None, [r], iter([ids])),
             )
             stats = [s for b in out for s in stats_from_rows(b.to_pylist())]
             assert len(stats) == 2 and all(s.applied == a.rows for s in stats), stats

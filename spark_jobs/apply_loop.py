@@ -52,9 +52,9 @@ from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.gc_pause import gc_paused
+from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
-from spark_jobs.kafka_direct import RANGE_SCHEMA, Range, plan_ranges, range_starts, read_range
+from spark_jobs.kafka_direct import Range, plan_ranges, range_starts, read_range
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
@@ -136,6 +136,7 @@ def drop_sink(settings: Settings, job: str) -> None:
     sink = _SINKS.pop(_sink_key(settings, job), None)
     if sink is not None:
         sink.close()
+        thaw()  # its cycles, frozen after an earlier task, are garbage now
 
 
 @dataclass
@@ -306,17 +307,19 @@ def apply_ranges(
     settings: Settings,
     followers: Sequence[Follower],
     heartbeat_topic: str | None,
+    ranges: Sequence[Range],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function with ``spark.read = "direct"``: its rows are offset ranges
-    (:data:`spark_jobs.kafka_direct.RANGE_SCHEMA`), each read from Kafka here
-    (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and applied, the garbage
-    collector paused meanwhile (:mod:`spark_jobs.gc_pause`)."""
+    """The ``mapInArrow`` function with ``spark.read = "direct"``: its rows are indices into
+    the batch's offset ``ranges`` (column ``id``, one a task: :meth:`ApplyBatch._range_tasks`),
+    each range read from Kafka here (:func:`spark_jobs.kafka_direct.read_range`), parsed,
+    reduced and applied, the garbage collector paused meanwhile
+    (:mod:`spark_jobs.gc_pause`)."""
     conf = client_config(settings.kafka)
     for batch in batches:
-        for row in batch.to_pylist():
+        for i in batch.column("id").to_pylist():
             with gc_paused():
-                records = read_range(conf, Range.of(row))
+                records = read_range(conf, ranges[i])
                 rows = record_parser(settings, heartbeat_topic).rows(records)
                 stats = stats_batch(apply_events(settings, followers, rows))
             yield stats
@@ -473,10 +476,15 @@ class ApplyBatch:
         fs = tuple(followers)
         if not ranges:
             return self._totals(fs, [])
-        rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
-        frame = spark.createDataFrame(rows, RANGE_SCHEMA).repartition(len(rows))
-        apply = functools.partial(apply_ranges, self.settings, fs, self.opts.heartbeat_topic)
-        return self._totals(fs, stats_from_rows(frame.mapInArrow(apply, STATS_SCHEMA).collect()))
+        # A task per range, each given its index: spark.range makes one a partition in the
+        # JVM, where the ranges as rows cost a Python-to-JVM transfer and a shuffle to spread
+        # them (repartition), two stages for a handful of rows, every batch.
+        n = len(ranges)
+        apply = functools.partial(
+            apply_ranges, self.settings, fs, self.opts.heartbeat_topic, tuple(ranges)
+        )
+        tasks = spark.range(0, n, 1, n).mapInArrow(apply, STATS_SCHEMA)
+        return self._totals(fs, stats_from_rows(tasks.collect()))
 
     @staticmethod
     def _totals(fs: Sequence[Follower], tasks: Iterable[BatchStats]) -> dict[str, BatchStats]:

@@ -1,0 +1,58 @@
+"""scripts/spark-submit keeps the driver JVM to its quick compiler (C1) when the job reads
+Kafka directly (spark.read = "direct": the JVM moves no record), and only then."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_spark_submit_cluster import EXE, JARS, _submit
+
+pytestmark = pytest.mark.unit
+
+JOB = ["spark_jobs/sync.py", "--followers", "cache,search"]
+
+
+def _java_options(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--driver-java-options":
+            return argv[i + 1]
+    return None
+
+
+def test_the_direct_read_by_variable_conf_or_file_gets_c1_only(tmp_path: Path) -> None:
+    s = _submit()
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_SPARK__READ": "direct"})) == (
+        s.C1_ONLY
+    )
+    by_conf = ["--conf", "spark.cdc.spark.read=direct", *JOB]
+    assert _java_options(s.build_argv(by_conf, JARS, EXE, None, {})) == s.C1_ONLY
+    toml = tmp_path / "cdc.toml"
+    toml.write_text('[spark]\nread = "direct"\n')
+    by_file = [*JOB, "--config", str(toml)]
+    assert _java_options(s.build_argv(by_file, JARS, EXE, None, {})) == s.C1_ONLY
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_CONFIG": str(toml)})) == (
+        s.C1_ONLY
+    )
+
+
+def test_the_variable_wins_as_in_the_settings_and_the_spark_read_keeps_c2() -> None:
+    s = _submit()
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {})) is None
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_SPARK__READ": "spark"})) is None
+    by_conf = ["--conf", "spark.cdc.spark.read=direct", *JOB]
+    # CDC_* variables win over --conf spark.cdc.* (spark_jobs.source.settings_env_from_conf).
+    assert _java_options(s.build_argv(by_conf, JARS, EXE, None, {"CDC_SPARK__READ": "spark"})) is (
+        None
+    )
+
+
+def test_the_users_own_java_options_are_left_alone() -> None:
+    s = _submit()
+    env = {"CDC_SPARK__READ": "direct"}
+    own = ["--driver-java-options", "-Xss4m", *JOB]
+    argv = s.build_argv(own, JARS, EXE, None, env)
+    assert argv.count("--driver-java-options") == 1 and _java_options(argv) == "-Xss4m"
+    conf = ["--conf", "spark.driver.extraJavaOptions=-Xss4m", *JOB]
+    assert "--driver-java-options" not in s.build_argv(conf, JARS, EXE, None, env)

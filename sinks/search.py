@@ -283,6 +283,21 @@ class SearchSink:
             f"look for a build of {name}", partial(versions.building, self.client, now)
         )
         if target is None and refused:
+            if self._retrying.call(
+                f"look for {now.next_index}", partial(versions.foreign, self.client, now)
+            ):
+                log.error(
+                    "index %s cannot take table %s's columns as they are now, and the name of "
+                    "its version %d, %s, is taken by an index this follower did not make: "
+                    "nothing is written to it, the table's changes are refused; delete or "
+                    "rename that index, restart the job and run cdc snapshot for the table",
+                    name,
+                    table,
+                    now.version + 1,
+                    now.next_index,
+                    extra={"table": table, "index": name},
+                )
+                return False
             target = now.next_index
             mapping = versions.with_version(
                 mapping_from_connect_schema(fields), name, now.version + 1

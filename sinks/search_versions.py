@@ -80,9 +80,23 @@ def serving(client: OpenSearch, name: str) -> Serving | None:
 
 
 def building(client: OpenSearch, now: Serving) -> str | None:
-    """The next version's index if a build of it is under way (its index exists)."""
+    """The next version's index if a build of it is under way: its index exists and says it
+    is that version of ``now.name`` (an index of that name made by someone else is no build:
+    :func:`foreign`; a table's own index never has that name, since its ``-`` is escaped)."""
     nxt = now.next_index
-    return nxt if client.indices.exists(index=nxt) else None
+    try:
+        got = client.indices.get_mapping(index=nxt)
+    except NotFoundError:
+        return None
+    body = got.get(nxt) or {}
+    meta = body.get("mappings", {}).get("_meta") or {}
+    ours = meta.get(NAME_KEY) == now.name and int(meta.get(META_KEY, 0)) == now.version + 1
+    return nxt if ours else None
+
+
+def foreign(client: OpenSearch, now: Serving) -> bool:
+    """Whether the next version's name is taken by an index that is not that version."""
+    return building(client, now) is None and bool(client.indices.exists(index=now.next_index))
 
 
 def under_way(client: OpenSearch, prefix: str) -> list[tuple[Serving, str]]:

@@ -359,3 +359,38 @@ def test_a_switch_refused_for_good_keeps_serving_and_cdc_status_says_so(
                 index=name, body={"index.blocks.read_only": False}, params={"ignore": 404}
             )
         sink.close()
+
+
+def test_a_next_version_name_taken_by_another_index_is_never_written_or_switched_to(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """An index of the next version's name that this follower did not make (no version in
+    its mapping's _meta): after a type change nothing is written to it and the name never
+    reads it; the changes are refused as without versions, and the status names the table."""
+    from pgcdc.core.settings import Settings
+    from sinks.status import follower_status
+
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    settings = Settings(
+        search={"url": endpoints.search_url, "index_prefix": index_prefix}  # type: ignore[arg-type]
+    )
+    try:
+        name = sink.index_for(T)
+        assert sink.index_for("public.items-v2") != f"{name}-v2"  # a table's never collides
+        sink.register_schema(T, _schema("int32"))
+        sink.apply(_changes(range(3), 7, 100))
+        sink.client.indices.create(index=f"{name}-v2", body={"mappings": {}})  # someone's
+        sink.register_schema(T, _schema("string"))
+        assert [r.outcome for r in sink.apply(_changes(range(1), "many", 200))] == [Outcome.FAILED]
+        sink.maintain()
+        assert v.serving(sink.client, name) == v.Serving(name, name, 1)
+        sink.client.indices.refresh(index=f"{name}-v2")
+        assert sink.client.count(index=f"{name}-v2")["count"] == 0
+        wait_until(
+            lambda: follower_status(settings)["search_sync"]["refused_tables"],
+            timeout=60,
+            interval=0.2,
+            what="the table refused in the follower's status",
+        )
+    finally:
+        sink.close()

@@ -57,7 +57,8 @@ KEYS = 5_000
 def _rss(pid: int | str = "self") -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-    assert match is not None
+    if match is None:  # a process that exited and is not reaped yet has no resident set
+        raise ProcessLookupError(f"process {pid} has exited")
     return int(match.group(1)) * 1024
 
 

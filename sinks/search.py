@@ -400,6 +400,10 @@ class SearchSink:
                 return True
             if retryable_status(e.status_code):
                 raise RetryableSinkError(f"cannot switch {now.name} to {target}: {e}") from e
+            if e.status_code == 404:
+                # Something moved under the call (another worker's switch or retire not yet
+                # visible): not a refusal; the next check sees how it ended.
+                return False
             # Refused (e.g. no privilege on aliases, a block on the index): searches keep
             # reading the serving version, writes go on to both; never a stop of the job for
             # good. The serving version no longer takes the table's changes: cdc status says

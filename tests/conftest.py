@@ -10,6 +10,7 @@ with each other or with a developer's data.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -27,6 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "scripts" / "stack"
 
 T = TypeVar("T")
+
+# The Spark JVMs the tests start (the session fixture's, and every job through
+# scripts/spark-submit: Spark's launcher adds SPARK_SUBMIT_OPTS to the driver's java command)
+# keep HotSpot's quick compiler only. They live a minute or less, where the optimizing compiler
+# (C2) costs more CPU than it saves: test_sync's three tests took 115 CPU seconds with it,
+# 80 without, on two cores the whole suite shares. What the jobs do is the same; users' jobs
+# keep their own flags (scripts/spark-submit's C1_ONLY says when).
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(schedule.group_of(module_of(item))))
     weights = {id(item): schedule.weight(module_of(item)) for item in items}
     items.sort(key=lambda item: -weights[id(item)])  # stable: the rest keep their order
+
+
+_TIME_SPENT: Any = None  # tests.schedule.TimeSpent of a run on parallel workers
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count each phase of each test against its worker and module (xdist reports carry
+    the worker: ``report.node``), for the summary below."""
+    global _TIME_SPENT
+    node = getattr(report, "node", None)
+    if node is None:  # not a run on workers
+        return
+    from tests.schedule import TimeSpent
+
+    if _TIME_SPENT is None:
+        _TIME_SPENT = TimeSpent()
+    _TIME_SPENT.add(node.gateway.id, report.nodeid, report.when, report.start, report.stop)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _TIME_SPENT is not None:
+        terminalreporter.section("where the time went")
+        for line in _TIME_SPENT.lines():
+            terminalreporter.write_line(line)
 
 
 def use_containers() -> bool:
@@ -301,5 +334,9 @@ def spark() -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
+    # py4j logs at INFO as its connections close, the last from a finalizer at interpreter
+    # exit, after pytest closed the stream a test's logging setup pointed at: "--- Logging
+    # error --- ValueError: I/O operation on closed file" at the end of the run's output.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()

@@ -81,3 +81,37 @@ def weight(module_path: str) -> float:
     """How long a module is expected to take; 0 for the ones not listed."""
     w = _lookup(SLOW_MODULES, module_path)
     return float(w) if isinstance(w, int | float) else 0.0
+
+
+class TimeSpent:
+    """Where a parallel run's time went: each worker's busy seconds and the span from its
+    first test to its last (a worker idle at the end shows as a shorter span), and the
+    slowest modules with setup and teardown counted. Printed at the end of a run on workers
+    (``pytest_terminal_summary``), so CI's log says which modules to cut or move first."""
+
+    def __init__(self) -> None:
+        self.busy: dict[str, float] = {}
+        self.tests: dict[str, int] = {}
+        self.span: dict[str, tuple[float, float]] = {}
+        self.modules: dict[str, float] = {}
+
+    def add(self, worker: str, nodeid: str, when: str, start: float, stop: float) -> None:
+        took = max(0.0, stop - start)
+        self.busy[worker] = self.busy.get(worker, 0.0) + took
+        if when == "call":
+            self.tests[worker] = self.tests.get(worker, 0) + 1
+        first, last = self.span.get(worker, (start, stop))
+        self.span[worker] = (min(first, start), max(last, stop))
+        module = nodeid.split("::", 1)[0]
+        self.modules[module] = self.modules.get(module, 0.0) + took
+
+    def lines(self, slowest: int = 15) -> list[str]:
+        out = [
+            f"worker {w}: busy {self.busy[w]:,.0f} s over {self.tests.get(w, 0)} tests, "
+            f"first to last {self.span[w][1] - self.span[w][0]:,.0f} s"
+            for w in sorted(self.busy)
+        ]
+        ranked = sorted(self.modules.items(), key=lambda kv: -kv[1])[:slowest]
+        out.append(f"the {len(ranked)} slowest modules (setup, tests and teardown):")
+        out += [f"  {secs:7.1f} s  {module}" for module, secs in ranked]
+        return out

@@ -68,3 +68,15 @@ def test_a_modules_tests_are_one_unit_of_work_and_shared_groups_one_together() -
     assert schedule.scope_of("tests/e2e/test_scale_out.py::test_x") == schedule.scope_of(
         "tests/integration/test_sinks_cache_cluster.py::test_y[hash]"
     )
+
+
+def test_the_time_summary_counts_each_worker_and_module() -> None:
+    spent = schedule.TimeSpent()
+    spent.add("gw0", "tests/a.py::t1", "setup", 0.0, 10.0)
+    spent.add("gw0", "tests/a.py::t1", "call", 10.0, 15.0)
+    spent.add("gw1", "tests/b.py::t2", "call", 2.0, 4.0)
+    spent.add("gw0", "tests/c.py::t3", "call", 100.0, 101.0)
+    lines = spent.lines(slowest=2)
+    assert lines[0] == "worker gw0: busy 16 s over 2 tests, first to last 101 s"
+    assert lines[1] == "worker gw1: busy 2 s over 1 tests, first to last 2 s"
+    assert lines[3:] == ["     15.0 s  tests/a.py", "      2.0 s  tests/b.py"]

@@ -244,8 +244,9 @@ def test_followers_converge_to_the_database(converged: Pipeline) -> None:
 def test_kill_mid_batch_then_restart_and_replay_from_zero(
     converged: Pipeline, tmp_path: Path
 ) -> None:
-    # More changes, so the killed jobs have something to be in the middle of.
-    run_workload(converged.dsn, seed=3, changes_wanted=10_000)
+    # Changes after the module's run; the topics' ~60,000 records from it give the killed job
+    # six batches to be in the middle of (10,000 more changes added 20 s and proved no more).
+    run_workload(converged.dsn, seed=3, changes_wanted=1_000)
     run_reader_until_current(converged)
 
     fresh = converged.with_follower("k")
@@ -257,7 +258,7 @@ def test_kill_mid_batch_then_restart_and_replay_from_zero(
         SYNC_JOB,
         *followers,
         "--max-offsets-per-trigger",
-        "10000",  # several batches (the topics hold about 70,000 records), few JVM round trips
+        "10000",  # several batches (the topics hold about 60,000 records), few JVM round trips
         "--trigger-interval",
         "100 milliseconds",
         log=killed_log,

@@ -227,7 +227,7 @@ def test_case4_on_a_server_whose_lsn_is_beyond_2_to_the_47_and_near_2_to_the_63(
     """The packed OpenSearch version overflowed past LSN 2**47: every change was
     dead-lettered. Both followers now hold the re-inserts, at versions past 2**47, on a
     server 1 GiB of WAL below 2**63 (OpenSearch's largest version): one server covers both
-    positions, and an 80k-record transaction (40k deletes, 40k re-inserts) runs there."""
+    positions, and a 67k-record transaction (33.5k deletes, 33.5k re-inserts) runs there."""
     rows = catalog.BULK_ROWS
     server: throwaway.ThrowawayServer = request.getfixturevalue("server_near_2_63")
     on_server = dataclasses.replace(endpoints, postgres_dsn=server.dsn("postgres"))

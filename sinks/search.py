@@ -92,6 +92,10 @@ _MAX_ID_BYTES: Final = 512
 _REFUSED: Final = "refused:"  # the watermark index's record of a table its index refuses
 _MAX_LONG: Final = (1 << 63) - 1
 _MGET_CHUNK: Final = 500
+# What a bulk answer's items need to say (:func:`sinks.search_requests.item_outcome`): the
+# rest of each item (index, id, version, shards, sequence numbers) is most of the answer, for
+# OpenSearch to write and for the client to parse (stdlib json, in the task's time).
+_BULK_ITEMS: Final = "items.*.status,items.*.result,items.*.error"
 
 
 @dataclass(slots=True)
@@ -721,7 +725,7 @@ class SearchSink:
         """One bulk request; items refused with 429/5xx are sent again with backoff. A body
         the server finds too large (413) is split in two and each half sent; a single
         document too large on its own is refused for good (it goes to the dead letter)."""
-        params = {"refresh": "true" if self.refresh else "false"}
+        params = {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
         attempts = self._retrying.max_attempts
         pending = ops
         for attempt in range(attempts):

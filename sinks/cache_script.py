@@ -37,8 +37,10 @@ class Reply(IntEnum):
 #   op: 'h' hash row, 'hp' hash partial, 'j' JSON row, 'jp' JSON merged row, 'd' delete;
 #   version;
 #   for 'jp' the held version the merge used ('' = none), else '*';
-#   for hash ops a JSON object of column -> the column's value as JSON text (strings only,
-#   so cjson's doubles never touch a value), for JSON ops the row as JSON, for 'd' ''.
+#   for hash ops the columns as a JSON array of names, then for each column a NUL byte and
+#   its value as JSON text (no JSON text holds a NUL byte: JSON escapes control characters;
+#   only the names go through cjson, whose doubles never touch a value), for JSON ops the row
+#   as JSON, for 'd' ''.
 # Answers {codes, errors}: a character per row (Reply), and the error of each refused row,
 #   in order (a refused command fails its row alone, as it did with a call a row).
 # The watermark: ARGV[1] 'w', ARGV[2] the LSN; answers 1 if it advanced, else 0.
@@ -78,10 +80,13 @@ local function write(row, vkey, op, version, expected, payload)
     redis.call('DEL', row)
   end
   if op == 'h' or op == 'hp' then
+    local at = string.find(payload, '\\0', 1, true) or #payload + 1
     local flat = {}
-    for column, value in pairs(cjson.decode(payload)) do
-      flat[#flat + 1] = column
-      flat[#flat + 1] = value
+    for i, column in ipairs(cjson.decode(string.sub(payload, 1, at - 1))) do
+      local stop = string.find(payload, '\\0', at + 1, true) or #payload + 1
+      flat[2 * i - 1] = column
+      flat[2 * i] = string.sub(payload, at + 1, stop - 1)
+      at = stop
     end
     if #flat > 0 then redis.call('HSET', row, unpack(flat)) end
   else

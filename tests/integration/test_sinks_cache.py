@@ -457,11 +457,20 @@ def test_awkward_names_and_values_round_trip(sink: CacheSink) -> None:
         'quote"d': 'say "hi"\n',
         "ünïcødé ✓": "日本語 \u0000 nul",
         "": "empty column name",
+        "nul\u0000in a name": "\u0000",
         "nested": {"a": [1, 2.5, None, True]},
         "max_i64": 2**63 - 1,
     }
     assert _outcomes(sink.apply([Change(T, "k:with:colons", 10, 0, doc)])) == ["applied"]
     assert sink.read_row(T, "k:with:colons") == doc
+
+
+def test_a_row_without_columns_holds_no_fields(sink: CacheSink) -> None:
+    sink.apply([Change(T, "empty", 10, 0, {"id": 1})])
+    assert _outcomes(sink.apply([Change(T, "empty", 11, 0, {})])) == ["applied"]
+    # A hash of no fields is no key; a JSON row is the empty object.
+    assert sink.read_row(T, "empty") == (None if sink.value_mode == "hash" else {})
+    assert sink.read_version(T, "empty") == (11, 0)
 
 
 def test_the_widest_postgresql_row(sink: CacheSink) -> None:

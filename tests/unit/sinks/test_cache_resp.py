@@ -95,31 +95,28 @@ def test_a_call_is_what_redis_py_packed_for_the_same_write(
     ttl = str(ttl_s or 0)
     doc = {"id": 7, "note": 'ünï "q"', "n": None, "big": 2**63 - 1, "f": 1.5}
     partial = Change(T, "7", 2**40, 3, {**doc, "note": UNAVAILABLE_VALUE_PLACEHOLDER})
-    cases: list[tuple[Change, str, object]]
+    cases: list[tuple[Change, str, bytes]]
     if value_mode == "hash":
-        cases = [
-            (
-                Change(T, "7", 2**40, 3, doc),
-                "h",
-                {k: orjson.dumps(v).decode() for k, v in doc.items()},
-            ),
-            (partial, "hp", {k: orjson.dumps(v).decode() for k, v in doc.items() if k != "note"}),
-        ]
+        # The names as a JSON array, then each value as JSON text after a NUL byte.
+        def fields(row: dict[str, object]) -> bytes:
+            return b"\0".join([orjson.dumps(list(row)), *[orjson.dumps(v) for v in row.values()]])
+
+        kept = {k: v for k, v in doc.items() if k != "note"}
+        cases = [(Change(T, "7", 2**40, 3, doc), "h", fields(doc)), (partial, "hp", fields(kept))]
     else:
-        cases = [(Change(T, "7", 2**40, 3, doc), "j", doc)]
+        cases = [(Change(T, "7", 2**40, 3, doc), "j", orjson.dumps(doc))]
         assert sink._write_args(partial) is None  # merged with the held row first
-    cases.append((Change(T, "7", 2**40, 3, None), "d", None))
+    cases.append((Change(T, "7", 2**40, 3, None), "d", b""))
     rows = []
-    for change, op, fields in cases:
+    for change, op, payload in cases:
         args = sink._write_args(change)
         assert args is not None
-        keys = [sink.row_key(T, "7"), sink.version_key(T, "7")]
-        payload = "" if fields is None else orjson.dumps(fields).decode()
-        argv = [op, version_string(change.version_order), "*", payload]
+        keys = [sink.row_key(T, "7").encode(), sink.version_key(T, "7").encode()]
+        argv = [op.encode(), version_string(change.version_order).encode(), b"*", payload]
         assert sink._pack([(0, change, args)]) == redis_py(
             "EVALSHA", SCRIPT_SHA, 2, *keys, ttl, "600", *argv
         )
-        assert sink.script_args([args]) == [k.encode() for k in [*keys, ttl, "600", *argv]]
+        assert sink.script_args([args]) == [*keys, ttl.encode(), b"600", *argv]
         rows.append((0, change, args))
     assert sink._pack(rows) == redis_py(
         "EVALSHA", SCRIPT_SHA, 2 * len(rows), *sink.script_args([a for _, _, a in rows])

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
@@ -80,10 +80,12 @@ class Change:
         return VersionOrder(self.commit_lsn, self.order)
 
 
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
+class ApplyResult(NamedTuple):
     """What a follower did with one change (:class:`Outcome`). ``retryable`` tells a failure
-    worth retrying from one that belongs on the dead-letter topic."""
+    worth retrying from one that belongs on the dead-letter topic.
+
+    A named tuple: immutable as a frozen dataclass was, and made in half the time (a
+    follower makes one a change)."""
 
     key: str
     table: str
@@ -304,6 +306,9 @@ def _fold(older: Change, newer: Change) -> Change:
     )
 
 
+_new_tuple: Final = tuple.__new__
+
+
 class BatchOutcomes:
     """The results of one :meth:`Sink.apply`: one slot per input change, filled in as the
     sink learns them."""
@@ -324,7 +329,10 @@ class BatchOutcomes:
         self, slot: int, outcome: Outcome, reason: str | None = None, retryable: bool = False
     ) -> None:
         """Record what happened to the change at ``slot``."""
-        self._results[slot] = ApplyResult.of(self._changes[slot], outcome, reason, retryable)
+        change = self._changes[slot]
+        # ApplyResult.of without its two calls: this runs for every change.
+        result = (change.key, change.table, outcome, reason, retryable)
+        self._results[slot] = _new_tuple(ApplyResult, result)
 
     def has(self, slot: int) -> bool:
         """Whether the change at ``slot`` has its result."""

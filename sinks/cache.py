@@ -23,9 +23,10 @@ so the namespaces cannot collide. A table that is no table id (no ``.``, two of 
 ``:``) is refused.
 
 Every write goes through one Lua script (:data:`sinks.cache_script.SCRIPT`; loaded once,
-then EVALSHA, pipelined: one write of at most ``pipeline_max_bytes`` of arguments, packed by
-:mod:`sinks.cache_resp`) that compares the incoming version with the stored one and writes
-only if it is newer. Running a batch again is therefore harmless.
+then EVALSHA of up to ``_ROWS_PER_CALL`` rows a call, pipelined: one write of at most
+``pipeline_max_bytes`` of arguments, packed by :mod:`sinks.cache_resp`) that compares each
+row's incoming version with the stored one and writes only if it is newer. Running a batch
+again is therefore harmless.
 
 Unchanged TOAST columns: in hash mode the script writes only the provided fields, keeping
 the held ones. In JSON mode the merge happens here, not in Lua: Lua's cjson turns numbers
@@ -84,12 +85,25 @@ __all__ = ["CacheSink"]
 log = logging.getLogger(__name__)
 
 _MERGE_ATTEMPTS: Final = 5
-_EVALSHA: Final = (b"EVALSHA", SCRIPT_SHA.encode(), b"2")
-_PACKER: Final = cache_resp.Packer(_EVALSHA)
+# Rows a script call writes (one Redis Cluster slot a call: one row there). Redis runs a call
+# alone, so this bounds how long one holds it: a few milliseconds.
+_ROWS_PER_CALL: Final = 200
 
-# A row write waiting to be sent: the input slot it answers for, its change, and the script's
-# arguments: its two KEYS (row key, version key) then its ARGV.
+# A row write waiting to be sent: the input slot it answers for, its change, and the row's
+# script arguments: its two KEYS (row key, version key) then its four ARGV (op, version,
+# expected version, payload; see sinks.cache_script).
 _Call = tuple[int, Change, list[bytes]]
+
+# A call packed with bytes formats: the command head, and each row's keys and ARGV.
+_BULK: Final = cache_resp.BULK
+_HEAD: Final = _BULK % (7, b"EVALSHA") + _BULK % (40, SCRIPT_SHA.encode())
+_ROW_KEYS: Final = _BULK * 2
+_ROW_ARGV: Final = _BULK * 4
+_SKIPPED: Final = int(Reply.SKIPPED)
+_APPLIED: Final = int(Reply.APPLIED)
+_APPLIED_WITHOUT_HELD: Final = int(Reply.APPLIED_WITHOUT_HELD)
+_CONFLICT: Final = int(Reply.CONFLICT)
+_REFUSED: Final = int(Reply.REFUSED)
 
 
 class CacheSink:
@@ -130,6 +144,7 @@ class CacheSink:
         self.ttl_s = ttl_s
         self.tombstone_ttl_s = tombstone_ttl_s
         self._ttls = (str(ttl_s or 0).encode(), str(tombstone_ttl_s).encode())
+        self._ttl_argv = b"".join(_BULK % (len(t), t) for t in self._ttls)  # ARGV[1], [2]
         self._tables: set[str] = set()  # table ids already checked
         url, in_url = redis_cluster_url(url)
         self.cluster = cluster or in_url
@@ -225,17 +240,18 @@ class CacheSink:
         return outcomes.results()
 
     def _write_args(self, change: Change) -> list[bytes] | None:
-        """The script's KEYS and ARGV that write ``change``, or None for a partial JSON row,
-        which is first merged with the held one (:meth:`_merge_json`)."""
+        """The row's script arguments that write ``change`` (:data:`_Call`), or None for a
+        partial JSON row, which is first merged with the held one (:meth:`_merge_json`)."""
         version = version_bytes(change.commit_lsn, change.order)
         if change.doc is None:
             return self._args(change, b"d", version)
         values, held = split_unchanged(change)
         if self.value_mode == "hash":
-            # Each column's value as JSON text, in one JSON object (see SCRIPT).
+            # The column names as JSON, then each value as JSON text after a NUL (see SCRIPT):
+            # each value encoded once, with no Python loop per column.
             dumps = orjson.dumps
-            fields = {column: dumps(value).decode() for column, value in values.items()}
-            return self._args(change, b"hp" if held else b"h", version, dumps(fields))
+            payload = b"\0".join([dumps(list(values)), *map(dumps, values.values())])
+            return self._args(change, b"hp" if held else b"h", version, payload)
         if held:
             return None
         return self._args(change, b"j", version, orjson.dumps(values))
@@ -258,16 +274,34 @@ class CacheSink:
         change: Change,
         op: bytes,
         version: bytes,
-        payload: bytes | None = None,
+        payload: bytes = b"",
         expected: bytes = b"*",
     ) -> list[bytes]:
-        """The script's KEYS and ARGV for a row write (see :data:`sinks.cache_script.SCRIPT`)."""
+        """A row's script arguments: its KEYS then its ARGV (:data:`_Call`)."""
         row_key, version_key = self._keys(change.table, change.key)
-        ttl, tombstone_ttl = self._ttls
-        args = [row_key, version_key, op, version, ttl, tombstone_ttl, expected]
-        if payload is not None:
-            args.append(payload)
-        return args
+        return [row_key, version_key, op, version, expected, payload]
+
+    def script_args(self, rows: Sequence[Sequence[bytes]]) -> list[bytes]:
+        """EVALSHA's arguments after its key count (``2 * len(rows)``) for ``rows`` (each a
+        row's script arguments, :meth:`_args`): every row's KEYS, then the TTLs and every
+        row's ARGV (see :data:`sinks.cache_script.SCRIPT`)."""
+        keys = [k for row in rows for k in row[:2]]
+        return [*keys, *self._ttls, *[a for row in rows for a in row[2:]]]
+
+    def _pack(self, calls: Sequence[_Call]) -> bytes:
+        """The EVALSHA of ``calls``' rows in RESP: byte for byte redis-py's packing of
+        ``EVALSHA <sha> <2 * rows> *script_args(rows)``, with one bytes format a row."""
+        count = b"%d" % (2 * len(calls))
+        keys = _ROW_KEYS
+        argv = _ROW_ARGV
+        parts = [_HEAD, _BULK % (len(count), count)]
+        parts += [keys % (len(a[0]), a[0], len(a[1]), a[1]) for _, _, a in calls]
+        parts.append(self._ttl_argv)
+        parts += [
+            argv % (len(a[2]), a[2], len(a[3]), a[3], len(a[4]), a[4], len(a[5]), a[5])
+            for _, _, a in calls
+        ]
+        return cache_resp.command(5 + 6 * len(calls), parts)
 
     def _merge_json(
         self, merges: list[tuple[int, Change]], outcomes: BatchOutcomes
@@ -312,47 +346,73 @@ class CacheSink:
     def _run_pipeline(
         self, calls: list[_Call], outcomes: BatchOutcomes
     ) -> list[tuple[int, Change]]:
-        """Send the script calls in one pipeline; return JSON merges that raced."""
+        """Send the rows in one pipeline of script calls; return JSON merges that raced."""
         raced: list[tuple[int, Change]] = []
         pending = calls
         while pending:
             self._load_script()
-            replies = self._send(pending)
+            # A cluster's call stays in one slot: one row.
+            per_call = _ROWS_PER_CALL if isinstance(self.client, redis.Redis) else 1
+            groups = [pending[i : i + per_call] for i in range(0, len(pending), per_call)]
+            replies = self._send(groups)
             lost: list[_Call] = []
-            for call, reply in zip(pending, replies, strict=True):
-                slot, change, _ = call
+            for group, reply in zip(groups, replies, strict=True):
                 if isinstance(reply, NoScriptError):
-                    lost.append(call)
+                    lost += group
                 elif isinstance(reply, Exception):
-                    outcomes.set(slot, Outcome.FAILED, f"Redis refused the write: {reply}")
-                    log.warning("write refused: %s", reply, extra={"table": change.table})
-                elif reply == Reply.SKIPPED:
-                    outcomes.set(slot, Outcome.SKIPPED, "a newer version is held")
-                elif reply == Reply.APPLIED:
-                    outcomes.set(slot, Outcome.APPLIED)
-                elif reply == Reply.APPLIED_WITHOUT_HELD:
-                    held = sorted(split_unchanged(change)[1])
-                    outcomes.set(
-                        slot,
-                        Outcome.APPLIED,
-                        f"unchanged columns {held} not held by the follower: left out",
-                    )
-                elif reply == Reply.CONFLICT:
-                    raced.append((slot, change))
+                    for slot, change, _ in group:
+                        outcomes.set(slot, Outcome.FAILED, f"Redis refused the write: {reply}")
+                        log.warning("write refused: %s", reply, extra={"table": change.table})
                 else:
-                    outcomes.set(slot, Outcome.FAILED, f"unexpected script reply {reply!r}")
+                    self._outcomes(group, reply, outcomes, raced)
             if lost:
                 # Redis lost its scripts (restart, SCRIPT FLUSH): those calls did not run.
                 self._script_loaded = False
             pending = lost
         return raced
 
-    def _send(self, calls: list[_Call]) -> list[Any]:
-        """The script's replies to ``calls``, in order; a refused call's reply is its error."""
+    @staticmethod
+    def _outcomes(
+        group: list[_Call],
+        reply: Any,
+        outcomes: BatchOutcomes,
+        raced: list[tuple[int, Change]],
+    ) -> None:
+        """Each row's outcome from its call's reply (codes, errors; see SCRIPT)."""
+        codes, errors = reply if isinstance(reply, list) and len(reply) == 2 else (None, None)
+        if not isinstance(codes, bytes) or len(codes) != len(group):
+            for slot, _change, _ in group:
+                outcomes.set(slot, Outcome.FAILED, f"unexpected script reply {reply!r}")
+            return
+        refusals = iter(errors if isinstance(errors, list) else ())
+        for (slot, change, _), code in zip(group, codes, strict=True):
+            if code == _APPLIED:
+                outcomes.set(slot, Outcome.APPLIED)
+            elif code == _SKIPPED:
+                outcomes.set(slot, Outcome.SKIPPED, "a newer version is held")
+            elif code == _APPLIED_WITHOUT_HELD:
+                held = sorted(split_unchanged(change)[1])
+                outcomes.set(
+                    slot,
+                    Outcome.APPLIED,
+                    f"unchanged columns {held} not held by the follower: left out",
+                )
+            elif code == _CONFLICT:
+                raced.append((slot, change))
+            elif code == _REFUSED:
+                error = next(refusals, b"")
+                text = error.decode(errors="replace") if isinstance(error, bytes) else error
+                outcomes.set(slot, Outcome.FAILED, f"Redis refused the write: {text}")
+                log.warning("write refused: %s", text, extra={"table": change.table})
+            else:
+                outcomes.set(slot, Outcome.FAILED, f"unexpected script reply {reply!r}")
+
+    def _send(self, groups: list[list[_Call]]) -> list[Any]:
+        """The script's replies to each group's call, in order; a refused call's reply is
+        its error."""
         client = self.client
         if isinstance(client, redis.Redis):
-            pack = _PACKER.pack
-            packed = [pack(args) for _, _, args in calls]
+            packed = [self._pack(group) for group in groups]
             try:
                 return cache_resp.send(client, packed)
             except (RedisConnectionError, RedisTimeoutError) as e:
@@ -361,7 +421,9 @@ class CacheSink:
                 raise SinkError(f"Redis refused the pipeline: {e}") from e
         cluster: Any = self.client
         pipe = cluster.pipeline(transaction=False)
-        for _, _, args in calls:
+        for group in groups:
+            args = self.script_args([a for _, _, a in group])
+            keys = len(group) * 2
             # execute_command: the cluster pipeline blocks its evalsha() wrapper. Left to
             # route EVALSHA itself, it asks a node for each call's keys (COMMAND GETKEYS,
             # one round trip per call): the call goes to its row key's primary instead (the
@@ -370,9 +432,9 @@ class CacheSink:
             try:
                 node = cluster.get_node_from_key(args[0])
             except RedisClusterException:  # no node for the slot: the client finds one
-                pipe.execute_command("EVALSHA", SCRIPT_SHA, 2, *args)
+                pipe.execute_command("EVALSHA", SCRIPT_SHA, keys, *args)
             else:
-                pipe.execute_command("EVALSHA", SCRIPT_SHA, 2, *args, target_nodes=node)
+                pipe.execute_command("EVALSHA", SCRIPT_SHA, keys, *args, target_nodes=node)
         return self._execute(pipe, raise_on_error=False)
 
     def _load_script(self) -> None:

@@ -3,10 +3,11 @@
 redis-py packs a pipeline argument by argument (``Encoder.encode`` then a join per
 argument) and keeps a command stack beside it; profiled in the cache job's task, that was
 about half of the time spent applying a batch. The follower's calls are all EVALSHA with
-byte arguments it already holds, so each is packed here with one bytes format
-(``*N\\r\\n`` then ``$len\\r\\narg\\r\\n`` per argument, as redis-py writes them), a
-pipeline's calls go out in one ``send_packed_command`` on a connection of the client's
-pool, and the replies are read back in order on it.
+byte arguments it already holds, so they are packed here with bytes formats (``*N\\r\\n``
+then ``$len\\r\\narg\\r\\n`` per argument, as redis-py writes them; :mod:`sinks.cache` fills
+one format with each row's arguments), a pipeline's calls go out in one
+``send_packed_command`` on a connection of the client's pool, and the replies are read back
+in order on it.
 
 Only for a single Redis server: the cluster client routes each call itself
 (:mod:`sinks.cache`).
@@ -14,42 +15,27 @@ Only for a single Redis server: the cluster client routes each call itself
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 import redis
 from redis.exceptions import ResponseError
 
-__all__ = ["Packer", "pack", "send"]
+__all__ = ["BULK", "command", "pack", "send"]
+
+# One argument as a RESP bulk string: ``BULK % (len(arg), arg)``.
+BULK: Final = b"$%d\r\n%b\r\n"
 
 
 def pack(args: Sequence[bytes]) -> bytes:
     """One command in RESP, byte for byte what redis-py sends for the same arguments."""
-    return b"".join([b"*%d\r\n" % len(args), *[b"$%d\r\n%b\r\n" % (len(a), a) for a in args]])
+    return b"".join([b"*%d\r\n" % len(args), *[BULK % (len(a), a) for a in args]])
 
 
-class Packer:
-    """Packs commands that start with the same arguments (``EVALSHA <sha> <numkeys>``) as
-    :func:`pack` does: those once, the rest with one bytes format per command (a format per
-    number of arguments, kept)."""
-
-    def __init__(self, head: Sequence[bytes]) -> None:
-        self._count = len(head)
-        self._head = b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in head).replace(b"%", b"%%")
-        self._formats: dict[int, bytes] = {}
-
-    def pack(self, args: Sequence[bytes]) -> bytes:
-        """The command ``head + args``."""
-        n = len(args)
-        fmt = self._formats.get(n)
-        if fmt is None:
-            fmt = b"*%d\r\n" % (self._count + n) + self._head + b"$%d\r\n%b\r\n" * n
-            self._formats[n] = fmt
-        flat: list[int | bytes] = []
-        for a in args:
-            flat.append(len(a))
-            flat.append(a)
-        return fmt % tuple(flat)
+def command(count: int, parts: Iterable[bytes]) -> bytes:
+    """A command of ``count`` arguments given as ``parts``, each a run of arguments already
+    framed as bulk strings (:data:`BULK`): what :func:`pack` makes of the same arguments."""
+    return b"".join([b"*%d\r\n" % count, *parts])
 
 
 def send(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:

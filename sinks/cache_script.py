@@ -20,22 +20,30 @@ MAX_ORDER: Final = 10**_ORDER_DIGITS - 1
 
 
 class Reply(IntEnum):
-    """What the script answers for a row write."""
+    """What the script answers for a row write (one character each, see :data:`SCRIPT`)."""
 
-    SKIPPED = 0  # a newer (or the same) version is held
-    APPLIED = 1
-    APPLIED_WITHOUT_HELD = 2  # a partial change, but no row was held
-    CONFLICT = 3  # the JSON merge raced with another write
+    SKIPPED = ord("0")  # a newer (or the same) version is held
+    APPLIED = ord("1")
+    APPLIED_WITHOUT_HELD = ord("2")  # a partial change, but no row was held
+    CONFLICT = ord("3")  # the JSON merge raced with another write
+    REFUSED = ord("e")  # Redis refused a command of the write: its error is in the list
 
 
-# KEYS[1] row key (the watermark key for op 'w'), KEYS[2] version key.
-# ARGV[1] op: 'h' hash row, 'hp' hash partial, 'j' JSON row, 'jp' JSON merged row,
-#             'd' delete, 'w' watermark.
-# ARGV[2] version, ARGV[3] row TTL (0 = none), ARGV[4] tombstone TTL,
-# ARGV[5] for 'jp' the held version the merge used ('' = none), else '*',
-# ARGV[6] for hash ops a JSON object of column -> the column's value as JSON text (strings
-#         only, so cjson's doubles never touch a value), else the row as JSON.
-# One argument instead of a pair per column: packing arguments is the client's main cost.
+# Many rows a call: a row's write costs Redis little next to the call itself, and the client
+# packs and reads one command and one reply instead of one a row.
+#
+# KEYS: each row's row key then its version key (the watermark key alone for 'w').
+# ARGV[1] row TTL (0 = none), ARGV[2] tombstone TTL, then four a row:
+#   op: 'h' hash row, 'hp' hash partial, 'j' JSON row, 'jp' JSON merged row, 'd' delete;
+#   version;
+#   for 'jp' the held version the merge used ('' = none), else '*';
+#   for hash ops the columns as a JSON array of names, then for each column a NUL byte and
+#   its value as JSON text (no JSON text holds a NUL byte: JSON escapes control characters;
+#   only the names go through cjson, whose doubles never touch a value), for JSON ops the row
+#   as JSON, for 'd' ''.
+# Answers {codes, errors}: a character per row (Reply), and the error of each refused row,
+#   in order (a refused command fails its row alone, as it did with a call a row).
+# The watermark: ARGV[1] 'w', ARGV[2] the LSN; answers 1 if it advanced, else 0.
 SCRIPT: Final = """
 local function newer(a, b)
   if not b then return true end
@@ -48,47 +56,65 @@ local function newer(a, b)
   return false
 end
 
-local op, version = ARGV[1], ARGV[2]
-if op == 'w' then
-  if newer(version, redis.call('GET', KEYS[1])) then
-    redis.call('SET', KEYS[1], version)
+if ARGV[1] == 'w' then
+  if newer(ARGV[2], redis.call('GET', KEYS[1])) then
+    redis.call('SET', KEYS[1], ARGV[2])
     return 1
   end
   return 0
 end
 
-local row, vkey = KEYS[1], KEYS[2]
-local held = redis.call('GET', vkey)
-if not newer(version, held) then return 0 end
-if op == 'd' then
-  redis.call('DEL', row)
-  redis.call('SET', vkey, version, 'EX', ARGV[4])
-  return 1
-end
-if ARGV[5] ~= '*' and ARGV[5] ~= (held or '') then return 3 end
-local existed = redis.call('EXISTS', row)
-if op == 'h' then
-  redis.call('DEL', row)
-end
-if op == 'h' or op == 'hp' then
-  local flat = {}
-  for column, value in pairs(cjson.decode(ARGV[6])) do
-    flat[#flat + 1] = column
-    flat[#flat + 1] = value
+local ttl, tombstone_ttl = tonumber(ARGV[1]), ARGV[2]
+
+local function write(row, vkey, op, version, expected, payload)
+  local held = redis.call('GET', vkey)
+  if not newer(version, held) then return '0' end
+  if op == 'd' then
+    redis.call('DEL', row)
+    redis.call('SET', vkey, version, 'EX', tombstone_ttl)
+    return '1'
   end
-  if #flat > 0 then redis.call('HSET', row, unpack(flat)) end
-else
-  redis.call('SET', row, ARGV[6])
+  if expected ~= '*' and expected ~= (held or '') then return '3' end
+  local existed = redis.call('EXISTS', row)
+  if op == 'h' then
+    redis.call('DEL', row)
+  end
+  if op == 'h' or op == 'hp' then
+    local at = string.find(payload, '\\0', 1, true) or #payload + 1
+    local flat = {}
+    for i, column in ipairs(cjson.decode(string.sub(payload, 1, at - 1))) do
+      local stop = string.find(payload, '\\0', at + 1, true) or #payload + 1
+      flat[2 * i - 1] = column
+      flat[2 * i] = string.sub(payload, at + 1, stop - 1)
+      at = stop
+    end
+    if #flat > 0 then redis.call('HSET', row, unpack(flat)) end
+  else
+    redis.call('SET', row, payload)
+  end
+  if ttl > 0 then
+    redis.call('EXPIRE', row, ttl)
+    redis.call('SET', vkey, version, 'EX', ttl)
+  else
+    redis.call('SET', vkey, version)
+  end
+  if (op == 'hp' or op == 'jp') and existed == 0 then return '2' end
+  return '1'
 end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('EXPIRE', row, ttl)
-  redis.call('SET', vkey, version, 'EX', ttl)
-else
-  redis.call('SET', vkey, version)
+
+local codes, errors = {}, {}
+for i = 1, #KEYS / 2 do
+  local at = 2 + 4 * (i - 1)
+  local ok, result = pcall(
+    write, KEYS[2 * i - 1], KEYS[2 * i], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4])
+  if ok then
+    codes[i] = result
+  else
+    codes[i] = 'e'
+    errors[#errors + 1] = type(result) == 'table' and result.err or tostring(result)
+  end
 end
-if (op == 'hp' or op == 'jp') and existed == 0 then return 2 end
-return 1
+return {table.concat(codes), errors}
 """
 
 

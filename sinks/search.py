@@ -77,7 +77,7 @@ from sinks.search_index import (
 from sinks.search_requests import (
     RETRY,
     Retrying,
-    bulk_action,
+    action_format,
     check_versionable,
     error_type,
     item_outcome,
@@ -92,6 +92,10 @@ _MAX_ID_BYTES: Final = 512
 _REFUSED: Final = "refused:"  # the watermark index's record of a table its index refuses
 _MAX_LONG: Final = (1 << 63) - 1
 _MGET_CHUNK: Final = 500
+# What a bulk answer's items need to say (:func:`sinks.search_requests.item_outcome`): the
+# rest of each item (index, id, version, shards, sequence numbers) is most of the answer, for
+# OpenSearch to write and for the client to parse (stdlib json, in the task's time).
+_BULK_ITEMS: Final = "items.*.status,items.*.result,items.*.error"
 
 
 @dataclass(slots=True)
@@ -166,6 +170,9 @@ class SearchSink:
         self._checked: set[str] = set()  # tables whose schema was checked against the index
         # Index name per table: the encoding is pure, and every change would redo it.
         self._index_names: dict[str, str] = {}
+        # Bulk action line formats per (kind, index) (sinks.search_requests.action_format);
+        # an index action's takes its source line too.
+        self._action_formats: dict[tuple[str, str], bytes] = {}
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -587,7 +594,11 @@ class SearchSink:
                 # gets the same write as an echo, so searches see it until the switch.
                 index = build[1]
             if change.doc is None:
-                ops.append(_Op(slot, change.table, bulk_action("delete", index, change)))
+                line = self._action_format("delete", index) % (
+                    orjson.dumps(change.key),
+                    change.commit_lsn,
+                )
+                ops.append(_Op(slot, change.table, line))
                 continue
             _, held = split_unchanged(change)
             if held:
@@ -620,11 +631,24 @@ class SearchSink:
 
     def _check(self, change: Change) -> str:
         """The change's index name; SinkError or ValueError if it cannot be written."""
-        if not change.key:
+        key = change.key
+        if not key:
             raise SinkError("empty document id")
-        if len(change.key.encode()) > _MAX_ID_BYTES:
+        # A character is at most 4 bytes in UTF-8: a short id needs no encoding to tell.
+        if len(key) > _MAX_ID_BYTES // 4 and len(key.encode()) > _MAX_ID_BYTES:
             raise SinkError(f"document id is longer than {_MAX_ID_BYTES} bytes")
         return self.index_for(change.table)
+
+    def _action_format(self, kind: str, index: str) -> bytes:
+        """The bulk action line's format for ``kind`` into ``index`` (kept): ``% (id's
+        JSON, commit LSN)``, and for ``index`` then the source."""
+        fmt = self._action_formats.get((kind, index))
+        if fmt is None:
+            fmt = action_format(kind, index)
+            if kind == "index":
+                fmt += b"%b\n"
+            self._action_formats[(kind, index)] = fmt
+        return fmt
 
     def _add_index_op(
         self,
@@ -641,7 +665,8 @@ class SearchSink:
         except (TypeError, orjson.JSONEncodeError) as e:
             outcomes.set(slot, Outcome.FAILED, f"document is not JSON: {e}")
             return
-        action = bulk_action("index", index, change) + source + b"\n"
+        fmt = self._action_format("index", index)
+        action = fmt % (orjson.dumps(change.key), change.commit_lsn, source)
         ops.append(_Op(slot, change.table, action, note))
 
     def _merge_held(
@@ -721,12 +746,12 @@ class SearchSink:
         """One bulk request; items refused with 429/5xx are sent again with backoff. A body
         the server finds too large (413) is split in two and each half sent; a single
         document too large on its own is refused for good (it goes to the dead letter)."""
-        params = {"refresh": "true" if self.refresh else "false"}
+        params = {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
         attempts = self._retrying.max_attempts
         pending = ops
         for attempt in range(attempts):
             last = attempt == attempts - 1
-            body = b"".join(op.action for op in pending)
+            body = b"".join([op.action for op in pending])
             try:
                 response = self.client.bulk(body=body, params=params)
             except TransportError as e:
@@ -742,7 +767,12 @@ class SearchSink:
                 continue
             again: list[_Op] = []
             for op, item in zip(pending, response["items"], strict=True):
-                outcome, reason = item_outcome(next(iter(item.values())))
+                answer = next(iter(item.values()))
+                status = answer.get("status")
+                if type(status) is int and 200 <= status < 300 and not op.echo:
+                    outcomes.set(op.slot, Outcome.APPLIED, op.note)  # item_outcome's first case
+                    continue
+                outcome, reason = item_outcome(answer)
                 if outcome == RETRY:
                     op.last_error = reason
                     again.append(op)

@@ -94,11 +94,16 @@ def bulk_action(kind: str, index: str, change: Change) -> bytes:
     (see :mod:`sinks.search` for why the LSN alone is enough). Byte for byte
     ``orjson.dumps({kind: {"_index": …, "_id": …, "version": …, "version_type": …}})``
     and a newline, filled into one format (a dict and its dump per change cost more)."""
+    return action_format(kind, index) % (orjson.dumps(change.key), change.commit_lsn)
+
+
+def action_format(kind: str, index: str) -> bytes:
+    """:func:`bulk_action`'s line for one kind and index as a format of the id's JSON and
+    the version (``% (orjson.dumps(change.key), change.commit_lsn)``): what is the same for
+    every change of an index, encoded once."""
     dumps = orjson.dumps
-    return _ACTION % (dumps(kind), dumps(index), dumps(change.key), change.commit_lsn)
-
-
-_ACTION: Final = b'{%b:{"_index":%b,"_id":%b,"version":%d,"version_type":"external_gte"}}\n'
+    head = b'{%b:{"_index":%b,"_id":' % (dumps(kind), dumps(index))
+    return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"}}\n'
 
 
 def item_outcome(item: Mapping[str, Any]) -> tuple[ItemOutcome, str | None]:

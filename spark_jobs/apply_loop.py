@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -334,16 +335,21 @@ def _apply_chunk(
     refused: list[dead_letter.DeadLetter],
 ) -> None:
     """Apply ``chunk`` (``where``: its records' Kafka positions), counting outcomes;
-    refusals join ``refused``."""
+    refusals join ``refused``. A failure worth retrying raises :class:`RetryableSinkError`
+    (the follower's counts of this task are then void)."""
     results = sink.apply(chunk)
-    for change, (topic, partition, offset), res in zip(chunk, where, results, strict=True):
-        if res.outcome is Outcome.APPLIED:
-            stats.applied += 1
-        elif res.outcome is Outcome.SKIPPED:
-            stats.skipped += 1
-        elif res.retryable:
-            raise RetryableSinkError(f"{job}: {res.table}/{res.key}: {res.reason}")
-        else:
+    if len(results) != len(chunk):
+        raise ValueError(f"{job}: {len(results)} results for {len(chunk)} changes")
+    # Counted in C: nearly every change is applied or skipped.
+    outcomes = [res.outcome for res in results]
+    applied = outcomes.count(Outcome.APPLIED)
+    skipped = outcomes.count(Outcome.SKIPPED)
+    if applied + skipped < len(results):
+        for change, (topic, partition, offset), res in zip(chunk, where, results, strict=True):
+            if res.outcome is Outcome.APPLIED or res.outcome is Outcome.SKIPPED:
+                continue
+            if res.retryable:
+                raise RetryableSinkError(f"{job}: {res.table}/{res.key}: {res.reason}")
             stats.failed += 1
             refused.append(
                 dead_letter.RefusedChange(
@@ -357,7 +363,12 @@ def _apply_chunk(
                     doc=change.doc,
                 )
             )
-        stats.max_commit_lsn = max(stats.max_commit_lsn, change.commit_lsn)
+    stats.applied += applied
+    stats.skipped += skipped
+    stats.max_commit_lsn = max(stats.max_commit_lsn, max(map(_commit_lsn, chunk), default=0))
+
+
+_commit_lsn = operator.attrgetter("commit_lsn")
 
 
 def _unreadable(row: Mapping[str, Any], reason: str) -> dead_letter.UnreadableRecord:

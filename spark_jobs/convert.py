@@ -20,7 +20,7 @@ Pure code: the Spark jobs call it inside partitions; it has no Spark dependency.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import datetime as dt
 from collections.abc import Callable, Mapping
 from decimal import Decimal
@@ -38,6 +38,8 @@ from sinks.base import PLACEHOLDER_TEXTS, is_placeholder
 Converter = Callable[[Any], Any]
 EPOCH = dt.datetime(1970, 1, 1)
 EPOCH_DATE = dt.date(1970, 1, 1)
+_EPOCH_ORDINAL = EPOCH_DATE.toordinal()
+_from_ordinal = dt.date.fromordinal
 
 
 def _identity(v: Any) -> Any:
@@ -45,7 +47,8 @@ def _identity(v: Any) -> Any:
 
 
 def _decimal_from_bytes(b64: str, scale: int) -> str:
-    unscaled = int.from_bytes(base64.b64decode(b64), "big", signed=True)
+    # binascii's decoder is what base64.b64decode calls, without its Python wrapper.
+    unscaled = int.from_bytes(binascii.a2b_base64(b64), "big", signed=True)
     # Built from text: exact at any precision (scaleb rounds to the context's 28 digits).
     return str(Decimal(f"{unscaled}E{-scale}"))
 
@@ -79,7 +82,7 @@ def _date(v: Any) -> Any:
     if v == DATE_NEGATIVE_INFINITY_DAYS:
         return "-infinity"
     if -719_162 <= v <= 2_932_896:  # 0001-01-01 .. 9999-12-31: Python's own, in C
-        return (EPOCH_DATE + dt.timedelta(days=v)).isoformat()
+        return _from_ordinal(v + _EPOCH_ORDINAL).isoformat()
     return _civil_date(v)
 
 
@@ -166,7 +169,7 @@ def field_converter(schema: Mapping[str, Any]) -> Converter:
 class RowConverter:
     """Converts a Debezium ``after`` struct into a natural document, noting unchanged TOAST."""
 
-    __slots__ = ("_convs",)
+    __slots__ = ("_conv_items", "_convs")
 
     def __init__(self, row_schema: Mapping[str, Any] | None) -> None:
         self._convs: dict[str, Converter] = {}
@@ -174,6 +177,7 @@ class RowConverter:
             conv = field_converter(f)
             if conv is not _identity:
                 self._convs[f["field"]] = conv
+        self._conv_items = tuple(self._convs.items())
 
     def __call__(
         self, row: Mapping[str, Any], unchanged_columns: frozenset[str] = frozenset()
@@ -181,6 +185,28 @@ class RowConverter:
         """The document and the columns left unchanged: those ``unchanged_columns`` names
         (the record's ``cdc.unchanged`` header, whatever their value and type), then any
         holding the placeholder in one of its forms (records from elsewhere)."""
+        if not unchanged_columns:
+            # Nearly every row: no column unchanged and no placeholder among the values
+            # (set membership in C; a list or an object among them is not hashable, and is
+            # looked at below): the row as it is, with only the typed columns converted.
+            try:
+                clean = PLACEHOLDER_TEXTS.isdisjoint(row.values())
+            except TypeError:
+                clean = False
+            if clean:
+                doc = dict(row)
+                for k, conv in self._conv_items:
+                    v = doc.get(k)
+                    if v is not None:
+                        doc[k] = conv(v)
+                return doc, frozenset()
+        return self.each_column(row, unchanged_columns)
+
+    def each_column(
+        self, row: Mapping[str, Any], unchanged_columns: frozenset[str] = frozenset()
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        """What :meth:`__call__` gives, each column looked at in turn (its way for a row
+        with unchanged columns or a value that may be a placeholder)."""
         doc: dict[str, Any] = {}
         unchanged: list[str] = []
         convs = self._convs

@@ -211,8 +211,8 @@ def test_json_merge_refuses_to_write_over_a_concurrent_write(
         # which makes apply() read and merge again, rather than write stale data.
         late = Change(T, "1", 12, 0, {"id": 1})
         stale_merge = sink._args(late, b"jp", version_bytes(12, 0), b'{"id":1}', expected=b"")
-        reply = sink.client.evalsha(sink._script_sha(), 2, *stale_merge)
-        assert reply == 3
+        reply = sink.client.evalsha(sink._script_sha(), 2, *sink.script_args([stale_merge]))
+        assert reply == [b"3", []]
         assert sink.read_row(T, "1") == {"id": 1, "body": "old", "n": 0}
     finally:
         sink.close()
@@ -237,6 +237,26 @@ def test_a_refused_write_fails_alone(sink: CacheSink, raw: redis.Redis) -> None:
     assert "<schema>.<table>" in (results[3].reason or "")
     assert not any(r.retryable for r in results)
     assert raw.lrange(sink.row_key(T, "bad"), 0, -1) == [b"x"]
+
+
+def test_each_row_of_a_many_row_call_has_its_own_outcome(sink: CacheSink, raw: redis.Redis) -> None:
+    # Rows go to the script _ROWS_PER_CALL a call: a refused row and a stale one in the
+    # second call fail and skip alone, and every other row of both calls is applied.
+    raw.rpush(sink.row_key(T, "bad"), "x")
+    sink.apply([Change(T, "newer", 50, 0, {"id": "newer"})])
+    changes = [Change(T, str(i), 10, i, {"id": i}) for i in range(450)]
+    changes[300] = Change(
+        T, "bad", 10, 300, {"id": "bad", "body": UNAVAILABLE_VALUE_PLACEHOLDER}, frozenset({"body"})
+    )
+    changes[301] = Change(T, "newer", 10, 301, {"id": "stale"})
+    results = sink.apply(changes)
+    expected = ["applied"] * 450
+    expected[300:302] = ["failed", "skipped"]
+    assert _outcomes(results) == expected
+    assert results[300].reason and "WRONGTYPE" in results[300].reason
+    assert [results[i].key for i in (0, 300, 301, 449)] == ["0", "bad", "newer", "449"]
+    assert sink.read_row(T, "newer") == {"id": "newer"}
+    assert all(sink.read_row(T, str(i)) == {"id": i} for i in (0, 199, 200, 299, 302, 449))
 
 
 def test_ttl_applies_to_row_and_version(
@@ -437,11 +457,20 @@ def test_awkward_names_and_values_round_trip(sink: CacheSink) -> None:
         'quote"d': 'say "hi"\n',
         "ünïcødé ✓": "日本語 \u0000 nul",
         "": "empty column name",
+        "nul\u0000in a name": "\u0000",
         "nested": {"a": [1, 2.5, None, True]},
         "max_i64": 2**63 - 1,
     }
     assert _outcomes(sink.apply([Change(T, "k:with:colons", 10, 0, doc)])) == ["applied"]
     assert sink.read_row(T, "k:with:colons") == doc
+
+
+def test_a_row_without_columns_holds_no_fields(sink: CacheSink) -> None:
+    sink.apply([Change(T, "empty", 10, 0, {"id": 1})])
+    assert _outcomes(sink.apply([Change(T, "empty", 11, 0, {})])) == ["applied"]
+    # A hash of no fields is no key; a JSON row is the empty object.
+    assert sink.read_row(T, "empty") == (None if sink.value_mode == "hash" else {})
+    assert sink.read_version(T, "empty") == (11, 0)
 
 
 def test_the_widest_postgresql_row(sink: CacheSink) -> None:

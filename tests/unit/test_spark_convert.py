@@ -160,3 +160,82 @@ def test_row_converter_takes_the_unchanged_header_and_every_placeholder_form() -
     )
     assert doc == {"id": 1, "text": "plain"}
     assert unchanged == frozenset({"n", "hex", "b64_arr"})
+
+
+_TYPED_SCHEMA = {
+    "fields": [
+        {"field": "d", "type": "int32", "name": "io.debezium.time.Date"},
+        {"field": "ts", "type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+        {
+            "field": "n",
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2"},
+        },
+        {
+            "field": "a",
+            "type": "array",
+            "items": {"type": "int32", "name": "io.debezium.time.Date"},
+        },
+    ]
+}
+_PLACEHOLDERS = st.sampled_from(
+    [PLACEHOLDER, base64.b64encode(PLACEHOLDER.encode()).decode(), PLACEHOLDER.encode().hex()]
+)
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    _PLACEHOLDERS,
+    st.lists(st.integers(0, 1000) | _PLACEHOLDERS, max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+)
+_COLUMNS = st.sampled_from(["d", "ts", "n", "a", "x", "y"])
+
+
+@given(
+    st.dictionaries(_COLUMNS, _VALUES, max_size=6),
+    st.frozensets(_COLUMNS, max_size=2),
+)
+def test_the_row_converters_quick_way_gives_what_each_column_gives(
+    row: dict[str, object], unchanged: frozenset[str]
+) -> None:
+    """A row with no unchanged column and no placeholder is converted in one step (the
+    typed columns only); any row gives what looking at each column gives."""
+    conv = RowConverter(_TYPED_SCHEMA)
+    typed = {"d": 19723, "ts": 1_704_067_200_123_456, "n": _decimal_bytes(12345), "a": [0]}
+    row = {k: typed[k] if k in typed and isinstance(v, int) else v for k, v in row.items()}
+    try:
+        expected = conv.each_column(row, unchanged)
+    except Exception as e:  # a value its type cannot take: refused either way
+        with pytest.raises(type(e)):
+            conv(row, unchanged)
+        return
+    got = conv(row, unchanged)
+    assert got == expected
+    assert list(got[0]) == list(expected[0])  # the columns' order too
+
+
+def test_only_a_row_that_may_hold_a_placeholder_is_looked_at_column_by_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conv = RowConverter(_TYPED_SCHEMA)
+    looked: list[object] = []
+    each_column = RowConverter.each_column
+
+    def counted(self: RowConverter, row: dict[str, object], unchanged: frozenset[str]) -> object:
+        looked.append(row)
+        return each_column(self, row, unchanged)
+
+    monkeypatch.setattr(RowConverter, "each_column", counted)
+    assert conv({"d": 0, "x": "text", "y": None}) == (
+        {"d": "1970-01-01", "x": "text", "y": None},
+        frozenset(),
+    )
+    assert not looked
+    assert conv({"x": PLACEHOLDER}) == ({}, frozenset({"x"}))
+    assert conv({"a": [0]}) == ({"a": ["1970-01-01"]}, frozenset())  # a list: not hashable
+    assert conv({"x": 1}, frozenset({"x"})) == ({}, frozenset({"x"}))
+    assert len(looked) == 3

@@ -15,7 +15,7 @@ from redis.connection import Connection
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks import cache_resp
 from sinks.base import Change
-from sinks.cache import _EVALSHA, _PACKER, CacheSink
+from sinks.cache import _HEAD, CacheSink
 from sinks.cache_script import SCRIPT, SCRIPT_SHA, version_bytes, version_string
 
 pytestmark = pytest.mark.unit
@@ -41,8 +41,10 @@ def redis_py(*args: object) -> bytes:
 )
 def test_packs_as_redis_py_does(args: list[bytes]) -> None:
     assert cache_resp.pack(args) == redis_py(*args)
-    for n in range(min(len(args), 3) + 1):  # the first n arguments as the packer's head
-        assert cache_resp.Packer(args[:n]).pack(args[n:]) == redis_py(*args)
+    for n in range(len(args) + 1):  # framed in two runs, cut anywhere
+        runs = (args[:n], args[n:])
+        parts = [b"".join(cache_resp.BULK % (len(a), a) for a in run) for run in runs]
+        assert cache_resp.command(len(args), parts) == redis_py(*args)
 
 
 # Short arguments, and long ones around redis-py's 6000-byte cutoff (cheap to generate).
@@ -55,9 +57,9 @@ LONG = st.tuples(st.binary(min_size=1, max_size=3), st.integers(5990, 6010)).map
 def test_any_arguments_pack_as_redis_py_does(args: list[bytes]) -> None:
     # The command name first: redis-py splits a first argument holding spaces.
     assert cache_resp.pack([b"EVALSHA", *args]) == redis_py(b"EVALSHA", *args)
-    packer = cache_resp.Packer([b"EVALSHA", b"%s%%d%b", b"2"])  # format characters too
-    for _ in range(2):  # a new format, then the kept one
-        assert packer.pack(args) == redis_py(b"EVALSHA", b"%s%%d%b", b"2", *args)
+    # Format characters in an argument stay as they are.
+    framed = [cache_resp.BULK % (len(a), a) for a in (b"EVALSHA", b"%s%%d%b", *args)]
+    assert cache_resp.command(2 + len(args), framed) == redis_py(b"EVALSHA", b"%s%%d%b", *args)
 
 
 @given(st.lists(st.text(max_size=20), max_size=8))
@@ -69,7 +71,7 @@ def test_text_packs_as_redis_py_encodes_it(args: list[str]) -> None:
 
 def test_the_script_is_named_by_its_sha1() -> None:
     assert hashlib.sha1(SCRIPT.encode()).hexdigest() == SCRIPT_SHA
-    assert (b"EVALSHA", SCRIPT_SHA.encode(), b"2") == _EVALSHA
+    assert cache_resp.pack([b"EVALSHA", SCRIPT_SHA.encode()]).endswith(_HEAD)
 
 
 def test_version_bytes_are_the_stored_version() -> None:
@@ -87,40 +89,38 @@ def test_a_call_is_what_redis_py_packed_for_the_same_write(
     ttl_s: int | None, value_mode: str
 ) -> None:
     """The calls the sink sends, against the same calls built as text and packed by
-    redis-py (as the sink did before it packed them itself)."""
+    redis-py (as the sink did before it packed them itself): each row alone, and all of
+    them in one call."""
     sink = CacheSink("redis://127.0.0.1:1/0", "cdc", value_mode, ttl_s=ttl_s, tombstone_ttl_s=600)
     ttl = str(ttl_s or 0)
     doc = {"id": 7, "note": 'ünï "q"', "n": None, "big": 2**63 - 1, "f": 1.5}
     partial = Change(T, "7", 2**40, 3, {**doc, "note": UNAVAILABLE_VALUE_PLACEHOLDER})
-    cases: list[tuple[Change, str, object]]
+    cases: list[tuple[Change, str, bytes]]
     if value_mode == "hash":
-        cases = [
-            (
-                Change(T, "7", 2**40, 3, doc),
-                "h",
-                {k: orjson.dumps(v).decode() for k, v in doc.items()},
-            ),
-            (partial, "hp", {k: orjson.dumps(v).decode() for k, v in doc.items() if k != "note"}),
-        ]
+        # The names as a JSON array, then each value as JSON text after a NUL byte.
+        def fields(row: dict[str, object]) -> bytes:
+            return b"\0".join([orjson.dumps(list(row)), *[orjson.dumps(v) for v in row.values()]])
+
+        kept = {k: v for k, v in doc.items() if k != "note"}
+        cases = [(Change(T, "7", 2**40, 3, doc), "h", fields(doc)), (partial, "hp", fields(kept))]
     else:
-        cases = [(Change(T, "7", 2**40, 3, doc), "j", doc)]
+        cases = [(Change(T, "7", 2**40, 3, doc), "j", orjson.dumps(doc))]
         assert sink._write_args(partial) is None  # merged with the held row first
-    cases.append((Change(T, "7", 2**40, 3, None), "d", None))
-    for change, op, fields in cases:
+    cases.append((Change(T, "7", 2**40, 3, None), "d", b""))
+    rows = []
+    for change, op, payload in cases:
         args = sink._write_args(change)
         assert args is not None
-        expected = [
-            sink.row_key(T, "7"),
-            sink.version_key(T, "7"),
-            op,
-            version_string(change.version_order),
-            ttl,
-            "600",
-            "*",
-        ]
-        if fields is not None:
-            expected.append(orjson.dumps(fields).decode())
-        assert _PACKER.pack(args) == redis_py("EVALSHA", SCRIPT_SHA, 2, *expected)
+        keys = [sink.row_key(T, "7").encode(), sink.version_key(T, "7").encode()]
+        argv = [op.encode(), version_string(change.version_order).encode(), b"*", payload]
+        assert sink._pack([(0, change, args)]) == redis_py(
+            "EVALSHA", SCRIPT_SHA, 2, *keys, ttl, "600", *argv
+        )
+        assert sink.script_args([args]) == [*keys, ttl.encode(), b"600", *argv]
+        rows.append((0, change, args))
+    assert sink._pack(rows) == redis_py(
+        "EVALSHA", SCRIPT_SHA, 2 * len(rows), *sink.script_args([a for _, _, a in rows])
+    )
 
 
 @pytest.mark.parametrize("pk", ["42", "a{b}c", "x}y", "{", "}", "{}", "ü", ""])

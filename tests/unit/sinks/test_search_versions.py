@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pgcdc.core.errors import SinkError
 from sinks.base import Change
+from sinks.search import SearchSink
 from sinks.search_requests import MAX_EXTERNAL_VERSION, bulk_action, check_versionable
 
 pytestmark = pytest.mark.unit
@@ -62,3 +63,24 @@ def test_the_action_line_is_the_json_of_its_meta(kind: str, index: str, key: str
     meta = {kind: {"_index": index, "_id": key, "version": lsn, "version_type": "external_gte"}}
     line = bulk_action(kind, index, Change("public.t", key, lsn, 0, None))
     assert line == orjson.dumps(meta) + b"\n"
+
+
+@given(
+    st.text(min_size=1),
+    st.text(min_size=1),
+    st.integers(min_value=0, max_value=MAX_EXTERNAL_VERSION),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3) | st.integers(-(2**63), 2**63 - 1)),
+)
+def test_the_sinks_kept_formats_make_the_same_lines(
+    index: str, key: str, lsn: int, doc: dict[str, object]
+) -> None:
+    """The sink fills a kept format per kind and index (format characters in the index
+    name too): the action line, and for an index action the source line after it."""
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    source = orjson.dumps(doc)
+    for _ in range(2):  # a new format, then the kept one
+        line = sink._action_format("index", index) % (orjson.dumps(key), lsn, source)
+        change = Change("public.t", key, lsn, 0, doc)
+        assert line == bulk_action("index", index, change) + source + b"\n"
+        line = sink._action_format("delete", index) % (orjson.dumps(key), lsn)
+        assert line == bulk_action("delete", index, Change("public.t", key, lsn, 0, None))

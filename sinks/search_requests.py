@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
@@ -106,8 +107,19 @@ def action_format(kind: str, index: str) -> bytes:
     return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"}}\n'
 
 
+# Two writers of one index adding the same new field at once, with values of two types (the
+# tasks of a batch, after a column's type changed again while the next index version is
+# built): OpenSearch maps the field as the first asks, and refuses the other's documents
+# with "mapper [f] cannot be changed from type [text] to [long]". Only a dynamic mapping
+# update made beside another gives this: a field already mapped is parsed, or refused as a
+# mapper_parsing_exception. Sent again, the document is parsed against the field as it is
+# mapped now (on OpenSearch 2.19.6: accepted), so it is retried, not dead-lettered.
+_MAPPING_RACE = re.compile(r"mapper \[.*\] cannot be changed from type \[.*\] to \[.*\]")
+
+
 def item_outcome(item: Mapping[str, Any]) -> tuple[ItemOutcome, str | None]:
-    """``(outcome, reason)`` of one bulk response item; outcome ``"retry"`` for 429/5xx."""
+    """``(outcome, reason)`` of one bulk response item; outcome ``"retry"`` for 429/5xx and
+    for a document that lost a race of two mapping updates (:data:`_MAPPING_RACE`)."""
     status = int(item.get("status", 500))
     if 200 <= status < 300:
         return (Outcome.APPLIED, None)
@@ -124,7 +136,17 @@ def item_outcome(item: Mapping[str, Any]) -> tuple[ItemOutcome, str | None]:
             reason += f" ({cause.get('type', '')}: {cause.get('reason', '')})"
     else:
         reason = str(error)
-    return (RETRY if retryable_status(status) else Outcome.FAILED, reason)
+    if retryable_status(status) or _lost_mapping_race(error):
+        return (RETRY, reason)
+    return (Outcome.FAILED, reason)
+
+
+def _lost_mapping_race(error: object) -> bool:
+    return (
+        isinstance(error, Mapping)
+        and error.get("type") == "illegal_argument_exception"
+        and _MAPPING_RACE.fullmatch(str(error.get("reason", ""))) is not None
+    )
 
 
 def error_type(e: TransportError) -> str | None:

@@ -46,3 +46,18 @@ def test_throttling_is_retried() -> None:
     outcome, reason = _outcome("blocked_429")
     assert outcome == "retry"
     assert reason is not None and "cluster_block_exception" in reason
+
+
+def test_a_document_that_lost_a_race_of_two_mapping_updates_is_sent_again() -> None:
+    """Captured from two bulk requests adding one new field at once as text and as long (3
+    shards): the loser's documents are refused with this item; sent again, the same document
+    was accepted (the long held in the text field). A parse error stays a failure."""
+    outcome, reason = _outcome("mapping_race")
+    assert outcome == "retry"
+    assert reason == (
+        "illegal_argument_exception: mapper [f0] cannot be changed from type [text] to [long]"
+    )
+    assert _outcome("mapper_parsing")[0] == "failed"
+    (other,) = json.loads(json.dumps(ITEMS["mapping_race"])).values()
+    other["error"]["reason"] = "some other illegal argument"
+    assert item_outcome(other)[0] == "failed"

@@ -7,19 +7,7 @@ ARG DEBIAN_SUITE=bookworm
 # The virtualenv of the dependencies (a layer that changes only with constraints.txt or
 # pyproject.toml's dependencies) and the Spark connector jars; the code is copied last, so
 # a change to it rebuilds only small layers.
-FROM debian:${DEBIAN_SUITE}-slim AS venv
-ARG EXTRA_CA_CERTS=
-# The builder's extra CA certificates (a TLS-intercepting proxy): one file each, trusted
-# before anything is fetched (docs/docker.md). The same step starts every image.
-RUN set -eu; \
-    if [ -n "$EXTRA_CA_CERTS" ]; then \
-      mkdir -p /usr/local/share/ca-certificates/build; \
-      printf '%s\n' "$EXTRA_CA_CERTS" | awk '/BEGIN CERTIFICATE/ { n++ } n { print > ("/usr/local/share/ca-certificates/build/" n ".crt") }'; \
-    fi; \
-    mkdir -p /usr/share/man/man1; \
-    apt-get update -q; \
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ca-certificates; \
-    rm -rf /var/lib/apt/lists/*
+FROM pgcdc/base:${DEBIAN_SUITE} AS venv
 RUN set -eu; \
     apt-get update -q; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3 python3-venv curl; \
@@ -47,19 +35,7 @@ COPY pgcdc/core/__init__.py pgcdc/core/ports.py pgcdc/core/local_stack.py pgcdc/
 COPY pgcdc/stack pgcdc/stack
 RUN CACHE_DIR=/app/.cache .venv/bin/python -c 'from pgcdc.stack import common, sparkjars; sparkjars.ensure(common.paths())'
 
-FROM debian:${DEBIAN_SUITE}-slim
-ARG EXTRA_CA_CERTS=
-# The builder's extra CA certificates (a TLS-intercepting proxy): one file each, trusted
-# before anything is fetched (docs/docker.md). The same step starts every image.
-RUN set -eu; \
-    if [ -n "$EXTRA_CA_CERTS" ]; then \
-      mkdir -p /usr/local/share/ca-certificates/build; \
-      printf '%s\n' "$EXTRA_CA_CERTS" | awk '/BEGIN CERTIFICATE/ { n++ } n { print > ("/usr/local/share/ca-certificates/build/" n ".crt") }'; \
-    fi; \
-    mkdir -p /usr/share/man/man1; \
-    apt-get update -q; \
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ca-certificates; \
-    rm -rf /var/lib/apt/lists/*
+FROM pgcdc/base:${DEBIAN_SUITE}
 ARG JAVA_MAJOR=17
 # The same step in the Kafka, OpenSearch and pipeline images (one cached layer for all).
 RUN set -eu; \

@@ -64,4 +64,5 @@ exec postgres -D "$PGDATA" \
   -c max_wal_senders=20 \
   -c max_connections=150 \
   -c shared_buffers=64MB \
+  -c jit=off \
   "$@"

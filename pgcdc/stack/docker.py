@@ -11,7 +11,8 @@ the project's images, each prepared only when missing (standard library only).
   from Debian 13's ``docker-compose`` package (a static Go binary, pinned by SHA-256, which
   runs on Debian 12), else it is built from the Go module proxy; it is installed as a CLI
   plugin (``/usr/local/lib/docker/cli-plugins`` as root, ``~/.docker/cli-plugins`` otherwise).
-- **The base image.** Every Dockerfile starts ``FROM debian:<suite>-slim``. When no such
+- **The base image.** ``docker/base/Dockerfile`` (``pgcdc/base``, which every other image
+  starts from) starts ``FROM debian:<suite>-slim``. When no such
   image is present and none can be pulled (no registry answers), one is made from Debian's
   mirror with ``debootstrap --variant=minbase`` (slimmed as the official one is: no docs,
   man pages or locales) and imported under that name.
@@ -486,9 +487,12 @@ def compose(
 
 
 def build_images(services: Iterable[str] = ()) -> dict[str, float]:
-    """Build the project's images one after another (so the steps they share are built once
-    and cached for the next); returns the seconds each took."""
+    """Build the project's images one after another, pgcdc/base first (every other starts
+    from it; compose builds only the service named, not what it depends on), so the steps
+    they share are built once and cached for the next; returns the seconds each took."""
     wanted = list(services) or list(IMAGES)
+    if "base" not in wanted and not image_exists(IMAGES["base"]):
+        wanted.insert(0, "base")
     # One compose service per image; the pipeline image is the reader's.
     compose_service = {name: ("reader" if name == "pipeline" else name) for name in IMAGES}
     took: dict[str, float] = {}

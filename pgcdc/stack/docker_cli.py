@@ -22,8 +22,8 @@ when something is missing:
   compose  Compose v2 as a docker CLI plugin (Debian 13's package, else built with Go)
   base     {docker.BASE_IMAGE}: pulled, or made with debootstrap when no registry answers
   images   {", ".join(IMAGES.values())}
-           (the host's extra CA certificates are trusted by the builds: PGCDC_EXTRA_CA_CERTS,
-           default: /usr/local/share/ca-certificates/*.crt)
+           (the first is the others' base: it trusts the host's extra CA certificates,
+           PGCDC_EXTRA_CA_CERTS, default: /usr/local/share/ca-certificates/*.crt)
 
 `up` runs `docker compose up -d --wait` on the native stack's host ports (postgres
 {PORTS["postgres"]}, kafka {PORTS["kafka"]} and {KAFKA_CONTROLLER_PORT}, redis {PORTS["redis"]}, opensearch

@@ -35,18 +35,21 @@ PIPELINE_VERSION = "0.1.0"
 # The project's images: compose builds and tags them, the fixtures run them, nothing pulls
 # them (the names are the project's own, not a registry's).
 IMAGES: dict[str, str] = {
+    # The first layer of the others (docker/base/Dockerfile), so built first.
+    "base": f"pgcdc/base:{DEBIAN_SUITE}",
     "postgres": f"pgcdc/postgres:{POSTGRES_MAJOR}-{DEBIAN_SUITE}",
     "kafka": f"pgcdc/kafka:{KAFKA_VERSION}",
     "redis": f"pgcdc/redis:{REDIS_MAJOR}-{DEBIAN_SUITE}",
     "opensearch": f"pgcdc/opensearch:{OPENSEARCH_VERSION}",
     "pipeline": f"pgcdc/pipeline:{PIPELINE_VERSION}",
 }
-# The base every image starts from.
+# The Debian base pgcdc/base starts from (and with it every image).
 BASE_IMAGE = f"debian:{DEBIAN_SUITE}-slim"
 
 # Build arguments of each image and their values: the Dockerfiles' ARG defaults and the
 # compose file's build args both equal these.
 BUILD_ARGS: dict[str, dict[str, str]] = {
+    "base": {"DEBIAN_SUITE": DEBIAN_SUITE},
     "postgres": {"DEBIAN_SUITE": DEBIAN_SUITE, "PG_MAJOR": str(POSTGRES_MAJOR)},
     "kafka": {
         "DEBIAN_SUITE": DEBIAN_SUITE,

@@ -46,8 +46,8 @@ def test_builds_trust_the_certificates_the_host_added(
 
 
 def test_the_image_step_splits_certificates_one_per_file(tmp_path: Path) -> None:
-    """The Dockerfiles' awk (Java's trust store reads one certificate per file)."""
-    dockerfile = (common.REPO / "docker/redis/Dockerfile").read_text()
+    """The base image's awk (Java's trust store reads one certificate per file)."""
+    dockerfile = (common.REPO / "docker/base/Dockerfile").read_text()
     program = dockerfile.split("awk '", 1)[1].split("'", 1)[0]
     program = program.replace("/usr/local/share/ca-certificates/build/", f"{tmp_path}/")
     subprocess.run(

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {
+    "base": ROOT / "docker/base/Dockerfile",
     "postgres": ROOT / "docker/postgres/Dockerfile",
     "kafka": ROOT / "docker/kafka/Dockerfile",
     "redis": ROOT / "docker/redis/Dockerfile",
@@ -57,8 +58,10 @@ def test_dockerfile_defaults_are_the_pins(image: str) -> None:
     defaults = arg_defaults(DOCKERFILES[image])
     for name, value in versions.BUILD_ARGS[image].items():
         assert defaults.get(name) == {value}, (image, name, defaults.get(name))
-    # Nothing else is pinned in the Dockerfile itself (the CA certificates are no version).
-    assert set(defaults) - set(versions.BUILD_ARGS[image]) == {"EXTRA_CA_CERTS"}
+    # Nothing else is pinned in the Dockerfile itself (the CA certificates are no version,
+    # and only the base takes them).
+    extra = {"EXTRA_CA_CERTS"} if image == "base" else set()
+    assert set(defaults) - set(versions.BUILD_ARGS[image]) == extra
 
 
 @pytest.mark.parametrize("image", list(DOCKERFILES))
@@ -69,7 +72,8 @@ def test_compose_builds_the_pins_under_the_project_s_names(
     assert svc["image"] == versions.IMAGES[image]
     args = {k: str(v) for k, v in svc["build"]["args"].items() if k != "EXTRA_CA_CERTS"}
     assert args == versions.BUILD_ARGS[image]
-    assert svc["build"]["args"]["EXTRA_CA_CERTS"] == "${PGCDC_EXTRA_CA_CERTS:-}"
+    if image == "base":
+        assert svc["build"]["args"]["EXTRA_CA_CERTS"] == "${PGCDC_EXTRA_CA_CERTS:-}"
     context = ROOT / svc["build"].get("context", ".")
     assert context / svc["build"].get("dockerfile", "Dockerfile") == DOCKERFILES[image]
 
@@ -97,22 +101,37 @@ def test_native_stack_downloads_the_pins() -> None:
     assert f'version = "{versions.PIPELINE_VERSION}"' in pyproject
 
 
-def test_one_debian_base_and_shared_first_steps() -> None:
-    firsts = set()
+def test_one_base_image_holds_the_shared_first_step(services: dict[str, Any]) -> None:
+    """pgcdc/base alone starts from Debian and trusts the builder's CA certificates; every
+    other image starts from it (or from a stage of its own file), and compose builds it
+    first: each service it builds depends on the base service, directly or through another."""
     jvm = set()
     for image, path in DOCKERFILES.items():
         text = path.read_text()
-        assert set(re.findall(r"^FROM (\S+)", text, re.MULTILINE)) <= {
-            "debian:${DEBIAN_SUITE}-slim",
-            "base",
-        }, image
-        steps = run_steps(path)
-        firsts.add(steps[0])  # the CA certificates: one cached layer for every image
+        froms = set(re.findall(r"^FROM (\S+)", text, re.MULTILINE))
+        stages = set(re.findall(r"^FROM \S+ AS (\w+)", text, re.MULTILINE))
+        if image == "base":
+            assert froms == {"debian:${DEBIAN_SUITE}-slim"}
+            assert "EXTRA_CA_CERTS" in run_steps(path)[0]
+            continue
+        assert froms - stages == {"pgcdc/base:${DEBIAN_SUITE}"}, image
+        assert "EXTRA_CA_CERTS" not in text, image
+        assert not [s for s in run_steps(path) if "install" in s and " ca-certificates" in s]
         if image in ("kafka", "opensearch", "pipeline"):
-            jvm.add(next(s for s in steps if "openjdk-" in s))
-    assert len(firsts) == 1 and "EXTRA_CA_CERTS" in next(iter(firsts))
+            jvm.add(next(s for s in run_steps(path) if "openjdk-" in s))
     assert len(jvm) == 1  # the JDK: one cached layer for the three JVM images
     assert f"debian:{versions.DEBIAN_SUITE}-slim" == versions.BASE_IMAGE
+    assert services["base"]["image"] == versions.IMAGES["base"]
+    assert next(iter(versions.IMAGES)) == "base"  # scripts/docker builds in this order
+
+    def needs_base(name: str) -> bool:
+        deps = services[name].get("depends_on", {})
+        if deps.get("base") == {"condition": "service_completed_successfully"}:
+            return True
+        return any(needs_base(d) for d in deps)
+
+    built = [name for name, svc in services.items() if "build" in svc and name != "base"]
+    assert built and all(needs_base(name) for name in built), built
 
 
 def _dependencies(pom: str) -> list[tuple[str, str, str]]:

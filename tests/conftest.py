@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests import spark_cds
+
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "scripts" / "stack"
 
@@ -34,8 +36,11 @@ T = TypeVar("T")
 # keep HotSpot's quick compiler only. They live a minute or less, where the optimizing compiler
 # (C2) costs more CPU than it saves: test_sync's three tests took 115 CPU seconds with it,
 # 80 without, on two cores the whole suite shares. What the jobs do is the same; users' jobs
-# keep their own flags (scripts/spark-submit's C1_ONLY says when).
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# keep their own flags (scripts/spark-submit's C1_ONLY says when). They also map the archive
+# of Spark's classes that scripts/test writes first (tests/spark_cds.py), when there is one.
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 {spark_cds.jvm_options()}".strip()
+)
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _TIME_SPENT.add(node.gateway.id, report.nodeid, report.when, report.start, report.stop)
 
 
+_STARTED = time.monotonic()  # this pytest process's start: the phase's wall time
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _TIME_SPENT is not None:
         terminalreporter.section("where the time went")
+        before = os.environ.get("CDC_TEST_PHASES_BEFORE")  # scripts/test's earlier phases
+        this = f"this phase {time.monotonic() - _STARTED:,.0f} s"
+        terminalreporter.write_line(f"phases: {before + ', ' if before else ''}{this}")
         for line in _TIME_SPENT.lines():
             terminalreporter.write_line(line)
 

@@ -50,7 +50,7 @@ from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ParsePath, ReadPath
 from sinks.base import Change, Outcome, Sink
-from spark_jobs import behind, dead_letter
+from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.avro_input import avro_as_json, transcoder_for
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.gc_pause import gc_paused, thaw
@@ -453,6 +453,7 @@ class ApplyBatch:
         # (A follower this run does not apply to keeps its entry, untouched.)
         self.behind = behind.load(self._state_dir) if self._state_dir else {}
         self._answering: dict[str, threading.Event] = {}
+        self._planners_stopped = False  # the direct read's (spark_jobs.planner_workers)
         for f in self.followers:
             if f.job in self.behind:
                 self._probe(f.job)
@@ -470,6 +471,9 @@ class ApplyBatch:
             # then hold two Python workers, the source's and the apply's.
             ranges = [Range.of(row) for row in events.collect()]
             self.read_from = range_starts(ranges)
+            if not self._planners_stopped:  # the source is planned: they idle from now on
+                self._planners_stopped = True
+                planner_workers.stop(events.sparkSession)
             return self._range_tasks(events.sparkSession, ranges, fs)
         apply = (
             functools.partial(apply_records_arrow, self.settings, fs, self.opts.heartbeat_topic)

@@ -1,5 +1,6 @@
-"""scripts/spark-submit keeps the driver JVM to its quick compiler (C1) when the job reads
-Kafka directly (spark.read = "direct": the JVM moves no record), and only then."""
+"""scripts/spark-submit keeps the driver JVM to its quick compiler (C1) and a small serial-GC
+heap when the job reads Kafka directly (spark.read = "direct": the JVM moves no record), and
+only then."""
 
 from __future__ import annotations
 
@@ -21,19 +22,22 @@ def _java_options(argv: list[str]) -> str | None:
     return None
 
 
-def test_the_direct_read_by_variable_conf_or_file_gets_c1_only(tmp_path: Path) -> None:
+def test_the_direct_read_by_variable_conf_or_file_gets_c1_and_a_small_heap(tmp_path: Path) -> None:
     s = _submit()
+    flags = s.DIRECT_JAVA_OPTIONS.split()
+    assert flags[0] == s.C1_ONLY and "-XX:+UseSerialGC" in flags
+    assert not any(f.startswith("-Xmx") for f in flags)  # --driver-memory still sets the max
     assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_SPARK__READ": "direct"})) == (
-        s.C1_ONLY
+        s.DIRECT_JAVA_OPTIONS
     )
     by_conf = ["--conf", "spark.cdc.spark.read=direct", *JOB]
-    assert _java_options(s.build_argv(by_conf, JARS, EXE, None, {})) == s.C1_ONLY
+    assert _java_options(s.build_argv(by_conf, JARS, EXE, None, {})) == s.DIRECT_JAVA_OPTIONS
     toml = tmp_path / "cdc.toml"
     toml.write_text('[spark]\nread = "direct"\n')
     by_file = [*JOB, "--config", str(toml)]
-    assert _java_options(s.build_argv(by_file, JARS, EXE, None, {})) == s.C1_ONLY
+    assert _java_options(s.build_argv(by_file, JARS, EXE, None, {})) == s.DIRECT_JAVA_OPTIONS
     assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_CONFIG": str(toml)})) == (
-        s.C1_ONLY
+        s.DIRECT_JAVA_OPTIONS
     )
 
 

@@ -27,7 +27,7 @@ demo: stack
 # scripts/test runs the suite in three phases: the tests that restart a shared server alone,
 # the part of the reader's suite a PostgreSQL major can change on the newest major (18, a
 # server of its own: tests/pg_majors.py), then the rest on CDC_TEST_WORKERS parallel workers
-# (default 2; tests/schedule.py says how).
+# (default 3; tests/schedule.py says how).
 # The servers: the native stack, or with CDC_TEST_DOCKER=1 containers (testcontainers) from
 # the project's images (built if missing, never pulled); CDC_TEST_NATIVE=1 forces the native
 # stack. The Docker tests (marker docker: the compose stack end to end, and the followers'

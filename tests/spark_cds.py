@@ -36,6 +36,7 @@ QUIET = "-Xlog:cds=off,cds+dynamic=off"
 
 
 def _java() -> str:
+    """The java Spark's launcher runs (bin/spark-class): JAVA_HOME's, else the first on PATH."""
     home = os.environ.get("JAVA_HOME")
     java = Path(home) / "bin" / "java" if home else shutil.which("java")
     return str(Path(java).resolve()) if java else "java"

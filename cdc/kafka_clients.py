@@ -59,9 +59,13 @@ _TRANSPORT_ERRORS = frozenset(
 def transport_reason(text: str) -> str:
     """librdkafka's reason without the broker's name in front and the state after it:
     ``127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after
-    0ms in state CONNECT)`` is ``Connect to ipv4#127.0.0.1:1 failed: Connection refused``."""
+    0ms in state CONNECT)`` is ``Connect to ipv4#127.0.0.1:1 failed: Connection refused``.
+    A repeat of the same error says how many it stood for inside the brackets (``(after 0ms
+    in state CONNECT, 1 identical error(s) suppressed)``); that goes too."""
     text = re.sub(r"^\S+/(bootstrap|\d+): ", "", text.strip())
-    return re.sub(r" \(after \d+ms in state \w+\)$", "", text)
+    return re.sub(
+        r" \(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$", "", text
+    )
 
 
 def last_transport_error(bootstrap_servers: str) -> str | None:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import Endpoints, unique, wait_until
 from tests.integration.reader_support import ReaderEnv
+from tests.integration.real_databases.throwaway import refused_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,15 +40,17 @@ def _one_error_line(stderr: str) -> str:
 
 
 def test_postgres_unreachable(reader: ReaderEnv) -> None:
-    dsn = f"postgresql://cdc:cdc@127.0.0.1:{_free_port()}/nowhere"
-    done = reader.run("run", timeout=60, CDC_POSTGRES__DSN=dsn)
+    with refused_port() as port:
+        dsn = f"postgresql://cdc:cdc@127.0.0.1:{port}/nowhere"
+        done = reader.run("run", timeout=60, CDC_POSTGRES__DSN=dsn)
     assert done.returncode != 0
     line = _one_error_line(done.stderr)
     assert "PostgreSQL" in line and "unreachable" in line
 
 
 def test_kafka_unreachable(reader: ReaderEnv) -> None:
-    done = reader.run("run", timeout=60, CDC_KAFKA__BOOTSTRAP_SERVERS=f"127.0.0.1:{_free_port()}")
+    with refused_port() as port:
+        done = reader.run("run", timeout=60, CDC_KAFKA__BOOTSTRAP_SERVERS=f"127.0.0.1:{port}")
     assert done.returncode != 0
     line = _one_error_line(done.stderr)
     assert "Kafka" in line and "unreachable" in line

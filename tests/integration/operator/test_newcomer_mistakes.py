@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT, Endpoints, unique, wait_until
-from tests.integration.real_databases.throwaway import free_port
+from tests.integration.real_databases.throwaway import refused_port
 
 pytestmark = [pytest.mark.integration]
 
@@ -213,52 +213,54 @@ def test_a_wrong_password_says_the_login_was_refused(endpoints: Endpoints) -> No
 
 
 def test_a_refused_port_keeps_the_servers_reason(endpoints: Endpoints) -> None:
-    port = free_port()
-    env = _env(
-        endpoints,
-        CDC_POSTGRES__DSN=f"postgresql://cdc:{PASSWORD}@127.0.0.1:{port}/cdc",
-        CDC_POSTGRES__SLOT_NAME=unique("newcomer"),
-    )
-    rc, out, err, seconds = _cdc("run", env=env)
-    assert rc == 1 and seconds < AT_ONCE_S, err
-    assert err.strip() == (
-        f"error: PostgreSQL at 127.0.0.1:{port}/cdc is unreachable: Connection refused (is the "
-        "server running on that host and accepting TCP/IP connections?); check the host and "
-        "port in postgres.dsn (CDC_POSTGRES__DSN) and that the server runs"
-    )
-    rc, check, check_err, _ = _cdc("config", "check", env=env)
-    assert rc == 3 and f"FAIL postgres: PostgreSQL at 127.0.0.1:{port}/cdc is unreachable" in check
-    for text in (out, err, check, check_err):
-        assert PASSWORD not in text
-        _clean(text)
+    with refused_port() as port:
+        env = _env(
+            endpoints,
+            CDC_POSTGRES__DSN=f"postgresql://cdc:{PASSWORD}@127.0.0.1:{port}/cdc",
+            CDC_POSTGRES__SLOT_NAME=unique("newcomer"),
+        )
+        rc, out, err, seconds = _cdc("run", env=env)
+        assert rc == 1 and seconds < AT_ONCE_S, err
+        assert err.strip() == (
+            f"error: PostgreSQL at 127.0.0.1:{port}/cdc is unreachable: Connection refused (is the "
+            "server running on that host and accepting TCP/IP connections?); check the host and "
+            "port in postgres.dsn (CDC_POSTGRES__DSN) and that the server runs"
+        )
+        rc, check, check_err, _ = _cdc("config", "check", env=env)
+        assert (
+            rc == 3 and f"FAIL postgres: PostgreSQL at 127.0.0.1:{port}/cdc is unreachable" in check
+        )
+        for text in (out, err, check, check_err):
+            assert PASSWORD not in text
+            _clean(text)
 
 
 def test_an_unreachable_kafka_is_named_with_its_reason(scratch: dict[str, str]) -> None:
-    port = free_port()
-    env = scratch | {"CDC_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
-    reader = Reader([*CDC, "run"], env)
-    try:
-        reader.wait_for(
-            rf"waiting for Kafka at 127.0.0.1:{port} to answer \(Connect to .* "
-            "failed: Connection refused\\); up to \\d+s more"
+    with refused_port() as port:
+        env = scratch | {"CDC_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+        reader = Reader([*CDC, "run"], env)
+        try:
+            reader.wait_for(
+                rf"waiting for Kafka at 127.0.0.1:{port} to answer \(Connect to .* "
+                "failed: Connection refused\\); up to \\d+s more"
+            )
+            rc, seconds = reader.finish()
+        finally:
+            reader.kill()
+        assert rc == 1
+        assert NO_ANSWER_S < seconds < NO_ANSWER_S + AT_ONCE_S  # waited 5 s, then stopped
+        assert (
+            f"error: Kafka at 127.0.0.1:{port} is unreachable: Connect to ipv4#127.0.0.1:{port} "
+            "failed: Connection refused; check kafka.bootstrap_servers (CDC_KAFKA__BOOTSTRAP_SERVERS)"
+            in reader.output.text
         )
-        rc, seconds = reader.finish()
-    finally:
-        reader.kill()
-    assert rc == 1
-    assert NO_ANSWER_S < seconds < NO_ANSWER_S + AT_ONCE_S  # waited 5 s, then stopped
-    assert (
-        f"error: Kafka at 127.0.0.1:{port} is unreachable: Connect to ipv4#127.0.0.1:{port} "
-        "failed: Connection refused; check kafka.bootstrap_servers (CDC_KAFKA__BOOTSTRAP_SERVERS)"
-        in reader.output.text
-    )
-    rc, out, err, _ = _cdc("status", "--json", env=env)
-    assert rc == 3, out + err
-    status = json.loads(out)
-    assert status["errors"]["kafka"].startswith(f"Kafka at 127.0.0.1:{port} is unreachable")
-    assert err == f"error: {status['errors']['kafka']}\n"  # and once on stderr
-    assert status["slot"]["exists"] is False  # PostgreSQL was still read
-    _clean(reader.output.text + out + err)
+        rc, out, err, _ = _cdc("status", "--json", env=env)
+        assert rc == 3, out + err
+        status = json.loads(out)
+        assert status["errors"]["kafka"].startswith(f"Kafka at 127.0.0.1:{port} is unreachable")
+        assert err == f"error: {status['errors']['kafka']}\n"  # and once on stderr
+        assert status["slot"]["exists"] is False  # PostgreSQL was still read
+        _clean(reader.output.text + out + err)
 
 
 def test_an_unreachable_opensearch_is_one_line_not_a_traceback(scratch: dict[str, str]) -> None:
@@ -276,18 +278,18 @@ def test_an_unreachable_opensearch_is_one_line_not_a_traceback(scratch: dict[str
         "ever run?)"
     ]
     assert err == "", err
-    port = free_port()
-    env = scratch | {"CDC_SEARCH__URL": f"http://127.0.0.1:{port}"}
-    line = f"OpenSearch at 127.0.0.1:{port} cannot be read: Connection refused"
-    rc, out, err, _ = _cdc("status", env=env)
-    assert rc == 3 and f"unhealthy: follower search_sync: {line}" in " ".join(out.split())
-    assert err == "", err
-    rc, out, err, _ = _cdc("status", "--json", env=env)
-    assert rc == 3 and json.loads(out)["followers"]["search_sync"]["error"] == line
-    rc, check, check_err, _ = _cdc("config", "check", env=env)
-    assert rc == 3
-    assert f"FAIL opensearch: OpenSearch at 127.0.0.1:{port}: Connection refused; fix:" in check
-    _clean(out + err + check + check_err)
+    with refused_port() as port:
+        env = scratch | {"CDC_SEARCH__URL": f"http://127.0.0.1:{port}"}
+        line = f"OpenSearch at 127.0.0.1:{port} cannot be read: Connection refused"
+        rc, out, err, _ = _cdc("status", env=env)
+        assert rc == 3 and f"unhealthy: follower search_sync: {line}" in " ".join(out.split())
+        assert err == "", err
+        rc, out, err, _ = _cdc("status", "--json", env=env)
+        assert rc == 3 and json.loads(out)["followers"]["search_sync"]["error"] == line
+        rc, check, check_err, _ = _cdc("config", "check", env=env)
+        assert rc == 3
+        assert f"FAIL opensearch: OpenSearch at 127.0.0.1:{port}: Connection refused; fix:" in check
+        _clean(out + err + check + check_err)
 
 
 # --- Ctrl-C in each phase ------------------------------------------------------------------
@@ -307,14 +309,15 @@ def _stopped_in_time(reader: Reader, last_line: str = r"done: \w+") -> None:
 
 
 def test_ctrl_c_while_waiting_for_kafka(scratch: dict[str, str]) -> None:
-    env = scratch | {"CDC_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}
-    reader = Reader([*CDC, "run"], env)
-    try:
-        reader.wait_for("waiting for Kafka")
-        reader.ctrl_c()
-        _stopped_in_time(reader)
-    finally:
-        reader.kill()
+    with refused_port() as port:
+        env = scratch | {"CDC_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+        reader = Reader([*CDC, "run"], env)
+        try:
+            reader.wait_for("waiting for Kafka")
+            reader.ctrl_c()
+            _stopped_in_time(reader)
+        finally:
+            reader.kill()
     assert "stopped; the next run starts from what the slot and the state say" in reader.output.text
 
 

@@ -57,6 +57,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A TCP port at 127.0.0.1 that refuses every connection while the block runs: it is bound
+    here and never listened on. A port from :func:`free_port` is free only when asked; in a
+    parallel suite another test's server (or a client's own end, connecting to itself) can
+    take it a second later, and a test that waits for "Connection refused" then sees another
+    error."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
 @dataclass
 class ThrowawayServer:
     """A running throwaway server; :meth:`dsn` names one of its databases."""

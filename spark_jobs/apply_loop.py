@@ -796,6 +796,23 @@ class ApplyBatch:
             lambda f, sink: sink.record_watermark(f.job, watermark),
         )
 
+    def _wrote(self, done: Mapping[str, BatchStats]) -> Iterator[tuple[Follower, int]]:
+        """Each follower that got the batch, with the changes it applied."""
+        for f in self.followers:
+            if f.job in done:
+                yield f, done[f.job].applied
+
+    def _refresh(self, followers: Sequence[Follower]) -> dict[str, str]:
+        """Make what ``followers`` were written searchable now (the search follower's
+        ``refresh_indices``; a follower whose sink has none is skipped); the reasons of those
+        unreachable."""
+
+        def held(f: Follower) -> Sink | None:
+            sink = cached_sink(self.settings, f.job, f.make_sink)
+            return sink if hasattr(sink, "refresh_indices") else None
+
+        return self._on_driver(followers, held, lambda _f, sink: sink.refresh_indices())  # type: ignore[attr-defined]
+
     def _maintain(self, followers: Sequence[Follower]) -> dict[str, str]:
         """Each follower's work between batches on the driver (``maintain``, when its sink
         has one: the search follower switches an index version that caught up); the reasons
@@ -846,6 +863,13 @@ class ApplyBatch:
             seen.heartbeat_lsn = max(seen.heartbeat_lsn, stats.heartbeat_lsn)
             seen.max_commit_lsn = max(seen.max_commit_lsn, stats.max_commit_lsn)
             seen.keyless, seen.keyless_tables = stats.keyless, stats.keyless_tables
+        if self.settings.search.refresh_after_batch:
+            # Before the watermark: what it covers is searchable (the search follower).
+            self._each(
+                batch_id,
+                [f for f, n in self._wrote(done) if n and f.job not in self.behind],
+                self._refresh,
+            )
         watermark = self._watermark(batch_id, seen)
         if watermark:
             self._each(

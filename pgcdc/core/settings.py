@@ -470,6 +470,10 @@ class SearchSettings(BaseModel):
     number_of_shards: int = Field(default=1, ge=1)
     number_of_replicas: int = Field(default=0, ge=0)
     refresh_interval: str = "1s"
+    # After each micro-batch that wrote to it, the job refreshes the follower's indices before
+    # it records the batch's watermark: what the watermark covers is searchable, and a change
+    # waits for no refresh_interval tick. One refresh a batch (bounded by the trigger).
+    refresh_after_batch: bool = True
     # A table whose columns change so that its index cannot take them (a type change) gets
     # the next version of its index, built beside the one searches read (which stays complete)
     # and switched to by an alias once it holds every document (docs/schema-changes.md); the

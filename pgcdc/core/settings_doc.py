@@ -113,6 +113,9 @@ MEANINGS = {
     "search.number_of_shards": "shards of each index the follower creates",
     "search.number_of_replicas": "replicas of each index the follower creates (0: one node)",
     "search.refresh_interval": "how often new writes become searchable (`-1`: never)",
+    "search.refresh_after_batch": "refresh the indices a micro-batch wrote before its "
+    "watermark is recorded: what the watermark covers is searchable (false: searchable at "
+    "the next `search.refresh_interval` tick)",
     "redis.pipeline_max_bytes": "bytes of script arguments per Redis pipeline at most",
     "spark.master": "Spark master of the sync jobs",
     "spark.trigger_interval": "micro-batch interval of the sync jobs",

@@ -13,6 +13,7 @@ import random
 import re
 import string
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -350,7 +351,12 @@ def test_rebuild_from_compacted_topics(converged: Pipeline, tmp_path: Path) -> N
 def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: Path) -> None:
     from opensearchpy import OpenSearch
 
+    # The index never refreshes by itself: only the job's refresh after each batch, before
+    # it records the batch's watermark (search.refresh_after_batch), makes the row searchable.
     fresh = converged.with_follower("w")
+    fresh = replace(
+        fresh, settings_env=(*fresh.settings_env, ("CDC_SEARCH__REFRESH_INTERVAL", "-1"))
+    )
     reader = start_reader(fresh, tmp_path / "reader.log")
     # Both followers by the shared job, streaming; each records its own watermark.
     jobs = [
@@ -395,13 +401,12 @@ def test_read_your_writes_through_the_watermark(converged: Pipeline, tmp_path: P
         )
         r.close()
         client = OpenSearch(fresh.endpoints.search_url)
-        client.indices.refresh(index=f"{fresh.index_prefix}-public.customers")
-        hits = client.search(
-            index=f"{fresh.index_prefix}-public.customers",
-            body={"query": {"match": {"name": marker}}},
-        )["hits"]["hits"]
+        index = f"{fresh.index_prefix}-public.customers"
+        hits = client.search(index=index, body={"query": {"match": {"name": marker}}})
+        interval = client.indices.get_settings(index=index, name="index.refresh_interval")
         client.close()
-        assert [h["_id"] for h in hits] == ["10000000"]
+        assert [h["_id"] for h in hits["hits"]["hits"]] == ["10000000"]
+        assert [s["settings"]["index"]["refresh_interval"] for s in interval.values()] == ["-1"]
     finally:
         for j in jobs:
             kill_group(j)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks import followers as fol
-from benchmarks import workload
+from benchmarks import servers, workload
 from benchmarks.context import STREAM, Bench
 from benchmarks.ours import OursReader
 from benchmarks.probes import wait_slot_active
@@ -229,13 +229,17 @@ def _follower_latency(
     p = b.params
     prober.writing(True)
     t0 = time.time()
+    cpu0 = servers.cpu_seconds()
     res = _follower_load(b, rate, p.follower_s)
+    busy = servers.cores_used(cpu0, servers.cpu_seconds(), time.time() - t0)
     prober.writing(False)
     probes = prober.between(t0, time.time())
     grace = 20 if b.env.quick else 60
     prober.wait_seen(probes, grace, alive=dead)
     detail = (f"offered {rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
-              f"10-row txns, {p.follower_s:.0f}s; {len(probes)} probes")  # fmt: skip
+              f"10-row txns, {p.follower_s:.0f}s; {len(probes)} probes; "
+              f"servers' cores during the load: {busy}")  # fmt: skip
+    log.info("followers @%s/s (%s): servers' cores during the load: %s", rate, where, busy)
     for follower in wanted:
         label = LABEL[follower]
         name = f"commit→{label} %s @{rate:,.0f}/s ({where})"

@@ -209,7 +209,12 @@ def _mode(
             stop_cluster()
     for job, mb in rss.items():
         b.record.add(Figure("followers", f"{job} peak RSS ({where})", mb, "MiB",
-                            "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+                            "spark-submit process tree, sum of RSS, --driver-memory 512m"))  # fmt: skip
+        if job in jobs.peak_pss:
+            b.record.add(Figure("followers", f"{job} peak PSS ({where})", jobs.peak_pss[job],
+                                "MiB", "spark-submit process tree, sum of PSS (pages shared by "
+                                f"forked workers counted once); at the peak: "
+                                f"{jobs.peak_parts[job]}"))  # fmt: skip
 
 
 def _follower_load(b: Bench, rate: float, seconds: float) -> workload.LoadResult:

@@ -96,6 +96,9 @@ class SparkJobs:
         self.workdir = workdir
         self.checkpoints = workdir / f"checkpoints-{self.follower_prefix}"
         self.procs: dict[str, Measured] = {}
+        # Per job, after stop(): its peak PSS (MiB), and that peak by kind of process.
+        self.peak_pss: dict[str, float] = {}
+        self.peak_parts: dict[str, str] = {}
         self.started = 0.0  # time.time() of spark-submit
 
     def environ(self) -> dict[str, str]:
@@ -173,6 +176,8 @@ class SparkJobs:
         for job, m in self.procs.items():
             st = m.stop(60)
             rss[job] = st.peak_rss_mb
+            self.peak_parts[job] = m.peak_parts_text()
+            self.peak_pss[job] = st.peak_pss_mb
         shutil.rmtree(self.checkpoints, ignore_errors=True)
         return rss
 

@@ -72,6 +72,10 @@ class ModeResult:
     # start): CPU µs per change and changes/s, when the run had more than one batch.
     steady_cpu_us_per_change: float | None = None
     steady_rows_per_s: float | None = None
+    # Each job's peak PSS (MiB), and that peak by kind of process
+    # (benchmarks.proc.Measured.peak_parts_text).
+    peak_pss_mib: dict[str, float] | None = None
+    peak_parts: dict[str, str] | None = None
 
 
 def _stamp(line: str) -> float | None:
@@ -230,6 +234,8 @@ def apply_mode(
             cpu_us_per_change=cpu / rows * 1e6,
             window_s=window,
             peak_rss_mib={j: round(st.peak_rss_mb) for j, st in stats.items()},
+            peak_pss_mib={j: round(st.peak_pss_mb) for j, st in stats.items()},
+            peak_parts={j: jobs.procs[j].peak_parts_text() for j in stats},
             held=held,
             steady_cpu_us_per_change=sum(x[0] for x in known)
             if len(known) == len(per_job)
@@ -259,9 +265,9 @@ def run(
         for mode in modes:
             r = apply_mode(env, reader, rows, mode, path, reader_rate, max_offsets)
             log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
-                     "peak RSS %s MiB; after the first batch %s µs CPU per change, %s rows/s",
+                     "peak RSS %s MiB, PSS %s MiB (%s); after the first batch %s µs CPU per change, %s rows/s",
                      mode, *path, r.rows_per_s, r.ratio_to_reader, r.cpu_us_per_change,
-                     r.peak_rss_mib, _round(r.steady_cpu_us_per_change),
+                     r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, _round(r.steady_cpu_us_per_change),
                      _round(r.steady_rows_per_s))  # fmt: skip
             results.append(asdict(r))
     return {
@@ -301,7 +307,14 @@ def backlog(b: Bench) -> None:
                                 f"{detail}; JVM + Python CPU of the jobs' trees"))  # fmt: skip
             for job, mib in r["peak_rss_mib"].items():
                 b.record.add(Figure("followers", f"backlog peak RSS {job} ({where})", mib, "MiB",
-                                    "spark-submit process tree, --driver-memory 512m"))  # fmt: skip
+                                    "spark-submit process tree, sum of RSS, "
+                                    "--driver-memory 512m"))  # fmt: skip
+                pss = (r.get("peak_pss_mib") or {}).get(job)
+                if pss is not None:
+                    b.record.add(Figure("followers", f"backlog peak PSS {job} ({where})", pss,
+                                        "MiB", "spark-submit process tree, sum of PSS (pages "
+                                        "shared by forked workers counted once); at the peak: "
+                                        f"{r['peak_parts'][job]}"))  # fmt: skip
 
 
 def _round(x: float | None) -> str:

@@ -31,6 +31,7 @@ class ProcStats:
     wall_s: float
     cpu_s: float  # user + system, process tree
     peak_rss_mb: float  # sampled, sum over the tree
+    peak_pss_mb: float  # sampled, sum of PSS over the tree (shared pages counted once)
     maxrss_mb: float  # from wait4, largest single process
     samples: list[tuple[float, float]] = field(default_factory=list)  # (t, cpu_s) while running
 
@@ -60,8 +61,15 @@ class Measured:
         )
         self._ps = psutil.Process(self.proc.pid)
         self._peak_rss = 0
+        # PSS: each page shared by several processes of the tree (the Python workers that
+        # PySpark's daemon forks share most of theirs with it) counted once, in shares; the
+        # sum of RSS counts it once per process.
+        self._peak_pss = 0
+        self._cmdlines: dict[tuple[int, float], list[str]] = {}
         self._samples: list[tuple[float, float]] = []
         self.rss_samples: list[tuple[float, int]] = []  # (time.time(), RSS bytes of the tree)
+        # At the PSS peak: PSS bytes by kind of process (see _kind), and how many of each.
+        self.peak_parts: dict[str, tuple[int, int]] = {}
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._sample, args=(sample_s,), daemon=True)
         self._sampler.start()
@@ -75,20 +83,57 @@ class Measured:
         while not self._done.wait(every):
             try:
                 procs = [self._ps, *self._ps.children(recursive=True)]
-                rss = 0
+                rss = pss = 0
                 cpu = 0.0
+                each: list[tuple[psutil.Process, int]] = []
+                seen: dict[int, tuple[list[str], int]] = {}  # pid -> (cmdline, rss)
                 for p in procs:
                     try:
-                        rss += p.memory_info().rss
+                        mem = p.memory_full_info()
                         t = p.cpu_times()
-                        cpu += t.user + t.system
+                        cmd = self._cmdline(p)
+                        twin = seen.get(p.ppid())
                     except psutil.Error:
                         continue
+                    cpu += t.user + t.system
+                    seen[p.pid] = (cmd, mem.rss)
+                    # A child that is still its parent (same command line and the same
+                    # resident pages: the moment between a JVM's posix_spawn and the exec of
+                    # its helper, when the child shares the JVM's address space) holds no
+                    # memory of its own: counted, it doubled the JVM in the peak.
+                    if twin is not None and twin == (cmd, mem.rss):
+                        continue
+                    rss += mem.rss
+                    pss += mem.pss
+                    each.append((p, mem.pss))
+                if pss > self._peak_pss:
+                    self.peak_parts = _by_kind(each)
+                self._peak_pss = max(self._peak_pss, pss)
                 self._peak_rss = max(self._peak_rss, rss)
                 self._samples.append((time.perf_counter() - self.t0, cpu))
                 self.rss_samples.append((time.time(), rss))
             except psutil.Error:
                 return
+
+    def _cmdline(self, p: psutil.Process) -> list[str]:
+        """``p``'s command line, read once per process (psutil caches nothing)."""
+        key = (p.pid, p.create_time())
+        cmd = self._cmdlines.get(key)
+        if cmd is None:
+            cmd = self._cmdlines[key] = p.cmdline()
+        return cmd
+
+    def peak_pss_mb(self) -> float:
+        """Peak PSS of the tree sampled so far (MiB)."""
+        return self._peak_pss / 2**20
+
+    def peak_parts_text(self) -> str:
+        """The tree's peak PSS by kind of process: ``JVM 812 MiB, Python driver 160 MiB,
+        ...`` (largest first; ``×N`` when N processes of a kind)."""
+        parts = sorted(self.peak_parts.items(), key=lambda x: -x[1][0])
+        return ", ".join(
+            f"{kind} {b / 2**20:.0f} MiB" + (f" ×{n}" if n > 1 else "") for kind, (b, n) in parts
+        )
 
     def running(self) -> bool:
         """Whether the process is still alive (never reaps it: :meth:`wait` must)."""
@@ -145,6 +190,7 @@ class Measured:
             wall_s=wall,
             cpu_s=ru.ru_utime + ru.ru_stime,
             peak_rss_mb=self._peak_rss / 2**20,
+            peak_pss_mb=self._peak_pss / 2**20,
             maxrss_mb=ru.ru_maxrss / 1024,
             samples=list(self._samples),
         )
@@ -156,3 +202,37 @@ class Measured:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGTERM)
         return self.wait(timeout_s)
+
+
+def _kind(p: psutil.Process) -> str:
+    """What a process of a Spark job's tree is: the JVM, the Python driver, PySpark's worker
+    daemon, one of its workers, or (other) its name."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return "gone"
+    name = p.name()
+    if name == "java" or (cmd and cmd[0].endswith("/java")):
+        return "JVM"
+    if "pyspark.daemon" in cmd:
+        # Its workers are forks of it: the same command line, under it.
+        try:
+            parent = p.parent()
+            forked = parent is not None and "pyspark.daemon" in parent.cmdline()
+        except psutil.Error:
+            forked = False
+        return "Python worker" if forked else "Python worker daemon"
+    if name.startswith("python") or (cmd and "python" in cmd[0]):
+        if "-m" in cmd[:-1]:  # e.g. the Python data source's streaming runner
+            return f"Python {cmd[cmd.index('-m') + 1].rsplit('.', 1)[-1]}"
+        return "Python driver" if any(a.endswith(".py") for a in cmd) else "Python"
+    return str(name)
+
+
+def _by_kind(each: list[tuple[psutil.Process, int]]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for p, rss in each:
+        k = _kind(p)
+        b, n = out.get(k, (0, 0))
+        out[k] = (b + rss, n + 1)
+    return out

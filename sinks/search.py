@@ -554,9 +554,17 @@ class SearchSink:
         self._ready.add(name)
 
     def refresh_indices(self, *tables: str) -> None:
-        """Make everything written so far searchable (all of this sink's indices if none)."""
-        names = [self.index_for(t) for t in tables] or [f"{self.index_prefix}-*".lower()]
-        self._retrying.call("refresh", lambda: self.client.indices.refresh(index=",".join(names)))
+        """Make everything written so far searchable (all of this sink's tables' indices if
+        none; not the watermark index, which is only ever read by id, in real time)."""
+        names = [self.index_for(t) for t in tables] or [
+            f"{self.index_prefix}-*".lower(),
+            f"-{self.watermark_index}",
+        ]
+        # ignore_unavailable: excluding an index that does not exist yet is no error.
+        self._retrying.call(
+            "refresh",
+            lambda: self.client.indices.refresh(index=",".join(names), ignore_unavailable=True),
+        )
 
     # -- apply ---------------------------------------------------------------------------
 

@@ -76,6 +76,8 @@ class ModeResult:
     # (benchmarks.proc.Measured.peak_parts_text).
     peak_pss_mib: dict[str, float] | None = None
     peak_parts: dict[str, str] | None = None
+    # Each job's CPU seconds by kind of process, its whole run (start-up included).
+    cpu_parts: dict[str, str] | None = None
 
 
 def _stamp(line: str) -> float | None:
@@ -236,6 +238,7 @@ def apply_mode(
             peak_rss_mib={j: round(st.peak_rss_mb) for j, st in stats.items()},
             peak_pss_mib={j: round(st.peak_pss_mb) for j, st in stats.items()},
             peak_parts={j: jobs.procs[j].peak_parts_text() for j in stats},
+            cpu_parts={j: jobs.procs[j].cpu_parts_text() for j in stats},
             held=held,
             steady_cpu_us_per_change=sum(x[0] for x in known)
             if len(known) == len(per_job)
@@ -265,9 +268,9 @@ def run(
         for mode in modes:
             r = apply_mode(env, reader, rows, mode, path, reader_rate, max_offsets)
             log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
-                     "peak RSS %s MiB, PSS %s MiB (%s); after the first batch %s µs CPU per change, %s rows/s",
+                     "peak RSS %s MiB, PSS %s MiB (%s); CPU by process %s; after the first batch %s µs CPU per change, %s rows/s",
                      mode, *path, r.rows_per_s, r.ratio_to_reader, r.cpu_us_per_change,
-                     r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, _round(r.steady_cpu_us_per_change),
+                     r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, r.cpu_parts, _round(r.steady_cpu_us_per_change),
                      _round(r.steady_rows_per_s))  # fmt: skip
             results.append(asdict(r))
     return {

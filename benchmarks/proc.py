@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,7 +65,10 @@ class Measured:
         # PySpark's daemon forks share most of theirs with it) counted once, in shares; the
         # sum of RSS counts it once per process.
         self._peak_pss = 0
-        self._cmdlines: dict[tuple[int, float], list[str]] = {}
+        self._cmdlines: dict[tuple[int, float, str], list[str]] = {}
+        # Each process's CPU seconds when last sampled (those that ended included).
+        self._cpu_of: dict[tuple[int, float], tuple[psutil.Process, float]] = {}
+        self._kinds: dict[int, str] = {}  # pid -> kind, read while it ran
         self._samples: list[tuple[float, float]] = []
         self.rss_samples: list[tuple[float, int]] = []  # (time.time(), RSS bytes of the tree)
         # At the PSS peak: PSS bytes by kind of process (see _kind), and how many of each.
@@ -97,6 +100,7 @@ class Measured:
                         continue
                     cpu += t.user + t.system
                     seen[p.pid] = (cmd, mem.rss)
+                    self._cpu_of[(p.pid, p.create_time())] = (p, t.user + t.system)
                     # A child that is still its parent (same command line and the same
                     # resident pages: the moment between a JVM's posix_spawn and the exec of
                     # its helper, when the child shares the JVM's address space) holds no
@@ -106,8 +110,10 @@ class Measured:
                     rss += mem.rss
                     pss += mem.pss
                     each.append((p, mem.pss))
+                for p, _ in each:
+                    self._kinds[p.pid] = _kind(p, self._cmdline)  # after an exec: anew
                 if pss > self._peak_pss:
-                    self.peak_parts = _by_kind(each)
+                    self.peak_parts = self._by_kind(each)
                 self._peak_pss = max(self._peak_pss, pss)
                 self._peak_rss = max(self._peak_rss, rss)
                 self._samples.append((time.perf_counter() - self.t0, cpu))
@@ -116,12 +122,34 @@ class Measured:
                 return
 
     def _cmdline(self, p: psutil.Process) -> list[str]:
-        """``p``'s command line, read once per process (psutil caches nothing)."""
-        key = (p.pid, p.create_time())
+        """``p``'s command line, read once per process and program (an exec keeps the pid:
+        spark-submit's bash becomes the JVM)."""
+        key = (p.pid, p.create_time(), p.name())
         cmd = self._cmdlines.get(key)
         if cmd is None:
             cmd = self._cmdlines[key] = p.cmdline()
         return cmd
+
+    def cpu_parts_text(self) -> str:
+        """CPU seconds by kind of process, as last sampled (a process's last 0.2 s may be
+        missing): ``JVM 5.1 s, Python worker 3.2 s ×3, ...`` (largest first)."""
+        parts: dict[str, tuple[float, int]] = {}
+        for p, cpu in self._cpu_of.values():
+            k = self._kinds.get(p.pid, "?")
+            c, n = parts.get(k, (0.0, 0))
+            parts[k] = (c + cpu, n + 1)
+        return ", ".join(
+            f"{k} {c:.1f} s" + (f" ×{n}" if n > 1 else "")
+            for k, (c, n) in sorted(parts.items(), key=lambda x: -x[1][0])
+        )
+
+    def _by_kind(self, each: list[tuple[psutil.Process, int]]) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for p, b in each:
+            k = self._kinds.get(p.pid, "?")
+            total, n = out.get(k, (0, 0))
+            out[k] = (total + b, n + 1)
+        return out
 
     def peak_pss_mb(self) -> float:
         """Peak PSS of the tree sampled so far (MiB)."""
@@ -204,21 +232,21 @@ class Measured:
         return self.wait(timeout_s)
 
 
-def _kind(p: psutil.Process) -> str:
+def _kind(p: psutil.Process, cmdline: Callable[[psutil.Process], list[str]]) -> str:
     """What a process of a Spark job's tree is: the JVM, the Python driver, PySpark's worker
-    daemon, one of its workers, or (other) its name."""
+    daemon, one of its workers, or (other) its name; ``cmdline`` reads command lines."""
     try:
-        cmd = p.cmdline()
+        cmd = cmdline(p)
+        name = p.name()
     except psutil.Error:
         return "gone"
-    name = p.name()
     if name == "java" or (cmd and cmd[0].endswith("/java")):
         return "JVM"
     if "pyspark.daemon" in cmd:
         # Its workers are forks of it: the same command line, under it.
         try:
             parent = p.parent()
-            forked = parent is not None and "pyspark.daemon" in parent.cmdline()
+            forked = parent is not None and "pyspark.daemon" in cmdline(parent)
         except psutil.Error:
             forked = False
         return "Python worker" if forked else "Python worker daemon"
@@ -227,12 +255,3 @@ def _kind(p: psutil.Process) -> str:
             return f"Python {cmd[cmd.index('-m') + 1].rsplit('.', 1)[-1]}"
         return "Python driver" if any(a.endswith(".py") for a in cmd) else "Python"
     return str(name)
-
-
-def _by_kind(each: list[tuple[psutil.Process, int]]) -> dict[str, tuple[int, int]]:
-    out: dict[str, tuple[int, int]] = {}
-    for p, rss in each:
-        k = _kind(p)
-        b, n = out.get(k, (0, 0))
-        out[k] = (b + rss, n + 1)
-    return out

@@ -59,7 +59,7 @@ def _produce(bootstrap: str, recs: list[tuple[Any, ...]], topic: str) -> None:
 
 def _timed(profile: bool, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` and the CPU seconds it took (with its cProfile printed if asked)."""
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile(time.process_time) if profile else None
     c0 = time.process_time()
     if prof is not None:
         prof.enable()

@@ -28,7 +28,9 @@ def cpu_seconds() -> dict[str, float]:
                 t = p.cpu_times()
             except psutil.Error:  # a backend that ended meanwhile
                 continue
-            total += t.user + t.system
+            # With what its children that ended spent (the postmaster reaps each backend):
+            # a backend that ends between two readings still counts in both.
+            total += t.user + t.system + t.children_user + t.children_system
         out[name] = total
     return out
 

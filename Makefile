@@ -14,7 +14,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip setuptools wheel
-	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@# Every editable mode of setuptools prints a BuildBackendWarning (a UserWarning) about
+	@# editable installs in general, on every install: not ours to act on, so not shown.
+	PYTHONWARNINGS=ignore::UserWarning $(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $@
 
 # Real servers on 127.0.0.1 without Docker; state in .stack/, downloads cached in .cache/.

@@ -1,0 +1,158 @@
+"""One table against one follower: fold and bisect, then settle every candidate behind the
+fence (:mod:`pgcdc.verify.fence`). The reading is done by the two readers given; this module
+decides and waits, nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pgcdc.core.errors import VerifyError
+from pgcdc.core.lsn import Lsn
+from pgcdc.verify.bisect import FACTOR, THRESHOLD, MemorySide, compare
+from pgcdc.verify.fence import DRIFT, Verdict, fenced, judge
+
+ATTEMPTS = 3  # fenced re-checks of a candidate before it is called unsettled
+
+
+class LeaderRead(Protocol):
+    """PostgreSQL's rows of a table in one snapshot, by document id, each the document the
+    sinks would be given for it, and the snapshot's fence LSN."""
+
+    @property
+    def lsn(self) -> int: ...
+
+    @property
+    def rows(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class Leader(Protocol):
+    def read(self, table: str, keys: Collection[str] | None = None) -> LeaderRead:
+        """A fresh snapshot of ``table`` (a table id, ``schema.table``); only ``keys``' rows
+        if given."""
+        ...
+
+
+class Follower(Protocol):
+    name: str  # "cache" or "search"
+
+    def watermark(self) -> int | None:
+        """The follower's watermark LSN, or None if none is recorded."""
+        ...
+
+    def digest(self, key: str, doc: Mapping[str, Any]) -> int:
+        """The digest of ``doc`` as this follower stores it under ``key``."""
+        ...
+
+    def digests(self, table: str) -> dict[str, int]:
+        """Every row of ``table`` the follower holds: key → digest."""
+        ...
+
+    def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
+        """Each key's (row digest or None, held version LSN or None), read now."""
+        ...
+
+
+@dataclass
+class TableResult:
+    """What one table's verification against one follower found."""
+
+    table: str
+    follower: str
+    leader_rows: int = 0
+    follower_rows: int = 0
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    differ: list[str] = field(default_factory=list)
+    unsettled: list[str] = field(default_factory=list)
+    candidates: int = 0  # keys the first pass found different
+    rechecks: int = 0  # fenced re-checks made
+    cleared: int = 0  # candidates a re-check found equal or ahead, so not drift
+    segments_folded: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.extra or self.differ or self.unsettled)
+
+
+def wait_fenced(
+    follower: Follower,
+    lsn: int,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Wait until ``follower``'s watermark reaches ``lsn``; its watermark, or VerifyError
+    after ``timeout_s``."""
+    deadline = clock() + timeout_s
+    while True:
+        mark = follower.watermark()
+        if fenced(mark, lsn):
+            assert mark is not None
+            return mark
+        if clock() >= deadline:
+            held = "none recorded" if mark is None else str(Lsn(mark))
+            raise VerifyError(
+                f"the {follower.name} follower's watermark ({held}) did not reach the "
+                f"snapshot's LSN {Lsn(lsn)} within {timeout_s:g} s: is its sync job running? "
+                "(raise --fence-timeout for a follower far behind)"
+            )
+        sleep(0.2)
+
+
+def verify_table(
+    table: str,
+    leader: Leader,
+    follower: Follower,
+    *,
+    fence_timeout_s: float = 60.0,
+    attempts: int = ATTEMPTS,
+    factor: int = FACTOR,
+    threshold: int = THRESHOLD,
+    first: LeaderRead | None = None,
+) -> TableResult:
+    """Compare ``table`` between PostgreSQL and ``follower``; ``first`` is a leader read to
+    start from (one snapshot serves every follower's first pass)."""
+    read = first if first is not None else leader.read(table)
+    wait_fenced(follower, read.lsn, fence_timeout_s)
+    held = follower.digests(table)
+    expected = _digests(follower, read)
+    found = compare(MemorySide(expected), MemorySide(held), factor=factor, threshold=threshold)
+    result = TableResult(table, follower.name, len(expected), len(held))
+    result.segments_folded = found.segments_folded
+    pending = set(found.kind_of())
+    result.candidates = len(pending)
+    verdicts: dict[str, Verdict] = {}
+    for _ in range(attempts):
+        if not pending:
+            break
+        again = leader.read(table, pending)
+        wait_fenced(follower, again.lsn, fence_timeout_s)
+        now = follower.read(table, pending)
+        result.rechecks += 1
+        expected = _digests(follower, again)
+        for key in sorted(pending):
+            digest, version = now.get(key, (None, None))
+            verdicts[key] = judge(expected.get(key), digest, version, again.lsn)
+        pending = {k for k in pending if verdicts[k] == Verdict.AHEAD}
+    for key, verdict in sorted(verdicts.items()):
+        if verdict == Verdict.MISSING:
+            result.missing.append(key)
+        elif verdict == Verdict.EXTRA:
+            result.extra.append(key)
+        elif verdict == Verdict.DIFFERS:
+            result.differ.append(key)
+        elif verdict == Verdict.AHEAD:
+            result.unsettled.append(key)
+    result.cleared = (
+        result.candidates - sum(v in DRIFT for v in verdicts.values()) - len(result.unsettled)
+    )
+    return result
+
+
+def _digests(follower: Follower, read: LeaderRead) -> dict[str, int]:
+    return {k: follower.digest(k, doc) for k, doc in read.rows.items()}

@@ -36,7 +36,8 @@ class Side(Protocol):
         ...
 
     def digests(self, segment: Segment) -> dict[str, int]:
-        """Each key of the segment and its row's digest."""
+        """Each key of the segment and its row's digest (:func:`.fold.row_digest`, which
+        covers the key: rows of two keys never fold alike)."""
         ...
 
 

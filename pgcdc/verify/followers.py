@@ -76,7 +76,7 @@ class CacheFollower:
             return row_digest(key, _hash_form({c: orjson.dumps(v) for c, v in doc.items()}))
         return row_digest(key, _json_form(orjson.loads(orjson.dumps(doc))))
 
-    def _stored(self, key: str, raw: Any) -> int | None:
+    def stored_digest(self, key: str, raw: Any) -> int | None:
         """The digest of what Redis answered for a row key (None: no row)."""
         if not raw:
             return None
@@ -99,7 +99,7 @@ class CacheFollower:
     def digests(self, table: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for key, raw in self._rows(table):
-            digest = self._stored(key, raw)
+            digest = self.stored_digest(key, raw)
             if digest is not None:
                 out[key] = digest
         return out
@@ -116,7 +116,7 @@ class CacheFollower:
         for i, key in enumerate(ordered):
             raw, version = answers[2 * i], answers[2 * i + 1]
             held = parse_version(version).commit_lsn if version is not None else None
-            out[key] = (self._stored(key, raw), held)
+            out[key] = (self.stored_digest(key, raw), held)
         return out
 
 
@@ -149,7 +149,7 @@ class SearchFollower:
         ordered = sorted(keys)
         try:
             got = self.sink.client.mget(
-                index=index, body={"ids": ordered}, params={"realtime": "true", "version": "true"}
+                index=index, body={"ids": ordered}, params={"realtime": "true"}
             )["docs"]
         except NotFoundError:  # the index itself is gone
             return dict.fromkeys(ordered, (None, None))

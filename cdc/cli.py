@@ -42,6 +42,11 @@ ConfigOpt = Annotated[
     str | None, typer.Option("--config", help="TOML config file (also CDC_CONFIG).")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Verbose logs and tracebacks.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+TablesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
+]
 LogJsonOpt = Annotated[
     bool, typer.Option("--log-json", help="Log one JSON object per line (also CDC_LOG_JSON).")
 ]
@@ -120,6 +125,21 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
             log.exception("unexpected failure")
         typer.echo(scrub(f"error: unexpected {type(e).__name__}: {e}", _SECRETS), err=True)
         raise typer.Exit(1) from None
+
+
+def _json_guard(debug: bool, fn: Callable[[], T], failed: Callable[[str], dict[str, Any]]) -> T:
+    """Run ``fn`` for a ``--json`` command. Even when it fails a machine gets JSON:
+    ``failed(line)`` on stdout, the one line on stderr, and the exit status says which kind
+    (2 settings, 1 anything else)."""
+    try:
+        return fn()
+    except Exception as e:
+        if debug:
+            log.exception("failed")
+        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
+        typer.echo(scrub(json.dumps(failed(line)), _SECRETS))
+        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
 
 
 def _settings(
@@ -313,9 +333,7 @@ STATUS_HELP = (
 @app.command(help=STATUS_HELP)
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
-    ] = False,
+    as_json: JsonOpt = False,
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -349,19 +367,9 @@ def status(
         typer.echo(scrub(render_text(found), _SECRETS), nl=False)
         outcome(found)
         return
-    try:
-        found = go()
-    except Exception as e:
-        # Even now a machine gets JSON: the one line, and the exit status says which kind.
-        if debug:
-            log.exception("failed")
-        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
-        code = 2 if isinstance(e, ConfigError) else 1
-        typer.echo(
-            scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS)
-        )
-        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
-        raise typer.Exit(code) from None
+    found = _json_guard(
+        debug, go, lambda line: {"healthy": False, "error": line, "problems": [line]}
+    )
     typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))
     for warning in found["warnings"]:
         typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
@@ -444,10 +452,7 @@ SNAPSHOT_HELP = (
 
 @app.command(help=SNAPSHOT_HELP)
 def snapshot(
-    tables: Annotated[
-        list[str] | None,
-        typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
-    ] = None,
+    tables: TablesArg = None,
     where: Annotated[
         str | None,
         typer.Option("--where", help="A boolean expression over the table's columns, ANDed."),
@@ -496,16 +501,11 @@ VERIFY_HELP = (
 
 @app.command(help=VERIFY_HELP)
 def verify(
-    tables: Annotated[
-        list[str] | None,
-        typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
-    ] = None,
+    tables: TablesArg = None,
     follower: Annotated[
         str, typer.Option("--follower", help="Which follower: cache, search or all.")
     ] = "all",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document instead of a table.")
-    ] = False,
+    as_json: JsonOpt = False,
     fence_timeout: Annotated[
         float,
         typer.Option(
@@ -531,15 +531,7 @@ def verify(
         found = _guard(debug, go)
         typer.echo(scrub(found["text"], _SECRETS), nl=False)
     else:
-        try:
-            found = go()
-        except Exception as e:
-            if debug:
-                log.exception("failed")
-            line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
-            typer.echo(scrub(json.dumps({"clean": False, "error": line}), _SECRETS))
-            typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
-            raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
+        found = _json_guard(debug, go, lambda line: {"clean": False, "error": line})
         typer.echo(scrub(json.dumps(found["json"], indent=2), _SECRETS))
     if not found["json"]["clean"]:
         raise typer.Exit(VERIFY_EXIT)

@@ -109,9 +109,9 @@ def _holds(p: Pipeline, table: str, rows: int) -> bool:
     return len(cache_state(p, table)) == rows and len(search_state(p, table)) == rows
 
 
-def _verify(p: Pipeline, *args: str) -> tuple[int, dict[str, Any], str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "cdc", "verify", "--json", "--fence-timeout", "60", *args],
+def _cdc(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc", *args],
         env=p.env(),
         cwd=ROOT,
         capture_output=True,
@@ -119,6 +119,10 @@ def _verify(p: Pipeline, *args: str) -> tuple[int, dict[str, Any], str]:
         timeout=300,
         check=False,
     )
+
+
+def _verify(p: Pipeline, *args: str) -> tuple[int, dict[str, Any], str]:
+    out = _cdc(p, "verify", "--json", "--fence-timeout", "60", *args)
     try:
         found = json.loads(out.stdout)
     except ValueError:
@@ -146,15 +150,7 @@ def test_a_clean_pipeline_verifies_clean(running: Running) -> None:
         assert r["leader_rows"] == r["follower_rows"] == (120 if r["table"] == ITEMS else 30)
         assert r["missing"]["count"] == r["extra"]["count"] == r["differ"]["count"] == 0
     # The human form says so too.
-    text = subprocess.run(
-        [sys.executable, "-m", "cdc", "verify", "--follower", "cache", "items"],
-        env=running.p.env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    text = _cdc(running.p, "verify", "--follower", "cache", "items")
     assert text.returncode == 0, text.stderr
     assert "clean: every follower equals PostgreSQL" in text.stdout
     assert "public.pairs" not in text.stdout  # only the table asked for

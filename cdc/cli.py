@@ -479,7 +479,8 @@ def snapshot(
     _guard(debug, go)
 
 
-VERIFY_EXIT = 3  # drift (or a key still changing) found
+VERIFY_DRIFT_EXIT = 3  # drift found
+VERIFY_UNSETTLED_EXIT = 4  # no drift, but keys that kept changing had no verdict
 
 VERIFY_HELP = (
     "Compare each follower (Redis: cache, OpenSearch: search) with PostgreSQL, table by "
@@ -490,12 +491,13 @@ VERIFY_HELP = (
     "\n\nNo false drift under load: PostgreSQL is read in one REPEATABLE READ snapshot; each "
     "follower is read once its watermark has passed the snapshot's WAL position (waiting up "
     "to --fence-timeout); a key whose follower version is newer than the snapshot is not "
-    "drift; every candidate is checked again in a fresh snapshot before it is reported, and "
-    "one still changing after a few checks is reported as unsettled."
-    "\n\nExit status: 0 when every follower equals PostgreSQL; 3 when drift (or an unsettled "
-    "key) is found; 2 when the settings are wrong (or a TABLE is not captured); 1 when a "
-    "server cannot be read or a follower's watermark did not reach the snapshot in time. "
-    "Errors are one line on stderr."
+    "drift; every candidate is checked again in fresh snapshots and reported only when two "
+    "checks in a row find it different; one still changing after several checks is "
+    "reported as unsettled, not as drift."
+    "\n\nExit status: 0 when every follower equals PostgreSQL; 3 when drift is found; 4 when "
+    "no drift is found but some keys kept changing (unsettled: run it again); 2 when the "
+    "settings are wrong (or a TABLE is not captured); 1 when a server cannot be read or a "
+    "follower's watermark did not reach the snapshot in time. Errors are one line on stderr."
 )
 
 
@@ -533,8 +535,10 @@ def verify(
     else:
         found = _json_guard(debug, go, lambda line: {"clean": False, "error": line})
         typer.echo(scrub(json.dumps(found["json"], indent=2), _SECRETS))
+    if found["json"]["drift"]:
+        raise typer.Exit(VERIFY_DRIFT_EXIT)
     if not found["json"]["clean"]:
-        raise typer.Exit(VERIFY_EXIT)
+        raise typer.Exit(VERIFY_UNSETTLED_EXIT)
 
 
 def _verify(

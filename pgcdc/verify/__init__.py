@@ -17,10 +17,12 @@ The fence (:mod:`.fence`), which keeps a live load from showing as drift:
    it, ``cdc verify`` stops with one line saying which follower did not catch up.
 3. A key whose follower version (the commit LSN the sink stores beside the row) is above
    ``L`` changed after the snapshot: it is not drift, it is looked at again.
-4. Every candidate key (missing, extra or differing) is read again in a fresh snapshot with
-   the same fence; only a key judged divergent by a fenced re-check is reported. A key still
-   changing after ``attempts`` re-checks is reported as *unsettled*, never as drift.
+4. Every candidate key (missing, extra or differing) is read again in fresh snapshots with
+   the same fence; it is reported only when two re-checks in a row judge it divergent (one
+   can still catch a change in flight that leaves no version behind: a delete applied to
+   OpenSearch between the snapshot and the read). A key still changing after ``attempts``
+   re-checks is reported as *unsettled*, never as drift.
 
-So a key is reported only when two fenced reads, in two snapshots, both found the follower
-behind nothing and still different.
+So a key is reported only when fenced reads in two snapshots in a row both found the
+follower holding nothing newer than the snapshot and still different.
 """

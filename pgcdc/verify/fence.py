@@ -10,12 +10,16 @@ key's states on the two sides are judged by :func:`judge`:
 - else the follower lacks the row → ``missing``; holds a row PostgreSQL lacks → ``extra``;
   holds another row → ``differs``.
 
-A key is reported as drift only when a fenced re-check in a fresh snapshot judges it so
-again (:func:`settle`); one still ``ahead`` after every re-check is ``unsettled``.
+A key is reported as drift only when ``confirmations`` fenced re-checks in a row, each in a
+fresh snapshot, judge it so (:class:`Settling`): one read can still catch a change in
+flight that leaves no version behind (a delete applied to OpenSearch between the snapshot
+and the read), two in a row cannot. A key not confirmed after every re-check is
+``unsettled``, never drift.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -25,9 +29,6 @@ class Verdict(StrEnum):
     MISSING = "missing"
     EXTRA = "extra"
     DIFFERS = "differs"
-
-
-DRIFT = frozenset((Verdict.MISSING, Verdict.EXTRA, Verdict.DIFFERS))
 
 
 def fenced(watermark: int | None, snapshot_lsn: int) -> bool:
@@ -49,3 +50,41 @@ def judge(
     if leader is None:
         return Verdict.EXTRA
     return Verdict.DIFFERS
+
+
+CONFIRMATIONS = 2  # fenced drift verdicts in a row that make a key drift
+
+
+class Settling:
+    """Candidate keys between fenced re-checks: each one's run of drift verdicts in a row.
+
+    ``record`` takes one re-check's verdict for a pending key: ``equal`` clears it, ``ahead``
+    restarts its run, a drift verdict extends it and, at ``confirmations``, makes it drift
+    (of the kind last judged). What is still pending when the re-checks run out is
+    unsettled.
+    """
+
+    def __init__(self, keys: Iterable[str], confirmations: int = CONFIRMATIONS) -> None:
+        if confirmations < 1:
+            raise ValueError("confirmations must be at least 1")
+        self.confirmations = confirmations
+        self.runs: dict[str, int] = dict.fromkeys(keys, 0)
+        self.drift: dict[str, Verdict] = {}
+        self.cleared: set[str] = set()
+
+    @property
+    def pending(self) -> set[str]:
+        return set(self.runs)
+
+    def record(self, key: str, verdict: Verdict) -> None:
+        """One fenced re-check's verdict for pending ``key``."""
+        if verdict == Verdict.EQUAL:
+            del self.runs[key]
+            self.cleared.add(key)
+        elif verdict == Verdict.AHEAD:
+            self.runs[key] = 0
+        else:
+            self.runs[key] += 1
+            if self.runs[key] >= self.confirmations:
+                del self.runs[key]
+                self.drift[key] = verdict

@@ -11,21 +11,25 @@ EXAMPLES = 5  # example keys shown per kind
 
 
 def as_json(results: Sequence[TableResult], examples: int = EXAMPLES) -> dict[str, Any]:
-    """``{"clean": bool, "results": [...]}``: per table and follower the counts of each kind
-    and up to ``examples`` example keys of each."""
+    """``{"clean": bool, "drift": bool, "results": [...]}``: per table and follower the
+    counts of each kind and up to ``examples`` example keys of each. ``clean``: no drift and
+    no unsettled key."""
     return {
         "clean": all(r.clean for r in results),
+        "drift": any(r.drift for r in results),
         "results": [
             {
                 "table": r.table,
                 "follower": r.follower,
                 "clean": r.clean,
+                "drift": r.drift,
                 "leader_rows": r.leader_rows,
                 "follower_rows": r.follower_rows,
                 **{
                     kind: {"count": len(keys), "examples": keys[:examples]}
                     for kind, keys in _kinds(r)
                 },
+                "candidates": r.candidates,
                 "rechecks": r.rechecks,
                 "cleared": r.cleared,
             }
@@ -75,6 +79,11 @@ def as_text(results: Sequence[TableResult], examples: int = EXAMPLES) -> str:
             if keys:
                 shown = ", ".join(keys[:examples]) + (" …" if len(keys) > examples else "")
                 lines.append(f"{r.table} on {r.follower}: {kind} {shown}")
-    clean = all(r.clean for r in results)
-    lines.append("clean: every follower equals PostgreSQL" if clean else "DRIFT found")
+    unsettled = sum(len(r.unsettled) for r in results)
+    if any(r.drift for r in results):
+        lines.append("DRIFT found")
+    elif unsettled:
+        lines.append(f"no drift found, but {unsettled} key(s) kept changing: verify them again")
+    else:
+        lines.append("clean: every follower equals PostgreSQL")
     return "\n".join(lines) + "\n"

@@ -13,9 +13,12 @@ from typing import Any, Protocol
 from pgcdc.core.errors import VerifyError
 from pgcdc.core.lsn import Lsn
 from pgcdc.verify.bisect import FACTOR, THRESHOLD, MemorySide, compare
-from pgcdc.verify.fence import DRIFT, Verdict, fenced, judge
+from pgcdc.verify.fence import CONFIRMATIONS, Settling, Verdict, fenced, judge
 
-ATTEMPTS = 3  # fenced re-checks of a candidate before it is called unsettled
+# Fenced re-checks at most. Real drift is confirmed in CONFIRMATIONS of them; a key a live
+# load keeps changing is seen newer than each snapshot with a chance of about (follower lag
+# / time between its changes) a re-check, so a few more settle nearly all of them.
+ATTEMPTS = 8
 
 
 class LeaderRead(Protocol):
@@ -70,12 +73,16 @@ class TableResult:
     unsettled: list[str] = field(default_factory=list)
     candidates: int = 0  # keys the first pass found different
     rechecks: int = 0  # fenced re-checks made
-    cleared: int = 0  # candidates a re-check found equal or ahead, so not drift
+    cleared: int = 0  # candidates a re-check found equal: not drift
     segments_folded: int = 0
 
     @property
+    def drift(self) -> bool:
+        return bool(self.missing or self.extra or self.differ)
+
+    @property
     def clean(self) -> bool:
-        return not (self.missing or self.extra or self.differ or self.unsettled)
+        return not (self.drift or self.unsettled)
 
 
 def wait_fenced(
@@ -111,6 +118,7 @@ def verify_table(
     *,
     fence_timeout_s: float = 60.0,
     attempts: int = ATTEMPTS,
+    confirmations: int = CONFIRMATIONS,
     factor: int = FACTOR,
     threshold: int = THRESHOLD,
     first: LeaderRead | None = None,
@@ -124,10 +132,10 @@ def verify_table(
     found = compare(MemorySide(expected), MemorySide(held), factor=factor, threshold=threshold)
     result = TableResult(table, follower.name, len(expected), len(held))
     result.segments_folded = found.segments_folded
-    pending = set(found.kind_of())
-    result.candidates = len(pending)
-    verdicts: dict[str, Verdict] = {}
+    settling = Settling(found.kind_of(), confirmations)
+    result.candidates = len(settling.runs)
     for _ in range(attempts):
+        pending = settling.pending
         if not pending:
             break
         again = leader.read(table, pending)
@@ -137,20 +145,12 @@ def verify_table(
         expected = _digests(follower, again)
         for key in sorted(pending):
             digest, version = now.get(key, (None, None))
-            verdicts[key] = judge(expected.get(key), digest, version, again.lsn)
-        pending = {k for k in pending if verdicts[k] == Verdict.AHEAD}
-    for key, verdict in sorted(verdicts.items()):
-        if verdict == Verdict.MISSING:
-            result.missing.append(key)
-        elif verdict == Verdict.EXTRA:
-            result.extra.append(key)
-        elif verdict == Verdict.DIFFERS:
-            result.differ.append(key)
-        elif verdict == Verdict.AHEAD:
-            result.unsettled.append(key)
-    result.cleared = (
-        result.candidates - sum(v in DRIFT for v in verdicts.values()) - len(result.unsettled)
-    )
+            settling.record(key, judge(expected.get(key), digest, version, again.lsn))
+    for key, verdict in sorted(settling.drift.items()):
+        kinds = {Verdict.MISSING: result.missing, Verdict.EXTRA: result.extra}
+        kinds.get(verdict, result.differ).append(key)
+    result.unsettled = sorted(settling.pending)
+    result.cleared = len(settling.cleared)
     return result
 
 

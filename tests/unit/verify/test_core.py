@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from pgcdc.core.errors import VerifyError
 from pgcdc.verify.bisect import MemorySide, compare
-from pgcdc.verify.fence import Verdict, fenced, judge
+from pgcdc.verify.fence import Settling, Verdict, fenced, judge
 from pgcdc.verify.fold import Fold, fold, row_digest
 from pgcdc.verify.report import as_json, as_text
 from pgcdc.verify.run import TableResult, verify_table, wait_fenced
@@ -210,8 +210,9 @@ def test_real_drift_is_confirmed_by_a_fenced_recheck() -> None:
     follower = FakeFollower(held, [held])
     result = verify_table("t", leader, follower, threshold=4, factor=3)
     assert (result.missing, result.extra, result.differ) == (["3"], ["99"], ["7"])
-    assert result.rechecks == 1 and result.candidates == 3 and result.cleared == 0
-    assert leader.reads == 2  # the whole table once, the candidates again in a fresh snapshot
+    assert result.rechecks == 2 and result.candidates == 3 and result.cleared == 0
+    assert leader.reads == 3  # the whole table, then two fresh snapshots confirm each key
+    assert result.drift and not result.clean
 
 
 def test_a_key_that_changed_after_the_snapshot_is_not_drift() -> None:
@@ -237,6 +238,40 @@ def test_a_key_still_changing_is_unsettled_not_drift() -> None:
     result = verify_table("t", leader, follower, attempts=3)
     assert result.unsettled == ["4"] and not (result.missing or result.extra or result.differ)
     assert result.rechecks == 3 and not result.clean
+
+
+def test_a_change_in_flight_that_leaves_no_version_is_not_drift() -> None:
+    # Key 1 is deleted after the first re-check's snapshot and OpenSearch applies the delete
+    # before it is read (a deleted document keeps no readable version): that re-check sees
+    # it missing; the next snapshot no longer holds it either, and the key is cleared.
+    pg = _rows(5)
+    gone = {k: v for k, v in pg.items() if k != "1"}
+    held = {k: (v, 5) for k, v in pg.items()}
+    held["1"] = ({"v": -1}, 5)  # differs in the first pass (a change in flight)
+    without = {k: (v, 5) for k, v in gone.items()}
+    leader = FakeLeader([Read(100, pg), Read(200, pg), Read(300, gone)])
+    follower = FakeFollower(held, [without, without])
+    result = verify_table("t", leader, follower)
+    assert result.clean and result.rechecks == 2 and result.cleared == 1
+
+
+def test_settling_needs_drift_verdicts_in_a_row() -> None:
+    s = Settling(["a", "b", "c", "d"], confirmations=2)
+    for key, verdicts in {
+        "a": [Verdict.DIFFERS, Verdict.DIFFERS],
+        "b": [Verdict.MISSING, Verdict.AHEAD, Verdict.MISSING],  # the run starts over
+        "c": [Verdict.EXTRA, Verdict.EQUAL],
+        "d": [Verdict.AHEAD, Verdict.AHEAD, Verdict.AHEAD],
+    }.items():
+        for v in verdicts:
+            s.record(key, v)
+    assert s.drift == {"a": Verdict.DIFFERS}
+    assert s.cleared == {"c"}
+    assert s.pending == {"b", "d"}
+    s.record("b", Verdict.MISSING)
+    assert s.drift["b"] is Verdict.MISSING and s.pending == {"d"}
+    with pytest.raises(ValueError):
+        Settling([], confirmations=0)
 
 
 def test_a_follower_that_never_reaches_the_snapshot_stops_with_one_line() -> None:
@@ -265,10 +300,13 @@ def test_the_report_counts_and_shows_examples() -> None:
     dirty = TableResult("public.t", "cache", 10, 9, missing=[str(i) for i in range(7)])
     clean = TableResult("public.t", "search", 10, 10)
     doc = as_json([dirty, clean])
-    assert doc["clean"] is False
+    assert doc["clean"] is False and doc["drift"] is True
     assert doc["results"][0]["missing"] == {"count": 7, "examples": ["0", "1", "2", "3", "4"]}
     assert doc["results"][1]["clean"] is True
     text = as_text([dirty, clean])
     assert "public.t on cache: missing 0, 1, 2, 3, 4 …" in text
     assert text.rstrip().endswith("DRIFT found")
     assert as_text([clean]).rstrip().endswith("clean: every follower equals PostgreSQL")
+    moving = TableResult("public.t", "search", 10, 10, unsettled=["4"])
+    assert as_json([moving])["drift"] is False and as_json([moving])["clean"] is False
+    assert "no drift found, but 1 key(s) kept changing" in as_text([moving])

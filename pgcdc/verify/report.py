@@ -31,6 +31,7 @@ def as_json(results: Sequence[TableResult], examples: int = EXAMPLES) -> dict[st
                 },
                 "candidates": r.candidates,
                 "rechecks": r.rechecks,
+                "catch_ups": r.catch_ups,
                 "cleared": r.cleared,
             }
             for r in results

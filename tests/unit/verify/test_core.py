@@ -229,6 +229,21 @@ def test_a_key_that_changed_after_the_snapshot_is_not_drift() -> None:
     assert result.rechecks == 1  # the re-check path was taken
 
 
+def test_a_hot_key_is_settled_by_a_read_right_after_the_followers() -> None:
+    # Key 4 changes faster than the follower's lag: each fenced re-check finds the follower
+    # ahead of the snapshot (version 10**9). PostgreSQL read again right after the follower
+    # holds the same row: equal, so not drift and not unsettled.
+    pg = _rows(5)
+    now = {**pg, "4": {"v": 40}}
+    held = {k: (v, 5) for k, v in now.items()}
+    held["4"] = ({"v": 40}, 10**9)
+    leader = FakeLeader([Read(100, pg), Read(200, pg), Read(300, now)])
+    follower = FakeFollower(held, [held])
+    result = verify_table("t", leader, follower)
+    assert result.clean and result.cleared == 1
+    assert result.catch_ups == 1 and result.rechecks == 1  # the catch-up path was taken
+
+
 def test_a_key_still_changing_is_unsettled_not_drift() -> None:
     pg = _rows(5)
     moving = {k: (v, 5) for k, v in pg.items()}
@@ -237,7 +252,7 @@ def test_a_key_still_changing_is_unsettled_not_drift() -> None:
     follower = FakeFollower(moving, [moving])
     result = verify_table("t", leader, follower, attempts=3)
     assert result.unsettled == ["4"] and not (result.missing or result.extra or result.differ)
-    assert result.rechecks == 3 and not result.clean
+    assert result.rechecks == 3 and result.catch_ups == 3 and not result.clean
 
 
 def test_a_change_in_flight_that_leaves_no_version_is_not_drift() -> None:

@@ -325,3 +325,21 @@ def test_the_report_counts_and_shows_examples() -> None:
     moving = TableResult("public.t", "search", 10, 10, unsettled=["4"])
     assert as_json([moving])["drift"] is False and as_json([moving])["clean"] is False
     assert "no drift found, but 1 key(s) kept changing" in as_text([moving])
+
+
+def test_every_read_of_the_follower_waits_for_the_fence() -> None:
+    pg = _rows(3)
+    held = {k: (v, 5) for k, v in pg.items() if k != "0"}
+    # Behind the first snapshot: nothing is read.
+    behind = FakeFollower(held, [held], mark=50)
+    with pytest.raises(VerifyError):
+        verify_table("t", FakeLeader([Read(100, pg)]), behind, fence_timeout_s=0)
+    assert behind.reads == 0
+    # Past the first snapshot, behind the re-check's: the candidate is not judged.
+    marks = iter([150, 150])
+    follower = FakeFollower(held, [held])
+    follower.watermark = lambda: next(marks)  # type: ignore[method-assign]
+    leader = FakeLeader([Read(100, pg), Read(200, pg)])
+    with pytest.raises(VerifyError):
+        verify_table("t", leader, follower, fence_timeout_s=0)
+    assert follower.reads == 0

@@ -35,6 +35,7 @@ from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings
 from schemas.formats import json_default
+from schemas.model import TableSchema
 from schemas.plan import EncodePlan
 
 # The followers' document of a row, from its Debezium ``after`` JSON, per table (made once
@@ -86,6 +87,20 @@ def tables_to_verify(settings: Settings, asked: Collection[str]) -> list[tuple[s
     return chosen
 
 
+# Key column types whose text in PostgreSQL is the document id (sinks.base.key_id: an int's
+# digits, a text as it is; Debezium writes a uuid as PostgreSQL does, lower-case).
+_ID_AS_TEXT = frozenset(("int2", "int4", "int8", "text", "varchar", "uuid"))
+
+
+def _id_column(ts: TableSchema) -> str | None:
+    """The key column whose ``::text`` is the document id, if the key is one such column."""
+    if len(ts.key_columns) != 1:
+        return None
+    (name,) = ts.key_columns
+    column = next(c for c in ts.columns if c.name == name)
+    return name if column.type.name in _ID_AS_TEXT and column.dims == 0 else None
+
+
 class PostgresLeader:
     """Reads captured tables in fresh snapshots (:meth:`read`)."""
 
@@ -108,8 +123,9 @@ class PostgresLeader:
         return list(self._names)
 
     def read(self, table: str, keys: Collection[str] | None = None) -> Snapshot:
-        """A fresh snapshot of ``table`` (a table id); with ``keys``, only their rows are
-        kept (the whole table is still read: a later slice reads by key range)."""
+        """A fresh snapshot of ``table`` (a table id); with ``keys``, only their rows: read
+        by key when the key is one integer, text or uuid column, else the whole table is
+        read and the rest dropped (a later slice reads by key range)."""
         schema, name = self._names[table]
         pg = self._settings.postgres
         with connect(pg.dsn.get_secret_value()) as conn:
@@ -138,8 +154,15 @@ class PostgresLeader:
         plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
         to_doc = self._converter_for(plan.envelope_schema_json)
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in ts.columns)
-        query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(
-            cols, from_item(conn, schema, name)
+        where: sql.Composable = sql.SQL("")
+        by_id = _id_column(ts) if keys is not None else None
+        if by_id is not None and keys is not None:
+            # The document id is this column's text: only the asked rows are read.
+            where = sql.SQL(" WHERE {}::text = ANY({})").format(
+                sql.Identifier(by_id), sql.Literal(sorted(keys))
+            )
+        query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
+            cols, from_item(conn, schema, name), where
         )
         wanted = None if keys is None else set(keys)
         rows: dict[str, dict[str, Any]] = {}

@@ -10,8 +10,8 @@ key's states on the two sides are judged by :func:`judge`:
 - else the follower lacks the row → ``missing``; holds a row PostgreSQL lacks → ``extra``;
   holds another row → ``differs``.
 
-A key ``ahead`` is read once more from PostgreSQL in a snapshot taken right after the
-follower's read: if the follower holds what PostgreSQL holds then, it is ``equal`` (equal
+A first-pass candidate, and a key a re-check finds ``ahead``, is read once more from
+PostgreSQL in a snapshot taken right after the follower's read: if the follower holds what PostgreSQL holds then, it is ``equal`` (equal
 rows are never drift, whatever the versions). A key a load keeps changing is then left only
 the few milliseconds between the two reads to change, instead of the follower's lag.
 

@@ -211,13 +211,15 @@ def test_real_drift_is_confirmed_by_a_fenced_recheck() -> None:
     result = verify_table("t", leader, follower, threshold=4, factor=3)
     assert (result.missing, result.extra, result.differ) == (["3"], ["99"], ["7"])
     assert result.rechecks == 2 and result.candidates == 3 and result.cleared == 0
-    assert leader.reads == 3  # the whole table, then two fresh snapshots confirm each key
+    # The whole table, the candidates right after the follower's read, then two fresh
+    # snapshots confirm each key.
+    assert leader.reads == 4
     assert result.drift and not result.clean
 
 
 def test_a_key_that_changed_after_the_snapshot_is_not_drift() -> None:
     # The first pass sees key 2 differ (the follower is ahead: a newer change of it landed
-    # after the snapshot); the re-check's snapshot sees the same change, and they agree.
+    # after the snapshot); PostgreSQL read right after the follower holds the same change.
     before = _rows(5)
     after = {**before, "2": {"v": 22}}
     held = {k: (v, 5) for k, v in after.items()}
@@ -226,7 +228,7 @@ def test_a_key_that_changed_after_the_snapshot_is_not_drift() -> None:
     follower = FakeFollower(held, [held])
     result = verify_table("t", leader, follower)
     assert result.clean and result.candidates == 1 and result.cleared == 1
-    assert result.rechecks == 1  # the re-check path was taken
+    assert result.catch_ups == 1 and result.rechecks == 0  # settled without a fenced wait
 
 
 def test_a_hot_key_is_settled_by_a_read_right_after_the_followers() -> None:
@@ -237,11 +239,11 @@ def test_a_hot_key_is_settled_by_a_read_right_after_the_followers() -> None:
     now = {**pg, "4": {"v": 40}}
     held = {k: (v, 5) for k, v in now.items()}
     held["4"] = ({"v": 40}, 10**9)
-    leader = FakeLeader([Read(100, pg), Read(200, pg), Read(300, now)])
+    leader = FakeLeader([Read(100, pg), Read(100, pg), Read(200, pg), Read(300, now)])
     follower = FakeFollower(held, [held])
     result = verify_table("t", leader, follower)
     assert result.clean and result.cleared == 1
-    assert result.catch_ups == 1 and result.rechecks == 1  # the catch-up path was taken
+    assert result.catch_ups == 2 and result.rechecks == 1  # the catch-up path was taken
 
 
 def test_a_key_still_changing_is_unsettled_not_drift() -> None:
@@ -252,7 +254,7 @@ def test_a_key_still_changing_is_unsettled_not_drift() -> None:
     follower = FakeFollower(moving, [moving])
     result = verify_table("t", leader, follower, attempts=3)
     assert result.unsettled == ["4"] and not (result.missing or result.extra or result.differ)
-    assert result.rechecks == 3 and result.catch_ups == 3 and not result.clean
+    assert result.rechecks == 3 and result.catch_ups == 4 and not result.clean
 
 
 def test_a_change_in_flight_that_leaves_no_version_is_not_drift() -> None:
@@ -264,7 +266,7 @@ def test_a_change_in_flight_that_leaves_no_version_is_not_drift() -> None:
     held = {k: (v, 5) for k, v in pg.items()}
     held["1"] = ({"v": -1}, 5)  # differs in the first pass (a change in flight)
     without = {k: (v, 5) for k, v in gone.items()}
-    leader = FakeLeader([Read(100, pg), Read(200, pg), Read(300, gone)])
+    leader = FakeLeader([Read(100, pg), Read(100, pg), Read(200, pg), Read(300, gone)])
     follower = FakeFollower(held, [without, without])
     result = verify_table("t", leader, follower)
     assert result.clean and result.rechecks == 2 and result.cleared == 1

@@ -42,6 +42,11 @@ ConfigOpt = Annotated[
     str | None, typer.Option("--config", help="TOML config file (also CDC_CONFIG).")
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Verbose logs and tracebacks.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+TablesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
+]
 LogJsonOpt = Annotated[
     bool, typer.Option("--log-json", help="Log one JSON object per line (also CDC_LOG_JSON).")
 ]
@@ -120,6 +125,21 @@ def _guard(debug: bool, fn: Callable[[], T]) -> T:
             log.exception("unexpected failure")
         typer.echo(scrub(f"error: unexpected {type(e).__name__}: {e}", _SECRETS), err=True)
         raise typer.Exit(1) from None
+
+
+def _json_guard(debug: bool, fn: Callable[[], T], failed: Callable[[str], dict[str, Any]]) -> T:
+    """Run ``fn`` for a ``--json`` command. Even when it fails a machine gets JSON:
+    ``failed(line)`` on stdout, the one line on stderr, and the exit status says which kind
+    (2 settings, 1 anything else)."""
+    try:
+        return fn()
+    except Exception as e:
+        if debug:
+            log.exception("failed")
+        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
+        typer.echo(scrub(json.dumps(failed(line)), _SECRETS))
+        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
+        raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
 
 
 def _settings(
@@ -313,9 +333,7 @@ STATUS_HELP = (
 @app.command(help=STATUS_HELP)
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document instead of tables.")
-    ] = False,
+    as_json: JsonOpt = False,
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -349,19 +367,9 @@ def status(
         typer.echo(scrub(render_text(found), _SECRETS), nl=False)
         outcome(found)
         return
-    try:
-        found = go()
-    except Exception as e:
-        # Even now a machine gets JSON: the one line, and the exit status says which kind.
-        if debug:
-            log.exception("failed")
-        line = str(e) if isinstance(e, CdcError) else f"unexpected {type(e).__name__}: {e}"
-        code = 2 if isinstance(e, ConfigError) else 1
-        typer.echo(
-            scrub(json.dumps({"healthy": False, "error": line, "problems": [line]}), _SECRETS)
-        )
-        typer.echo(scrub(f"error: {line}", _SECRETS), err=True)
-        raise typer.Exit(code) from None
+    found = _json_guard(
+        debug, go, lambda line: {"healthy": False, "error": line, "problems": [line]}
+    )
     typer.echo(scrub(json.dumps(found, indent=2), _SECRETS))
     for warning in found["warnings"]:
         typer.echo(scrub(f"warning: {warning}", _SECRETS), err=True)
@@ -444,10 +452,7 @@ SNAPSHOT_HELP = (
 
 @app.command(help=SNAPSHOT_HELP)
 def snapshot(
-    tables: Annotated[
-        list[str] | None,
-        typer.Argument(help="schema.table names (a bare name: the captured table of that name)."),
-    ] = None,
+    tables: TablesArg = None,
     where: Annotated[
         str | None,
         typer.Option("--where", help="A boolean expression over the table's columns, ANDed."),
@@ -472,6 +477,103 @@ def snapshot(
         typer.echo(f"{sent.kind} signal {sent.signal_id} for {listed} written at LSN {sent.lsn}")
 
     _guard(debug, go)
+
+
+VERIFY_DRIFT_EXIT = 3  # drift found
+VERIFY_UNSETTLED_EXIT = 4  # no drift, but keys that kept changing had no verdict
+
+VERIFY_HELP = (
+    "Compare each follower (Redis: cache, OpenSearch: search) with PostgreSQL, table by "
+    "table (the publication's tables, or TABLES): missing keys (in PostgreSQL, not in the "
+    "follower), extra keys (in the follower only) and differing rows, with example keys. "
+    "Rows are compared as the follower stores them. Key ranges are folded into (count, hash) "
+    "on each side and bisected where they differ (docs/verify.md)."
+    "\n\nNo false drift under load: PostgreSQL is read in one REPEATABLE READ snapshot; each "
+    "follower is read once its watermark has passed the snapshot's WAL position (waiting up "
+    "to --fence-timeout); a key whose follower version is newer than the snapshot is not "
+    "drift; every candidate is checked again in fresh snapshots and reported only when two "
+    "checks in a row find it different; one still changing after several checks is "
+    "reported as unsettled, not as drift."
+    "\n\nExit status: 0 when every follower equals PostgreSQL; 3 when drift is found; 4 when "
+    "no drift is found but some keys kept changing (unsettled: run it again); 2 when the "
+    "settings are wrong (or a TABLE is not captured); 1 when a server cannot be read or a "
+    "follower's watermark did not reach the snapshot in time. Errors are one line on stderr."
+)
+
+
+@app.command(help=VERIFY_HELP)
+def verify(
+    tables: TablesArg = None,
+    follower: Annotated[
+        str, typer.Option("--follower", help="Which follower: cache, search or all.")
+    ] = "all",
+    as_json: JsonOpt = False,
+    fence_timeout: Annotated[
+        float,
+        typer.Option(
+            "--fence-timeout",
+            help="Seconds to wait for a follower's watermark to pass a snapshot.",
+        ),
+    ] = 60.0,
+    config: ConfigOpt = None,
+    debug: DebugOpt = False,
+    log_json: LogJsonOpt = False,
+) -> None:
+    """What ``VERIFY_HELP`` says."""
+
+    def go() -> dict[str, Any]:
+        if follower not in ("cache", "search", "all"):
+            raise ConfigError(f"--follower must be cache, search or all, not {follower!r}")
+        settings = _settings(config, _log_overrides(log_json))
+        _setup_logging(settings, debug, level="WARNING")
+        _quiet_libraries(debug)
+        return _verify(settings, tables or [], follower, fence_timeout)
+
+    if not as_json:
+        found = _guard(debug, go)
+        typer.echo(scrub(found["text"], _SECRETS), nl=False)
+    else:
+        found = _json_guard(debug, go, lambda line: {"clean": False, "error": line})
+        typer.echo(scrub(json.dumps(found["json"], indent=2), _SECRETS))
+    if found["json"]["drift"]:
+        raise typer.Exit(VERIFY_DRIFT_EXIT)
+    if not found["json"]["clean"]:
+        raise typer.Exit(VERIFY_UNSETTLED_EXIT)
+
+
+def _verify(
+    settings: Settings, tables: list[str], which: str, fence_timeout_s: float
+) -> dict[str, Any]:
+    """``cdc verify``'s work: the entry point wires PostgreSQL's reader (``cdc``), the
+    followers' readers and the jobs' document converter (``pgcdc.verify``) together."""
+    from cdc.verify_leader import PostgresLeader, tables_to_verify
+    from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
+    from pgcdc.verify.report import as_json, as_text
+    from pgcdc.verify.run import Follower, TableResult, verify_table
+    from sinks.base import key_id
+    from sinks.cache import CacheSink
+    from sinks.search import SearchSink
+
+    chosen = tables_to_verify(settings, tables)
+    leader = PostgresLeader(settings, chosen, document_converter, key_id)
+    followers: list[Follower] = []
+    with contextlib.ExitStack() as stack:
+        if which in ("cache", "all"):
+            cache = CacheSink.from_settings(settings.redis)
+            stack.callback(cache.close)
+            followers.append(CacheFollower(cache))
+        if which in ("search", "all"):
+            search = SearchSink.from_settings(settings.search)
+            stack.callback(search.close)
+            followers.append(SearchFollower(search, settings.search.url.get_secret_value()))
+        results: list[TableResult] = []
+        for table in leader.table_ids:
+            first = leader.read(table)
+            for f in followers:
+                results.append(
+                    verify_table(table, leader, f, fence_timeout_s=fence_timeout_s, first=first)
+                )
+    return {"json": as_json(results), "text": as_text(results)}
 
 
 topic_app = typer.Typer(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 # Units of the package graph: a top-level package, except that the kernel and the stack
 # tooling inside ``pgcdc`` are units of their own.
-SPLIT_PACKAGES = ("pgcdc.core", "pgcdc.stack")
+SPLIT_PACKAGES = ("pgcdc.core", "pgcdc.stack", "pgcdc.verify")
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,8 @@ def root_reason(e: BaseException) -> str:
         todo += [a for a in vars(err).values() if isinstance(a, BaseException)]
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+class VerifyError(CdcError):
+    """``cdc verify`` could not reach a verdict (e.g. a follower never caught up with the
+    snapshot it is compared with)."""

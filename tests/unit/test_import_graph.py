@@ -24,8 +24,12 @@ ALLOWED: dict[str, set[str]] = {
     "cdc": {"pgcdc", "pgcdc.core", "schemas"},
     "sinks": {"pgcdc.core"},
     "spark_jobs": {"pgcdc.core", "sinks", "schemas"},
+    # `cdc verify`'s logic: reads the followers through the sinks and renders rows with the
+    # jobs' converter; PostgreSQL's side is cdc.verify_leader, wired in by cdc.cli.
+    "pgcdc.verify": {"pgcdc.core", "sinks", "schemas", "spark_jobs"},
 }
-# Entry points wire the parts together: `cdc status` shows the followers' watermarks too.
+# Entry points wire the parts together: `cdc status` shows the followers' watermarks too, and
+# `cdc verify` joins PostgreSQL's reader (cdc) with the followers' (pgcdc.verify).
 ENTRY_POINTS = {"cdc.cli"}
 
 

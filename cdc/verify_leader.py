@@ -1,0 +1,176 @@
+"""PostgreSQL's side of ``cdc verify``: a table's rows in one ``REPEATABLE READ`` snapshot,
+each as the document the followers are given for it, and the snapshot's fence LSN.
+
+A row goes the way the reader and the jobs take it: read as text (``COPY … TO STDOUT``,
+exactly the text pgoutput sends), encoded by the table's :class:`schemas.plan.EncodePlan`
+into the Debezium ``after`` JSON and key, then turned into the followers' document by the
+converter the caller gives (the jobs' own, :func:`pgcdc.verify.followers.document_converter`)
+and keyed by :func:`sinks.base.key_id`-style document ids from the key payload. Tables are
+read as the snapshotter reads them (:func:`cdc.published_rows.from_item`, the same catalog
+and key rules as the reader).
+
+The fence LSN is ``pg_current_wal_insert_lsn()`` read inside the snapshot's transaction,
+after its first statement took the snapshot: every transaction the snapshot sees wrote its
+commit record below it (see :mod:`pgcdc.verify`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from cdc.catalog import SchemaCatalog
+from cdc.connection import connect
+from cdc.publication import captured_tables, publishes_generated
+from cdc.published_rows import from_item
+from cdc.snapshot import copy_text_rows
+from pgcdc.core.contract import table_id
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.qualified_names import split_qualified
+from pgcdc.core.settings import Settings
+from schemas.formats import json_default
+from schemas.model import TableSchema
+from schemas.plan import EncodePlan
+
+# The followers' document of a row, from its Debezium ``after`` JSON, per table (made once
+# from the table's envelope schema JSON).
+DocumentConverter = Callable[[bytes], dict[str, Any]]
+ConverterFactory = Callable[[bytes], DocumentConverter]
+KeyId = Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A table's rows (document id → document) and the fence LSN of the snapshot."""
+
+    lsn: int
+    rows: dict[str, dict[str, Any]]
+
+
+def tables_to_verify(settings: Settings, asked: Collection[str]) -> list[tuple[str, str]]:
+    """The tables to verify: those asked for (``schema.table``, or a bare name: the captured
+    table of that name), each of which must be captured; else every table of the
+    publication."""
+    pg = settings.postgres
+    with connect(pg.dsn.get_secret_value()) as conn:
+        captured = captured_tables(conn, pg.publication_name)
+    if not captured:
+        raise ConfigError(
+            f"publication {pg.publication_name!r} captures no table (has the reader run?)"
+        )
+    if not asked:
+        return captured
+    chosen: list[tuple[str, str]] = []
+    for name in asked:
+        if "." in name:
+            try:
+                wanted = [split_qualified(name)]
+            except ValueError as e:
+                raise ConfigError(str(e)) from e
+            found = [t for t in captured if t in wanted]
+        else:
+            found = [t for t in captured if t[1] == name]
+        if len(found) != 1:
+            why = "is not captured" if not found else "names several captured tables"
+            raise ConfigError(
+                f"table {name!r} {why} by publication {pg.publication_name!r} "
+                f"(captured: {', '.join(f'{s}.{t}' for s, t in captured)})"
+            )
+        if found[0] not in chosen:
+            chosen.append(found[0])
+    return chosen
+
+
+# Key column types whose text in PostgreSQL is the document id (sinks.base.key_id: an int's
+# digits, a text as it is; Debezium writes a uuid as PostgreSQL does, lower-case).
+_ID_AS_TEXT = frozenset(("int2", "int4", "int8", "text", "varchar", "uuid"))
+
+
+def _id_column(ts: TableSchema) -> str | None:
+    """The key column whose ``::text`` is the document id, if the key is one such column."""
+    if len(ts.key_columns) != 1:
+        return None
+    (name,) = ts.key_columns
+    column = next(c for c in ts.columns if c.name == name)
+    return name if column.type.name in _ID_AS_TEXT and column.dims == 0 else None
+
+
+class PostgresLeader:
+    """Reads captured tables in fresh snapshots (:meth:`read`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tables: Collection[tuple[str, str]],
+        converter_for: ConverterFactory,
+        key_id: KeyId,
+    ) -> None:
+        self._settings = settings
+        self._names = {table_id(s, t): (s, t) for s, t in tables}
+        self._converter_for = converter_for
+        self._key_id = key_id
+        self.reads = 0  # snapshots taken
+
+    @property
+    def table_ids(self) -> list[str]:
+        """The tables' ids (``schema.table``, as the followers name them), in order."""
+        return list(self._names)
+
+    def read(self, table: str, keys: Collection[str] | None = None) -> Snapshot:
+        """A fresh snapshot of ``table`` (a table id); with ``keys``, only their rows: read
+        by key when the key is one integer, text or uuid column, else the whole table is
+        read and the rest dropped (a later slice reads by key range)."""
+        schema, name = self._names[table]
+        pg = self._settings.postgres
+        with connect(pg.dsn.get_secret_value()) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                return self._read_in_snapshot(conn, schema, name, keys)
+            finally:
+                conn.execute("ROLLBACK")
+
+    def _read_in_snapshot(
+        self,
+        conn: psycopg.Connection[Any],
+        schema: str,
+        name: str,
+        keys: Collection[str] | None,
+    ) -> Snapshot:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        lsn = Lsn.parse(str(row[0])).value
+        self.reads += 1
+        pg = self._settings.postgres
+        catalog = SchemaCatalog(
+            conn, pg.message_key_columns, generated=publishes_generated(conn, pg.publication_name)
+        )
+        ts = catalog.load_table_in(conn, schema, name)
+        plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
+        to_doc = self._converter_for(plan.envelope_schema_json)
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in ts.columns)
+        where: sql.Composable = sql.SQL("")
+        by_id = _id_column(ts) if keys is not None else None
+        if by_id is not None and keys is not None:
+            # The document id is this column's text: only the asked rows are read.
+            where = sql.SQL(" WHERE {}::text = ANY({})").format(
+                sql.Identifier(by_id), sql.Literal(sorted(keys))
+            )
+        query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
+            cols, from_item(conn, schema, name), where
+        )
+        wanted = None if keys is None else set(keys)
+        rows: dict[str, dict[str, Any]] = {}
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            for values in copy_text_rows(copy):
+                key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
+                if wanted is not None and key not in wanted:
+                    continue
+                after = orjson.dumps(plan.json_row(values), default=json_default)
+                rows[key] = to_doc(after)
+        return Snapshot(lsn, rows)

@@ -1,0 +1,182 @@
+"""One table against one follower: fold and bisect, then settle every candidate behind the
+fence (:mod:`pgcdc.verify.fence`). The reading is done by the two readers given; this module
+decides and waits, nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pgcdc.core.errors import VerifyError
+from pgcdc.core.lsn import Lsn
+from pgcdc.verify.bisect import FACTOR, THRESHOLD, MemorySide, compare
+from pgcdc.verify.fence import CONFIRMATIONS, Settling, Verdict, fenced, judge
+
+# Fenced re-checks at most. Real drift is confirmed in CONFIRMATIONS of them; a key a live
+# load keeps changing is seen newer than each snapshot with a chance of about (follower lag
+# / time between its changes) a re-check, so a few more settle nearly all of them.
+ATTEMPTS = 8
+
+
+class LeaderRead(Protocol):
+    """PostgreSQL's rows of a table in one snapshot, by document id, each the document the
+    sinks would be given for it, and the snapshot's fence LSN."""
+
+    @property
+    def lsn(self) -> int: ...
+
+    @property
+    def rows(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class Leader(Protocol):
+    def read(self, table: str, keys: Collection[str] | None = None) -> LeaderRead:
+        """A fresh snapshot of ``table`` (a table id, ``schema.table``); only ``keys``' rows
+        if given."""
+        ...
+
+
+class Follower(Protocol):
+    name: str  # "cache" or "search"
+
+    def watermark(self) -> int | None:
+        """The follower's watermark LSN, or None if none is recorded."""
+        ...
+
+    def digest(self, key: str, doc: Mapping[str, Any]) -> int:
+        """The digest of ``doc`` as this follower stores it under ``key``."""
+        ...
+
+    def digests(self, table: str) -> dict[str, int]:
+        """Every row of ``table`` the follower holds: key → digest."""
+        ...
+
+    def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
+        """Each key's (row digest or None, held version LSN or None), read now."""
+        ...
+
+
+@dataclass
+class TableResult:
+    """What one table's verification against one follower found."""
+
+    table: str
+    follower: str
+    leader_rows: int = 0
+    follower_rows: int = 0
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    differ: list[str] = field(default_factory=list)
+    unsettled: list[str] = field(default_factory=list)
+    candidates: int = 0  # keys the first pass found different
+    rechecks: int = 0  # fenced re-checks made
+    catch_ups: int = 0  # reads of PostgreSQL right after the follower's, for keys ahead
+    cleared: int = 0  # candidates a re-check found equal: not drift
+    segments_folded: int = 0
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.missing or self.extra or self.differ)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.drift or self.unsettled)
+
+
+def wait_fenced(
+    follower: Follower,
+    lsn: int,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Wait until ``follower``'s watermark reaches ``lsn``; its watermark, or VerifyError
+    after ``timeout_s``."""
+    deadline = clock() + timeout_s
+    while True:
+        mark = follower.watermark()
+        if fenced(mark, lsn):
+            assert mark is not None
+            return mark
+        if clock() >= deadline:
+            held = "none recorded" if mark is None else str(Lsn(mark))
+            raise VerifyError(
+                f"the {follower.name} follower's watermark ({held}) did not reach the "
+                f"snapshot's LSN {Lsn(lsn)} within {timeout_s:g} s: is its sync job running? "
+                "(raise --fence-timeout for a follower far behind)"
+            )
+        sleep(0.2)
+
+
+def verify_table(
+    table: str,
+    leader: Leader,
+    follower: Follower,
+    *,
+    fence_timeout_s: float = 60.0,
+    attempts: int = ATTEMPTS,
+    confirmations: int = CONFIRMATIONS,
+    factor: int = FACTOR,
+    threshold: int = THRESHOLD,
+    first: LeaderRead | None = None,
+) -> TableResult:
+    """Compare ``table`` between PostgreSQL and ``follower``; ``first`` is a leader read to
+    start from (one snapshot serves every follower's first pass)."""
+    read = first if first is not None else leader.read(table)
+    wait_fenced(follower, read.lsn, fence_timeout_s)
+    held = follower.digests(table)
+    expected = _digests(follower, read)
+    found = compare(MemorySide(expected), MemorySide(held), factor=factor, threshold=threshold)
+    result = TableResult(table, follower.name, len(expected), len(held))
+    result.segments_folded = found.segments_folded
+    candidates = found.kind_of()
+    result.candidates = len(candidates)
+    settled: set[str] = set()
+    if candidates:
+        # On a live table most candidates are changes in flight that have landed by now:
+        # PostgreSQL read again right after the follower's read settles those (equal rows
+        # are never drift) before any fenced re-check waits for the follower.
+        result.catch_ups += 1
+        latest = _digests(follower, leader.read(table, candidates))
+        settled = {k for k in candidates if latest.get(k) == held.get(k)}
+    settling = Settling((k for k in candidates if k not in settled), confirmations)
+    settling.cleared |= settled
+    for _ in range(attempts):
+        pending = settling.pending
+        if not pending:
+            break
+        again = leader.read(table, pending)
+        wait_fenced(follower, again.lsn, fence_timeout_s)
+        now = follower.read(table, pending)
+        result.rechecks += 1
+        expected = _digests(follower, again)
+        verdicts: dict[str, Verdict] = {}
+        for key in sorted(pending):
+            digest, version = now.get(key, (None, None))
+            verdicts[key] = judge(expected.get(key), digest, version, again.lsn)
+        ahead = {k for k, v in verdicts.items() if v == Verdict.AHEAD}
+        if ahead:
+            # Newer than the snapshot: does the follower hold what PostgreSQL holds now? A
+            # snapshot taken right after the follower's read leaves a hot key a few
+            # milliseconds to change, instead of the follower's lag.
+            result.catch_ups += 1
+            latest = _digests(follower, leader.read(table, ahead))
+            for key in ahead:
+                if latest.get(key) == now.get(key, (None, None))[0]:
+                    verdicts[key] = Verdict.EQUAL
+        for key, verdict in verdicts.items():
+            settling.record(key, verdict)
+    for key, verdict in sorted(settling.drift.items()):
+        kinds = {Verdict.MISSING: result.missing, Verdict.EXTRA: result.extra}
+        kinds.get(verdict, result.differ).append(key)
+    result.unsettled = sorted(settling.pending)
+    result.cleared = len(settling.cleared)
+    return result
+
+
+def _digests(follower: Follower, read: LeaderRead) -> dict[str, int]:
+    return {k: follower.digest(k, doc) for k, doc in read.rows.items()}

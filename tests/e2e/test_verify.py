@@ -1,0 +1,331 @@
+"""``cdc verify`` against a running pipeline: a clean one verifies clean, and drift of every
+kind, written into each follower by another client, is found key for key.
+
+Real PostgreSQL, reader (streaming, heartbeats each second), Kafka, the shared sync job
+(streaming) and both followers. The Redis follower lives in a logical database of its own,
+so that ``FLUSHDB`` touches nothing but this test's keys.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+import redis
+from opensearchpy import OpenSearch
+
+from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, table_index
+from sinks.cache_script import version_bytes
+from tests.conftest import ROOT, Endpoints, wait_until
+from tests.e2e.pipeline import (
+    Pipeline,
+    cache_state,
+    cache_watermark,
+    kill_group,
+    new_pipeline,
+    search_state,
+    search_watermark,
+    start_job,
+    start_reader,
+)
+from tests.integration.real_databases.support import cleanup
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+
+SCHEMA = """
+CREATE TABLE items (
+    id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2), at timestamptz,
+    tags text[], doc jsonb, ratio double precision
+);
+CREATE TABLE pairs (a int, b text, v int, PRIMARY KEY (a, b));
+INSERT INTO items
+SELECT i, 'item ' || i, i * 1.25, timestamptz '2024-01-02 03:04:05.123456+00' + i * interval '1 h',
+       ARRAY['t' || i, 'x'], jsonb_build_object('n', i, 'deep', jsonb_build_array(i, 'é')),
+       i / 7.0
+FROM generate_series(1, 120) i;
+INSERT INTO pairs SELECT i, 'k' || i, i FROM generate_series(1, 30) i;
+CREATE TABLE load (id int PRIMARY KEY, n int NOT NULL, note text);
+INSERT INTO load SELECT i, 0, 'row ' || i FROM generate_series(1, 3000) i;
+"""
+ITEMS, PAIRS, LOAD = "public.items", "public.pairs", "public.load"
+
+
+def _own_redis_db(url: str) -> str:
+    """The stack's Redis URL on an empty logical database (from 15 down)."""
+    base = url.rsplit("/", 1)[0] if url.count("/") > 2 else url
+    for db in range(15, 0, -1):
+        candidate = f"{base}/{db}"
+        r = redis.Redis.from_url(candidate)
+        try:
+            if r.dbsize() == 0:
+                return candidate
+        finally:
+            r.close()
+    pytest.skip("no empty Redis logical database for the FLUSHDB case")
+
+
+@dataclass
+class Running:
+    p: Pipeline
+    log_dir: Path
+
+
+@pytest.fixture(scope="module")
+def running(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    own = replace(endpoints, redis_url=_own_redis_db(endpoints.redis_url))
+    base = new_pipeline(own, "verify", SCHEMA, tmp_path_factory.mktemp("ckpt"))
+    p = replace(base, settings_env=(("CDC_SPARK__TRIGGER_INTERVAL", "500 milliseconds"),))
+    log_dir = tmp_path_factory.mktemp("logs")
+    reader = start_reader(p, log_dir / "reader.log")
+    job: subprocess.Popen[bytes] | None = None
+    try:
+        job = start_job(p, "sync", "--followers", "cache,search", log=log_dir / "sync.log")
+        for table, rows in ((ITEMS, 120), (PAIRS, 30), (LOAD, 3000)):
+            wait_until(
+                lambda t=table, n=rows: _holds(p, t, n),
+                timeout=180,
+                interval=0.5,
+                what=f"both followers to hold {table}",
+            )
+        yield Running(p, log_dir)
+    finally:
+        if job is not None:
+            kill_group(job)
+        kill_group(reader)
+        cleanup(p)
+        r = redis.Redis.from_url(own.redis_url)
+        r.flushdb()
+        r.close()
+
+
+def _holds(p: Pipeline, table: str, rows: int) -> bool:
+    """Both followers hold ``rows`` rows of ``table`` (the snapshot's, all applied)."""
+    return len(cache_state(p, table)) == rows and len(search_state(p, table)) == rows
+
+
+def _cdc(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc", *args],
+        env=p.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _verify(p: Pipeline, *args: str) -> tuple[int, dict[str, Any], str]:
+    out = _cdc(p, "verify", "--json", "--fence-timeout", "60", *args)
+    try:
+        found = json.loads(out.stdout)
+    except ValueError:
+        pytest.fail(f"cdc verify printed no JSON (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return out.returncode, found, out.stderr
+
+
+def _by(found: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["table"], r["follower"]): r for r in found["results"]}
+
+
+def _keys(result: dict[str, Any], kind: str) -> set[str]:
+    entry = result[kind]
+    assert entry["count"] == len(entry["examples"]) or entry["count"] > 5, entry
+    return set(entry["examples"])
+
+
+def test_a_clean_pipeline_verifies_clean(running: Running) -> None:
+    code, found, err = _verify(running.p)
+    assert code == 0, (found, err)
+    assert found["clean"] is True
+    results = _by(found)
+    tables = {ITEMS: 120, PAIRS: 30, LOAD: 3000}
+    assert set(results) == {(t, f) for t in tables for f in ("cache", "search")}
+    for r in results.values():
+        assert r["leader_rows"] == r["follower_rows"] == tables[r["table"]]
+        assert r["missing"]["count"] == r["extra"]["count"] == r["differ"]["count"] == 0
+    # The human form says so too.
+    text = _cdc(running.p, "verify", "--follower", "cache", "items")
+    assert text.returncode == 0, text.stderr
+    assert "clean: every follower equals PostgreSQL" in text.stdout
+    assert "public.pairs" not in text.stdout  # only the table asked for
+
+
+def test_a_live_load_shows_no_drift(running: Running) -> None:
+    """About 1,000 changes a second (updates, and deletes with re-inserts) into one table
+    while ``cdc verify`` checks it twice: no pass reports drift, changes land in
+    the followers during each pass, and the fence had in-flight differences to settle."""
+    p = running.p
+    stop = threading.Event()
+    written = [0]
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        rng = random.Random(7)
+        try:
+            with psycopg.connect(p.dsn, autocommit=True) as conn:
+                start = time.monotonic()
+                for tx in itertools.count():
+                    if stop.is_set():
+                        return
+                    ids = rng.sample(range(1, 3001), 45)
+                    churn = 3001 + tx % 200
+                    with conn.transaction():
+                        conn.execute("UPDATE load SET n = n + 1 WHERE id = ANY(%s)", (ids,))
+                        conn.execute("DELETE FROM load WHERE id = %s", (churn,))
+                        conn.execute(
+                            "INSERT INTO load VALUES (%s, %s, 'churn') "
+                            "ON CONFLICT (id) DO UPDATE SET n = EXCLUDED.n",
+                            (churn + 100, tx),
+                        )
+                    written[0] += 47
+                    # Paced at 20 transactions (about 1,000 changes) a second.
+                    stop.wait(max(0.0, start + (tx + 1) / 20 - time.monotonic()))
+        except BaseException as e:  # reported by the test below
+            failures.append(e)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    passes = []
+    try:
+        wait_until(lambda: written[0] >= 2_000, timeout=30, what="the load to get going")
+        for _ in range(2):
+            before = (written[0], search_watermark(p, SEARCH_JOB), cache_watermark(p, CACHE_JOB))
+            t0 = time.monotonic()
+            code, found, err = _verify(p, "load")
+            seconds = time.monotonic() - t0
+            after = (written[0], search_watermark(p, SEARCH_JOB), cache_watermark(p, CACHE_JOB))
+            passes.append((code, found, before, after, seconds))
+            assert not failures, failures
+            assert code == 0 and found["drift"] is False, (json.dumps(found), err)
+    finally:
+        stop.set()
+        writer.join(30)
+    rates = [round((a[0] - b[0]) / secs) for _, _, b, a, secs in passes]
+    candidates = 0
+    for _, found, before, after, _ in passes:
+        assert after[0] > before[0]  # the load went on during the pass
+        assert (after[1] or 0) > (before[1] or 0) and (after[2] or 0) > (before[2] or 0)
+        candidates += sum(r["candidates"] for r in found["results"])
+    # The followers trailed the load: the first passes found keys in flight, which the
+    # fenced re-checks cleared instead of reporting them.
+    assert candidates > 0, passes
+    print(
+        f"live load: changes/s during each pass {rates}, passes took "
+        f"{[round(x[4], 1) for x in passes]} s, {candidates} candidates settled"
+    )
+
+
+def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
+    p = running.p
+    ep = p.endpoints
+    r = redis.Redis.from_url(ep.redis_url)
+    search = OpenSearch(ep.search_url)
+    row_key = f"{p.key_prefix}:{ITEMS}:{{}}"
+    index = table_index(p.index_prefix, ITEMS)
+    try:
+        # Row 3 as it is now: a backup's copy, restored later over a newer state.
+        old_fields = r.hgetall(row_key.format(3))
+        old_source = search.get(index=index, id="3")["_source"]
+        with psycopg.connect(p.dsn, autocommit=True) as conn:
+            conn.execute("UPDATE items SET name = 'renamed' WHERE id = 3")
+        wait_until(
+            lambda: (
+                cache_state(p, ITEMS)["3"]["name"] == "renamed"
+                and search_state(p, ITEMS)["3"]["name"] == "renamed"
+            ),
+            timeout=60,
+            interval=0.3,
+            what="the update of row 3 in both followers",
+        )
+        # Another client's writes. Redis: a row deleted, a field changed, a key added, and
+        # row 3 restored from the backup with its old version.
+        r.delete(row_key.format(1))
+        r.hset(row_key.format(2), "name", orjson.dumps("changed by hand"))
+        r.hset(row_key.format(9001), mapping={"id": b"9001", "name": b'"stray"'})
+        version_key = f"{p.key_prefix}:__v__:{{{row_key.format(3)}}}:{ITEMS}:3"
+        held = r.get(version_key)
+        assert held is not None
+        r.delete(row_key.format(3))
+        r.hset(row_key.format(3), mapping=old_fields)
+        r.set(version_key, version_bytes(1, 0))
+        # OpenSearch: the same kinds on other keys.
+        search.delete(index=index, id="4", params={"refresh": "true"})
+        src5 = search.get(index=index, id="5")["_source"]
+        search.index(index=index, id="5", body={**src5, "price": "0.01"})
+        search.index(index=index, id="9002", body={"id": 9002, "name": "stray"})
+        search.index(index=index, id="3", body=old_source)
+        search.indices.refresh(index=index)
+
+        code, found, err = _verify(p, ITEMS, PAIRS)
+        assert code == 3, (found, err)
+        assert found["clean"] is False
+        got = _by(found)
+        cache, hits = got[(ITEMS, "cache")], got[(ITEMS, "search")]
+        assert (_keys(cache, "missing"), _keys(cache, "extra"), _keys(cache, "differ")) == (
+            {"1"},
+            {"9001"},
+            {"2", "3"},
+        )
+        assert (_keys(hits, "missing"), _keys(hits, "extra"), _keys(hits, "differ")) == (
+            {"4"},
+            {"9002"},
+            {"3", "5"},
+        )
+        for result in (cache, hits):
+            assert result["unsettled"]["count"] == 0
+            # Each key was confirmed by two fenced re-checks in fresh snapshots.
+            assert result["rechecks"] == 2 and result["candidates"] == 4
+        for follower in ("cache", "search"):
+            assert got[(PAIRS, follower)]["clean"] is True
+
+        # Whole stores lost: the pairs index dropped, the cache's Redis database flushed.
+        search.indices.delete(index=table_index(p.index_prefix, PAIRS))
+        r.flushdb()
+        # The job records its watermark again at its next batch (the reader's heartbeats).
+        wait_until(
+            lambda: cache_watermark(p, CACHE_JOB) is not None,
+            timeout=60,
+            interval=0.3,
+            what="the cache watermark recorded again after FLUSHDB",
+        )
+        assert search_watermark(p, SEARCH_JOB) is not None
+        code, found, err = _verify(p, ITEMS, PAIRS)
+        assert code == 3, (found, err)
+        got = _by(found)
+        for table, rows in ((ITEMS, 120), (PAIRS, 30)):
+            lost = got[(table, "cache")]
+            assert lost["missing"]["count"] == rows and lost["follower_rows"] == 0
+            assert lost["extra"]["count"] == lost["differ"]["count"] == 0
+        pairs = got[(PAIRS, "search")]
+        assert pairs["missing"]["count"] == 30 and pairs["follower_rows"] == 0
+        assert set(pairs["missing"]["examples"]) <= {
+            json.dumps([i, f"k{i}"], separators=(",", ":")) for i in range(1, 31)
+        }
+        # The search drift of items is still there, and nothing else.
+        hits = got[(ITEMS, "search")]
+        assert (_keys(hits, "missing"), _keys(hits, "extra"), _keys(hits, "differ")) == (
+            {"4"},
+            {"9002"},
+            {"3", "5"},
+        )
+        # One follower at a time, and a table not captured is a settings error.
+        code, found, _ = _verify(p, "--follower", "search", ITEMS)
+        assert code == 3 and set(_by(found)) == {(ITEMS, "search")}
+        code, found, err = _verify(p, "public.nope")
+        assert code == 2 and "not captured" in found["error"], err
+    finally:
+        search.close()
+        r.close()

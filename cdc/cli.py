@@ -9,6 +9,7 @@ DSN and the followers' URLs, Kafka SASL passwords), in case a library quotes one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -498,6 +499,9 @@ VERIFY_HELP = (
     "no drift is found but some keys kept changing (unsettled: run it again); 2 when the "
     "settings are wrong (or a TABLE is not captured); 1 when a server cannot be read or a "
     "follower's watermark did not reach the snapshot in time. Errors are one line on stderr."
+    "\n\n--repair then asks the reader to publish the missing and differing rows again (one "
+    "signed incremental-snapshot signal per table, for those keys); the exit status still "
+    "says what was found: run cdc verify again once the followers have applied them."
 )
 
 
@@ -515,6 +519,15 @@ def verify(
             help="Seconds to wait for a follower's watermark to pass a snapshot.",
         ),
     ] = 60.0,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Then ask the reader to publish the missing and differing rows again (an "
+            "incremental snapshot of those keys, as cdc snapshot sends): Kafka stays the "
+            "source of truth. Extra keys are listed, not repaired.",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
@@ -527,7 +540,7 @@ def verify(
         settings = _settings(config, _log_overrides(log_json))
         _setup_logging(settings, debug, level="WARNING")
         _quiet_libraries(debug)
-        return _verify(settings, tables or [], follower, fence_timeout)
+        return _verify(settings, tables or [], follower, fence_timeout, repair)
 
     if not as_json:
         found = _guard(debug, go)
@@ -542,7 +555,7 @@ def verify(
 
 
 def _verify(
-    settings: Settings, tables: list[str], which: str, fence_timeout_s: float
+    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
 ) -> dict[str, Any]:
     """``cdc verify``'s work: the entry point wires PostgreSQL's reader (``cdc``), the
     followers' readers and the jobs' document converter (``pgcdc.verify``) together."""
@@ -573,7 +586,17 @@ def _verify(
                 results.append(
                     verify_table(table, leader, f, fence_timeout_s=fence_timeout_s, first=first)
                 )
-    return {"json": as_json(results), "text": as_text(results)}
+    report, text = as_json(results), as_text(results)
+    if repair:
+        from cdc.verify_repair import keys_to_repair, repairs_text
+        from cdc.verify_repair import repair as send_repairs
+
+        sent = send_repairs(settings, leader, keys_to_repair(results))
+        extra = sum(len(r.extra) for r in results)
+        report["repairs"] = [dataclasses.asdict(r) for r in sent]
+        report["extra_not_repaired"] = extra
+        text += repairs_text(sent, extra)
+    return {"json": report, "text": text}
 
 
 topic_app = typer.Typer(

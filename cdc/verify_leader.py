@@ -135,6 +135,42 @@ class PostgresLeader:
             finally:
                 conn.execute("ROLLBACK")
 
+    def key_values(
+        self, table: str, ids: Collection[str]
+    ) -> tuple[tuple[str, ...], list[tuple[str | None, ...]]]:
+        """The key columns of ``table`` (a table id), and the text PostgreSQL gives now for
+        the key of each row whose document id is in ``ids`` (rows gone since are left out)."""
+        schema, name = self._names[table]
+        pg = self._settings.postgres
+        wanted = set(ids)
+        with connect(pg.dsn.get_secret_value()) as conn:
+            catalog = SchemaCatalog(
+                conn,
+                pg.message_key_columns,
+                generated=publishes_generated(conn, pg.publication_name),
+            )
+            ts = catalog.load_table_in(conn, schema, name)
+            plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
+            names = [c.name for c in ts.columns]
+            at = [names.index(k) for k in ts.key_columns]
+            cols = sql.SQL(", ").join(sql.Identifier(c) for c in names)
+            where: sql.Composable = sql.SQL("")
+            by_id = _id_column(ts)
+            if by_id is not None:
+                where = sql.SQL(" WHERE {}::text = ANY({})").format(
+                    sql.Identifier(by_id), sql.Literal(sorted(wanted))
+                )
+            query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
+                cols, from_item(conn, schema, name), where
+            )
+            found: list[tuple[str | None, ...]] = []
+            with conn.cursor() as cur, cur.copy(query) as copy:
+                for values in copy_text_rows(copy):
+                    key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
+                    if key in wanted:  # COPY's text: each value a str or None
+                        found.append(tuple(_text(values[i]) for i in at))
+        return tuple(ts.key_columns), found
+
     def _read_in_snapshot(
         self,
         conn: psycopg.Connection[Any],
@@ -174,3 +210,10 @@ class PostgresLeader:
                 after = orjson.dumps(plan.json_row(values), default=json_default)
                 rows[key] = to_doc(after)
         return Snapshot(lsn, rows)
+
+
+def _text(value: object) -> str | None:
+    """A key value of a ``COPY`` text row as it is (text, or None for NULL)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"a key column's COPY value is {type(value).__name__}, not text")

@@ -328,6 +328,30 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
         assert code == 3 and set(_by(found)) == {(ITEMS, "search")}
         code, found, err = _verify(p, "public.nope")
         assert code == 2 and "not captured" in found["error"], err
+
+        # --repair: the reader publishes the missing and differing rows again (a snapshot
+        # of those keys), and the followers apply them; the extra key stays, said so.
+        code, found, err = _verify(p, "--repair", ITEMS, PAIRS)
+        assert code == 3, (found, err)
+        sent = {x["table"]: x for x in found["repairs"]}
+        # Every items row is missing from the flushed cache, every pairs row from both.
+        assert {t: (x["keys"], x["whole_table"]) for t, x in sent.items()} == {
+            ITEMS: (120, False),
+            PAIRS: (30, False),
+        }
+        assert found["extra_not_repaired"] == 1  # 9002 in the search follower
+
+        def repaired() -> bool:
+            _, again, _ = _verify(p, ITEMS, PAIRS)
+            return all(
+                x["missing"]["count"] == 0 and x["differ"]["count"] == 0 for x in again["results"]
+            )
+
+        wait_until(repaired, timeout=180, interval=2, what="the repaired rows in both followers")
+        code, found, err = _verify(p, ITEMS, PAIRS)
+        got = _by(found)
+        assert code == 3 and _keys(got[(ITEMS, "search")], "extra") == {"9002"}, (found, err)
+        assert [k for k, x in got.items() if not x["clean"]] == [(ITEMS, "search")]
     finally:
         search.close()
         r.close()

@@ -16,7 +16,7 @@ commit record below it (see :mod:`pgcdc.verify`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,34 +141,11 @@ class PostgresLeader:
         """The key columns of ``table`` (a table id), and the text PostgreSQL gives now for
         the key of each row whose document id is in ``ids`` (rows gone since are left out)."""
         schema, name = self._names[table]
-        pg = self._settings.postgres
-        wanted = set(ids)
-        with connect(pg.dsn.get_secret_value()) as conn:
-            catalog = SchemaCatalog(
-                conn,
-                pg.message_key_columns,
-                generated=publishes_generated(conn, pg.publication_name),
-            )
-            ts = catalog.load_table_in(conn, schema, name)
-            plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
-            names = [c.name for c in ts.columns]
-            at = [names.index(k) for k in ts.key_columns]
-            cols = sql.SQL(", ").join(sql.Identifier(c) for c in names)
-            where: sql.Composable = sql.SQL("")
-            by_id = _id_column(ts)
-            if by_id is not None:
-                where = sql.SQL(" WHERE {}::text = ANY({})").format(
-                    sql.Identifier(by_id), sql.Literal(sorted(wanted))
-                )
-            query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
-                cols, from_item(conn, schema, name), where
-            )
-            found: list[tuple[str | None, ...]] = []
-            with conn.cursor() as cur, cur.copy(query) as copy:
-                for values in copy_text_rows(copy):
-                    key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
-                    if key in wanted:  # COPY's text: each value a str or None
-                        found.append(tuple(_text(values[i]) for i in at))
+        with connect(self._settings.postgres.dsn.get_secret_value()) as conn:
+            ts, _plan, rows = self._rows(conn, schema, name, ids)
+            at = [[c.name for c in ts.columns].index(k) for k in ts.key_columns]
+            # COPY's text: each value a str or None.
+            found = [tuple(_text(values[i]) for i in at) for _key, values in rows]
         return tuple(ts.key_columns), found
 
     def _read_in_snapshot(
@@ -182,13 +159,31 @@ class PostgresLeader:
         assert row is not None
         lsn = Lsn.parse(str(row[0])).value
         self.reads += 1
+        _ts, plan, found = self._rows(conn, schema, name, keys)
+        to_doc = self._converter_for(plan.envelope_schema_json)
+        rows: dict[str, dict[str, Any]] = {}
+        for key, values in found:
+            after = orjson.dumps(plan.json_row(values), default=json_default)
+            rows[key] = to_doc(after)
+        return Snapshot(lsn, rows)
+
+    def _rows(
+        self,
+        conn: psycopg.Connection[Any],
+        schema: str,
+        name: str,
+        keys: Collection[str] | None,
+    ) -> tuple[TableSchema, EncodePlan, list[tuple[str, Sequence[Any]]]]:
+        """The table's schema and encode plan, and its rows as ``COPY`` text values with
+        their document ids: every row, or with ``keys`` those rows only (read by key when
+        the key is one integer, text or uuid column, else the whole table is read and the
+        rest dropped)."""
         pg = self._settings.postgres
         catalog = SchemaCatalog(
             conn, pg.message_key_columns, generated=publishes_generated(conn, pg.publication_name)
         )
         ts = catalog.load_table_in(conn, schema, name)
         plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
-        to_doc = self._converter_for(plan.envelope_schema_json)
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in ts.columns)
         where: sql.Composable = sql.SQL("")
         by_id = _id_column(ts) if keys is not None else None
@@ -201,15 +196,13 @@ class PostgresLeader:
             cols, from_item(conn, schema, name), where
         )
         wanted = None if keys is None else set(keys)
-        rows: dict[str, dict[str, Any]] = {}
+        out: list[tuple[str, Sequence[Any]]] = []
         with conn.cursor() as cur, cur.copy(query) as copy:
             for values in copy_text_rows(copy):
                 key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
-                if wanted is not None and key not in wanted:
-                    continue
-                after = orjson.dumps(plan.json_row(values), default=json_default)
-                rows[key] = to_doc(after)
-        return Snapshot(lsn, rows)
+                if wanted is None or key in wanted:
+                    out.append((key, values))
+        return ts, plan, out
 
 
 def _text(value: object) -> str | None:

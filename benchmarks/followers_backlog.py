@@ -40,6 +40,7 @@ from benchmarks.followers import SparkJobs
 from benchmarks.ours import OursReader
 from benchmarks.proc import ProcStats
 from benchmarks.results import Figure, NotMeasured
+from benchmarks.servers import Sampler
 from benchmarks.workload.orders import bulk_load, create_table
 from pgcdc.core.settings import load_settings
 
@@ -78,6 +79,11 @@ class ModeResult:
     peak_parts: dict[str, str] | None = None
     # Each job's CPU seconds by kind of process, its whole run (start-up included).
     cpu_parts: dict[str, str] | None = None
+    # Cores kept busy inside the apply window: each server, the jobs (``jobs``) and the whole
+    # machine (``machine``: every process, the helpers' and the system's too), of 2.
+    cores: dict[str, float] | None = None
+    # Each job's CPU seconds by kind of process inside the apply window.
+    window_cpu_parts: dict[str, str] | None = None
 
 
 def _stamp(line: str) -> float | None:
@@ -208,11 +214,12 @@ def apply_mode(
     jobs.start()
     try:
         stats: dict[str, ProcStats] = {}
-        for job, m in jobs.procs.items():
-            st = m.wait(3600)
-            if st.returncode != 0:
-                raise RuntimeError(f"{job} exited {st.returncode}: {jobs.first_error(job)}")
-            stats[job] = st
+        with Sampler() as servers:
+            for job, m in jobs.procs.items():
+                st = m.wait(3600)
+                if st.returncode != 0:
+                    raise RuntimeError(f"{job} exited {st.returncode}: {jobs.first_error(job)}")
+                stats[job] = st
         windows = {j: apply_window(jobs.log_path(j).read_text(errors="replace")) for j in stats}
         start = min(w[0] for w in windows.values())
         end = max(w[1] for w in windows.values())
@@ -239,6 +246,8 @@ def apply_mode(
             peak_pss_mib={j: round(st.peak_pss_mb) for j, st in stats.items()},
             peak_parts={j: jobs.procs[j].peak_parts_text() for j in stats},
             cpu_parts={j: jobs.procs[j].cpu_parts_text() for j in stats},
+            window_cpu_parts={j: jobs.procs[j].cpu_parts_between(start, end) for j in stats},
+            cores={"jobs": round(cpu / window, 2), **servers.cores(start, end)},
             held=held,
             steady_cpu_us_per_change=sum(x[0] for x in known)
             if len(known) == len(per_job)
@@ -268,10 +277,11 @@ def run(
         for mode in modes:
             r = apply_mode(env, reader, rows, mode, path, reader_rate, max_offsets)
             log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
-                     "peak RSS %s MiB, PSS %s MiB (%s); CPU by process %s; after the first batch %s µs CPU per change, %s rows/s",
+                     "peak RSS %s MiB, PSS %s MiB (%s); CPU by process %s; after the first batch %s µs CPU per change, %s rows/s; "
+                     "cores busy in the window %s; CPU by process in the window %s",
                      mode, *path, r.rows_per_s, r.ratio_to_reader, r.cpu_us_per_change,
                      r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, r.cpu_parts, _round(r.steady_cpu_us_per_change),
-                     _round(r.steady_rows_per_s))  # fmt: skip
+                     _round(r.steady_rows_per_s), r.cores, r.window_cpu_parts)  # fmt: skip
             results.append(asdict(r))
     return {
         "rows": rows,

@@ -71,6 +71,8 @@ class Measured:
         self._kinds: dict[int, str] = {}  # pid -> kind, read while it ran
         self._samples: list[tuple[float, float]] = []
         self.rss_samples: list[tuple[float, int]] = []  # (time.time(), RSS bytes of the tree)
+        # (time.time(), CPU seconds by kind of process, those that ended included)
+        self.kind_samples: list[tuple[float, dict[str, float]]] = []
         # At the PSS peak: PSS bytes by kind of process (see _kind), and how many of each.
         self.peak_parts: dict[str, tuple[int, int]] = {}
         self._done = threading.Event()
@@ -118,6 +120,7 @@ class Measured:
                 self._peak_rss = max(self._peak_rss, rss)
                 self._samples.append((time.perf_counter() - self.t0, cpu))
                 self.rss_samples.append((time.time(), rss))
+                self.kind_samples.append((time.time(), self._cpu_by_kind()))
             except psutil.Error:
                 return
 
@@ -129,6 +132,31 @@ class Measured:
         if cmd is None:
             cmd = self._cmdlines[key] = p.cmdline()
         return cmd
+
+    def _cpu_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p, cpu in self._cpu_of.values():
+            k = self._kinds.get(p.pid, "?")
+            out[k] = out.get(k, 0.0) + cpu
+        return out
+
+    def cpu_parts_between(self, start: float, end: float) -> str:
+        """CPU seconds by kind of process between two wall times (the samples at or before
+        each): ``Python worker 4.1 s, JVM 1.2 s, ...`` (largest first)."""
+
+        def at(when: float) -> dict[str, float]:
+            best: dict[str, float] = {}
+            for t, parts in self.kind_samples:
+                if t > when:
+                    break
+                best = parts
+            return best
+
+        a, b = at(start), at(end)
+        spent = {k: b[k] - a.get(k, 0.0) for k in b}
+        return ", ".join(
+            f"{k} {c:.2f} s" for k, c in sorted(spent.items(), key=lambda x: -x[1]) if c >= 0.005
+        )
 
     def cpu_parts_text(self) -> str:
         """CPU seconds by kind of process, as last sampled (a process's last 0.2 s may be

@@ -33,7 +33,8 @@ COPY pgcdc/__init__.py pgcdc/
 # jars' layer below stays cached while the rest of the code changes.
 COPY pgcdc/core/__init__.py pgcdc/core/ports.py pgcdc/core/local_stack.py pgcdc/core/
 COPY pgcdc/stack pgcdc/stack
-RUN CACHE_DIR=/app/.cache .venv/bin/python -c 'from pgcdc.stack import common, sparkjars; sparkjars.ensure(common.paths())'
+RUN CACHE_DIR=/app/.cache .venv/bin/python -c 'from pgcdc.stack import common, sparkjars; sparkjars.ensure(common.paths())' \
+    && .venv/bin/python -m pgcdc.stack.pyspark_bytecode
 
 FROM pgcdc/base:${DEBIAN_SUITE}
 ARG JAVA_MAJOR=17

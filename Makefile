@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@# Every editable mode of setuptools prints a BuildBackendWarning (a UserWarning) about
 	@# editable installs in general, on every install: not ours to act on, so not shown.
 	PYTHONWARNINGS=ignore::UserWarning $(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@# Bytecode in pyspark's zips, which Spark puts first on every Python process's path.
+	$(PY) -m pgcdc.stack.pyspark_bytecode
 	@touch $@
 
 # Real servers on 127.0.0.1 without Docker; state in .stack/, downloads cached in .cache/.

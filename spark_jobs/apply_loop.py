@@ -32,12 +32,14 @@ the batch: the versions make the replay harmless.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import operator
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,31 +160,81 @@ class _Target:
 
 
 class _Targets:
-    """The task's followers; :meth:`each` runs an action on each one still reachable."""
+    """The task's followers; :meth:`each` runs an action on each one still reachable, one
+    after the other, and :meth:`each_concurrently` in a thread per follower."""
 
     def __init__(self, settings: Settings, followers: Sequence[Follower]) -> None:
         self.settings = settings
         self.all = [_Target(f, BatchStats(job=f.job)) for f in followers]
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: dict[int, Future[None]] = {}
         self.each(self._open)
 
     def _open(self, target: _Target) -> None:
         target.sink = cached_sink(self.settings, target.follower.job, target.follower.make_sink)
 
     def each(self, action: Callable[[_Target], None]) -> None:
-        """``action(target)`` for each reachable one. One that turns out unreachable
+        """``action(target)`` for each reachable one, in this thread, once every action
+        :meth:`each_concurrently` started has ended. One that turns out unreachable
         (:class:`RetryableSinkError`) is marked and its sink dropped; the others go on.
         Any other error fails the task (its sink dropped too)."""
+        self.settle()
         for target in self.all:
-            if target.unreachable is not None:
-                continue
+            if target.unreachable is None:
+                self._outcome(target, action)
+
+    def each_concurrently(self, action: Callable[[_Target], None]) -> None:
+        """As :meth:`each`, but ``action(target)`` runs in a thread of the target's own and
+        this returns once each one has started: a target's previous action ends before its
+        next starts (its chunks stay in order), while the caller prepares the next. Outcomes
+        are taken as in :meth:`each`, when the target's next action starts or at
+        :meth:`settle`."""
+        if len(self.all) < 2:
+            self.each(action)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(self.all), thread_name_prefix="follower")
+        for i, target in enumerate(self.all):
+            self._settle_one(i)
+            if target.unreachable is None:
+                self._inflight[i] = self._pool.submit(action, target)
+
+    def settle(self) -> None:
+        """Wait for each action :meth:`each_concurrently` started, and take its outcome; the
+        first error that fails the task is raised once every action has ended."""
+        failure: BaseException | None = None
+        for i in list(self._inflight):
             try:
-                action(target)
-            except RetryableSinkError as e:
-                drop_sink(self.settings, target.follower.job)
-                target.unreachable = str(e)[:300] or type(e).__name__
-            except BaseException:
-                drop_sink(self.settings, target.follower.job)
-                raise
+                self._settle_one(i)
+            except BaseException as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def close(self) -> None:
+        """Wait for what is still running and end the threads. Once the task has failed,
+        what else failed meanwhile only drops its sink (:meth:`_outcome`)."""
+        for i in list(self._inflight):
+            with contextlib.suppress(BaseException):  # the task's own failure is raised
+                self._settle_one(i)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _settle_one(self, i: int) -> None:
+        future = self._inflight.pop(i, None)
+        if future is not None:
+            self._outcome(self.all[i], lambda _t: future.result())
+
+    def _outcome(self, target: _Target, action: Callable[[_Target], None]) -> None:
+        try:
+            action(target)
+        except RetryableSinkError as e:
+            drop_sink(self.settings, target.follower.job)
+            target.unreachable = str(e)[:300] or type(e).__name__
+        except BaseException:
+            drop_sink(self.settings, target.follower.job)
+            raise
 
 
 def apply_partition(
@@ -202,6 +254,20 @@ def apply_partition(
     rows = list(rows)
     schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
     targets = _Targets(settings, followers)
+    try:
+        yield from _apply_rows(settings, targets, schemas, rows)
+    finally:
+        targets.close()
+
+
+def _apply_rows(
+    settings: Settings,
+    targets: _Targets,
+    schemas: Mapping[Any, Any],
+    rows: Sequence[Mapping[str, Any]],
+) -> Iterator[BatchStats]:
+    """:func:`apply_partition`'s work, its targets open."""
+    each_chunk = targets.each_concurrently if settings.spark.concurrent_followers else targets.each
 
     def register(table: str, schema: Mapping[str, Any]) -> None:
         targets.each(lambda t: t.writer().register_schema(table, schema))
@@ -212,8 +278,13 @@ def apply_partition(
     chunk: list[Change] = []
     where: list[tuple[str, int, int]] = []  # each change's Kafka record
 
-    def apply(t: _Target) -> None:
-        _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+    def applier(
+        chunk: list[Change], where: list[tuple[str, int, int]]
+    ) -> Callable[[_Target], None]:
+        def apply(t: _Target) -> None:
+            _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+
+        return apply
 
     for row in rows:
         kind = row["kind"]
@@ -232,9 +303,8 @@ def apply_partition(
                 continue
             where.append((row["topic"], row["partition"], row["offset"]))
             if len(chunk) >= _CHUNK:
-                targets.each(apply)
-                chunk.clear()
-                where.clear()
+                each_chunk(applier(chunk, where))
+                chunk, where = [], []
         elif kind == HEARTBEAT:
             common.heartbeat_lsn = max(common.heartbeat_lsn, row["heartbeat_lsn"] or 0)
         elif kind == KEYLESS:
@@ -245,7 +315,8 @@ def apply_partition(
         elif kind == DEAD:
             unreadable.append(_unreadable(row, row["parse_error"]))
     if chunk:
-        targets.each(apply)
+        each_chunk(applier(chunk, where))
+    targets.settle()
 
     def publish(t: _Target) -> None:
         letters = [*unreadable, *t.refused]

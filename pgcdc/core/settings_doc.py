@@ -126,6 +126,9 @@ MEANINGS = {
     "unreachable, then stops",
     "spark.follower_behind_after_s": "seconds one follower of `spark_jobs/sync.py` may stay "
     "unreachable while another applies the batch; then it falls behind and catches up later",
+    "spark.concurrent_followers": "the shared job's tasks write each chunk of changes to their "
+    "followers at the same time, a thread per follower (each follower's chunks in order), and "
+    "build the next chunk meanwhile; false: one follower after the other",
     "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",

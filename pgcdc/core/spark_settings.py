@@ -48,6 +48,10 @@ class SparkSettings(BaseModel):
     # unreachable within a batch while another follower applies it before the job goes on
     # without it; it is then *behind* and catches up from Kafka when it answers again.
     follower_behind_after_s: float = Field(default=30.0, ge=0)
+    # The shared job: each task writes a chunk of changes to its followers at the same time,
+    # a thread each (each follower's chunks in order, one in flight), and builds the next
+    # chunk meanwhile; false: one follower after the other.
+    concurrent_followers: bool = True
     # `cdc status` is unhealthy (exit 3) when a follower's watermark has not advanced for
     # this long while the reader has acknowledged changes past it (a stopped or stuck job;
     # an idle database is not). A rate-limited catch-up longer than this counts too: its

@@ -3,6 +3,7 @@ sink that records what it is given (no Spark session, no servers)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -439,3 +440,110 @@ def test_rows_of_the_python_parse_are_applied_and_dead_lettered_alike(
     assert orjson.loads(str(letters[3]["value"])) == {"v": "applied"}
     assert "not JSON" in str(letters[3]["reason"])
     assert letters[4]["value"] == "junk" and letters[4]["reason"] == "value is not a Debezium event"
+
+
+class _SlowSink(RecordingSink):
+    """Waits at ``barrier`` in each ``apply`` (both followers must be inside their apply at
+    once to pass it) and records what each apply saw."""
+
+    def __init__(
+        self, barrier: threading.Barrier, fail_on: int | None = None, wait_s: float = 10
+    ) -> None:
+        super().__init__()
+        self.barrier = barrier
+        self.wait_s = wait_s
+        self.fail_on = fail_on
+        self.inside = 0
+        self.most_inside = 0
+        self.finished = 0
+
+    def apply(self, changes: Sequence[Change]) -> list[ApplyResult]:
+        self.inside += 1
+        self.most_inside = max(self.most_inside, self.inside)
+        try:
+            self.barrier.wait(timeout=self.wait_s)
+            if self.fail_on is not None and len(self.batches) == self.fail_on:
+                self.batches.append(list(changes))
+                raise RuntimeError("the follower broke")
+            return super().apply(changes)
+        finally:
+            self.inside -= 1
+            self.finished += 1
+
+
+def test_the_shared_job_writes_a_chunk_to_its_followers_at_once_each_in_order(
+    monkeypatch: pytest.MonkeyPatch, published: list[dead_letter.DeadLetter]
+) -> None:
+    """spark.concurrent_followers: each chunk goes to both followers at the same time (their
+    applies meet at a barrier, which one after the other never reaches), each follower gets
+    its chunks in order and one at a time, and the counts are as without threads."""
+    monkeypatch.setattr(apply_loop, "_CHUNK", 2)
+    barrier = threading.Barrier(2)
+    cache, search = _SlowSink(barrier), _SlowSink(barrier)
+    followers = [
+        apply_loop.Follower("cache", lambda _s: cache),
+        apply_loop.Follower("search", lambda _s: search),
+    ]
+    rows = [_change(k, {"v": "applied"}, 100 + k) for k in range(1, 8)]
+    try:
+        first, second = apply_loop.apply_partition(load_settings(), followers, rows)
+    finally:
+        apply_loop._SINKS.clear()
+    assert not barrier.broken
+    for sink in (cache, search):
+        assert [[c.key for c in b] for b in sink.batches] == [
+            ["1", "2"],
+            ["3", "4"],
+            ["5", "6"],
+            ["7"],
+        ]
+        assert sink.most_inside == 1
+    assert (first.job, first.applied, second.job, second.applied) == ("cache", 7, "search", 7)
+
+
+def test_one_after_the_other_when_concurrent_followers_is_off(
+    monkeypatch: pytest.MonkeyPatch, published: list[dead_letter.DeadLetter]
+) -> None:
+    monkeypatch.setenv("CDC_SPARK__CONCURRENT_FOLLOWERS", "false")
+    threads: list[str] = []
+
+    class Sink(RecordingSink):
+        def apply(self, changes: Sequence[Change]) -> list[ApplyResult]:
+            threads.append(threading.current_thread().name)
+            return super().apply(changes)
+
+    cache, search = Sink(), Sink()
+    followers = [
+        apply_loop.Follower("cache", lambda _s: cache),
+        apply_loop.Follower("search", lambda _s: search),
+    ]
+    try:
+        first, second = apply_loop.apply_partition(load_settings(), followers, [_change(1, {}, 9)])
+    finally:
+        apply_loop._SINKS.clear()
+    assert threads == [threading.current_thread().name] * 2
+    assert (first.applied, second.applied) == (1, 1)
+
+
+def test_a_follower_that_fails_the_task_fails_it_once_the_other_has_ended(
+    monkeypatch: pytest.MonkeyPatch, published: list[dead_letter.DeadLetter]
+) -> None:
+    """A failure that is not an outage fails the task, but not while the other follower's
+    chunk is still being written: no thread of the task outlives it."""
+    monkeypatch.setattr(apply_loop, "_CHUNK", 2)
+    barrier = threading.Barrier(2)
+    # The cache's chunk after the failure waits for a search that never comes, and ends.
+    cache, search = _SlowSink(barrier, wait_s=0.5), _SlowSink(barrier, fail_on=1)
+    followers = [
+        apply_loop.Follower("cache", lambda _s: cache),
+        apply_loop.Follower("search", lambda _s: search),
+    ]
+    rows = [_change(k, {"v": "applied"}, 100 + k) for k in range(1, 8)]
+    try:
+        with pytest.raises(RuntimeError, match="the follower broke"):
+            list(apply_loop.apply_partition(load_settings(), followers, rows))
+    finally:
+        apply_loop._SINKS.clear()
+    # Both followers' threads had ended: the other's chunk after the failure was taken too.
+    assert cache.inside == 0 and search.inside == 0 and cache.finished == 3
+    assert len(search.batches) == 2 and search.closed

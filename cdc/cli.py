@@ -561,6 +561,7 @@ def _verify(
     followers' readers and the jobs' document converter (``pgcdc.verify``) together."""
     from cdc.verify_leader import PostgresLeader, tables_to_verify
     from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
+    from pgcdc.verify.pacing import RowPacer
     from pgcdc.verify.report import as_json, as_text
     from pgcdc.verify.run import Follower, TableResult, verify_table
     from sinks.base import key_id
@@ -568,17 +569,23 @@ def _verify(
     from sinks.search import SearchSink
 
     chosen = tables_to_verify(settings, tables)
-    leader = PostgresLeader(settings, chosen, document_converter, key_id)
+    # One bucket for every read of the pass (verify.max_rows_per_second; 0: unbounded).
+    rate = settings.verify.max_rows_per_second
+    pacer = RowPacer(rate) if rate else None
+    leader = PostgresLeader(
+        settings, chosen, document_converter, key_id, pacer.take if pacer else None
+    )
     followers: list[Follower] = []
     with contextlib.ExitStack() as stack:
         if which in ("cache", "all"):
             cache = CacheSink.from_settings(settings.redis)
             stack.callback(cache.close)
-            followers.append(CacheFollower(cache))
+            followers.append(CacheFollower(cache, pacer=pacer))
         if which in ("search", "all"):
             search = SearchSink.from_settings(settings.search)
             stack.callback(search.close)
-            followers.append(SearchFollower(search, settings.search.url.get_secret_value()))
+            url = settings.search.url.get_secret_value()
+            followers.append(SearchFollower(search, url, pacer=pacer))
         results: list[TableResult] = []
         for table in leader.table_ids:
             first = leader.read(table)

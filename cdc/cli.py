@@ -316,7 +316,7 @@ def _main(
 STATUS_HELP = (
     "Show the slot (active, wal_status, confirmed flush LSN, lag in bytes and seconds, "
     "retained WAL), the topics and each follower's watermark, its age (how long ago it last "
-    "advanced) and lag."
+    "advanced) and lag, and the last pass of cdc verify (when; clean, or what drifted)."
     "\n\nLag in seconds is the server's pg_stat_replication.replay_lag for the reader's "
     "connection (0 when caught up, empty when no reader is connected)."
     "\n\nA server that cannot be read (PostgreSQL, Kafka, Redis, OpenSearch) is shown with "
@@ -325,7 +325,8 @@ STATUS_HELP = (
     "\n\nExit status: 0 healthy; 3 unhealthy (a server cannot be read, the slot is missing "
     "or lost, or inactive while retaining more WAL than postgres.retained_wal_warn_bytes, "
     "a follower's store cannot be read, or a follower's watermark has not advanced for more "
-    "than spark.watermark_stale_s while the reader acknowledged changes past it); 2 when the settings are wrong (or a server refuses "
+    "than spark.watermark_stale_s while the reader acknowledged changes past it, or the last "
+    "pass of cdc verify found drift); 2 when the settings are wrong (or a server refuses "
     "them: a login, a certificate); 1 on an unexpected failure. A server's error is also "
     "one line on stderr."
 )

@@ -463,3 +463,25 @@ def test_verify_every_records_each_pass_for_status_and_metrics(running: Running)
     assert "verify pass 1: 1 table(s) on cache, search, 60 rows checked, clean, in" in out, out
     assert "DRIFT: public.pairs on cache (missing 1), in" in out, out
     assert "stopped after" in out and "Traceback" not in out and "Warning" not in out, out
+
+
+def test_reads_are_paced_to_the_row_rate(running: Running) -> None:
+    """``verify.max_rows_per_second`` holds a pass back: pairs' 30 rows read from PostgreSQL
+    and from each follower are 90 rows, which at 20 rows a second (one second's 20 banked)
+    take at least 3.5 s; the pass takes a fraction of that unbounded."""
+    p = running.p
+    out = subprocess.run(
+        [*CDC_VERIFY, "--json", "pairs"],
+        env=p.env(CDC_VERIFY__MAX_ROWS_PER_SECOND="20"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    # The pass's own time, as recorded for cdc status (the process's start-up aside).
+    _, status = _status(p)
+    verify = status["verify"]
+    assert verify["every_s"] is None and verify["outcome"] == "clean", verify
+    assert verify["rows_checked"] == 60 and verify["duration_s"] >= 3.5, verify

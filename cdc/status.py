@@ -322,6 +322,8 @@ def gather_status(
     try:
         out["topics"] = topic_status(settings)
         store = StateStore(settings.kafka, settings.kafka.topic_prefix)
+        if database:
+            store.latest()  # one read of the state topic serves every record below
         state = store.load(database, name) if database else None
         out["state"] = (
             None

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -25,6 +25,10 @@ from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
 from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
+
+if TYPE_CHECKING:
+    from pgcdc.core.verify_record import VerifyPass
+    from pgcdc.verify.run import TableResult
 
 log = logging.getLogger("cdc")
 T = TypeVar("T")
@@ -634,7 +638,7 @@ class _PassRecorder:
         self._store = StateStore(settings.kafka, settings.kafka.topic_prefix)
         self._database: str | None = None
 
-    def save(self, record: Any) -> None:
+    def save(self, record: VerifyPass) -> None:
         from confluent_kafka import KafkaException
         from psycopg import Error as PostgresError
 
@@ -666,7 +670,7 @@ def _verify_every(
     """``cdc verify --every``: passes until a signal; each recorded, counted in the
     metrics and said in one log line."""
     from pgcdc.core.durations import duration
-    from pgcdc.core.verify_record import Outcome, VerifyPass
+    from pgcdc.core.verify_record import Outcome
     from pgcdc.verify.every import pass_line, run_every
     from pgcdc.verify.metrics import VerifyMetrics
 
@@ -678,7 +682,7 @@ def _verify_every(
     recorder = _PassRecorder(settings)
     done = [0]
 
-    def one_pass() -> list[Any]:
+    def one_pass() -> list[TableResult]:
         results, report, text = _verify_pass(settings, tables, which, fence_timeout_s, repair)
         if as_json:
             typer.echo(scrub(json.dumps(report), _SECRETS))
@@ -693,6 +697,8 @@ def _verify_every(
             metrics.on_pass(record)
             clean = record.outcome is Outcome.CLEAN
             log.log(logging.INFO if clean else logging.WARNING, "%s", pass_line(record))
+            if as_json and record.outcome is Outcome.FAILED:  # a line on stdout for it too
+                typer.echo(scrub(json.dumps({"clean": False, "error": record.error}), _SECRETS))
             done[0] += 1
 
     log.info(
@@ -712,7 +718,7 @@ def _verify_every(
 
 def _verify_pass(
     settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
-) -> tuple[list[Any], dict[str, Any], str]:
+) -> tuple[list[TableResult], dict[str, Any], str]:
     """One pass of ``cdc verify``: the entry point wires PostgreSQL's reader (``cdc``), the
     followers' readers and the jobs' document converter (``pgcdc.verify``) together. The
     results, the JSON report and the text."""
@@ -720,7 +726,7 @@ def _verify_pass(
     from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
     from pgcdc.verify.pacing import RowPacer
     from pgcdc.verify.report import as_json, as_text
-    from pgcdc.verify.run import Follower, TableResult, verify_table
+    from pgcdc.verify.run import Follower, verify_table
     from sinks.base import key_id
     from sinks.cache import CacheSink
     from sinks.search import SearchSink

@@ -136,4 +136,8 @@ class VerifyPass:
 
     @classmethod
     def from_json(cls, data: bytes) -> VerifyPass:
-        return cls.from_dict(json.loads(data))
+        """The record written by :meth:`to_json`; ValueError for anything else."""
+        try:
+            return cls.from_dict(json.loads(data))
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise ValueError(f"not a verify record ({type(e).__name__}: {e})") from e

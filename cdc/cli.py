@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -25,6 +25,10 @@ from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.logs import configure_logging
 from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings, SnapshotMode, load_settings
+
+if TYPE_CHECKING:
+    from pgcdc.core.verify_record import VerifyPass
+    from pgcdc.verify.run import TableResult
 
 log = logging.getLogger("cdc")
 T = TypeVar("T")
@@ -316,7 +320,7 @@ def _main(
 STATUS_HELP = (
     "Show the slot (active, wal_status, confirmed flush LSN, lag in bytes and seconds, "
     "retained WAL), the topics and each follower's watermark, its age (how long ago it last "
-    "advanced) and lag."
+    "advanced) and lag, and the last pass of cdc verify (when; clean, or what drifted)."
     "\n\nLag in seconds is the server's pg_stat_replication.replay_lag for the reader's "
     "connection (0 when caught up, empty when no reader is connected)."
     "\n\nA server that cannot be read (PostgreSQL, Kafka, Redis, OpenSearch) is shown with "
@@ -325,7 +329,8 @@ STATUS_HELP = (
     "\n\nExit status: 0 healthy; 3 unhealthy (a server cannot be read, the slot is missing "
     "or lost, or inactive while retaining more WAL than postgres.retained_wal_warn_bytes, "
     "a follower's store cannot be read, or a follower's watermark has not advanced for more "
-    "than spark.watermark_stale_s while the reader acknowledged changes past it); 2 when the settings are wrong (or a server refuses "
+    "than spark.watermark_stale_s while the reader acknowledged changes past it, or the last "
+    "pass of cdc verify found drift); 2 when the settings are wrong (or a server refuses "
     "them: a login, a certificate); 1 on an unexpected failure. A server's error is also "
     "one line on stderr."
 )
@@ -502,6 +507,15 @@ VERIFY_HELP = (
     "\n\n--repair then asks the reader to publish the missing and differing rows again (one "
     "signed incremental-snapshot signal per table, for those keys); the exit status still "
     "says what was found: run cdc verify again once the followers have applied them."
+    "\n\nReads are paced to verify.max_rows_per_second rows a second (20,000 by default; 0: "
+    "unbounded). Each pass is recorded in the reader's state topic, and cdc status shows the "
+    "last one (unhealthy when it found drift)."
+    "\n\n--every DURATION (30s, 10m, 1h) runs a pass each interval until Ctrl-C or SIGTERM, "
+    "which end it with exit 0; one log line per pass (tables, rows checked, drift, time), "
+    "with --json also one JSON line per pass on stdout; with --repair each pass repairs what "
+    "it found. A failed pass is recorded and the next one runs at its time; a settings error "
+    "ends the run (exit 2). --metrics-port (verify.metrics_port) serves cdc_verify_* "
+    "Prometheus metrics on 127.0.0.1 meanwhile."
 )
 
 
@@ -528,16 +542,56 @@ def verify(
             "source of truth. Extra keys are listed, not repaired.",
         ),
     ] = False,
+    every: Annotated[
+        str | None,
+        typer.Option(
+            "--every",
+            help="Run a pass each DURATION (30s, 10m, 1h) until Ctrl-C or SIGTERM (exit 0).",
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="With --every: serve cdc_verify_* Prometheus metrics here (verify.metrics_port).",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     debug: DebugOpt = False,
     log_json: LogJsonOpt = False,
 ) -> None:
     """What ``VERIFY_HELP`` says."""
+    overrides = _log_overrides(log_json)
+    if metrics_port is not None:
+        overrides["verify"] = {"metrics_port": metrics_port}
+    flag_names = {"verify.metrics_port": "--metrics-port"}
 
-    def go() -> dict[str, Any]:
+    def load() -> Settings:
         if follower not in ("cache", "search", "all"):
             raise ConfigError(f"--follower must be cache, search or all, not {follower!r}")
-        settings = _settings(config, _log_overrides(log_json))
+        return _settings(config, overrides, flag_names)
+
+    if every is not None:
+
+        def forever() -> None:
+            from pgcdc.core.durations import parse_duration
+
+            try:
+                interval_s = parse_duration(every)
+            except ValueError as e:
+                raise ConfigError(f"--every: {e}") from e
+            settings = load()
+            _setup_logging(settings, debug)
+            _quiet_libraries(debug)
+            _verify_every(
+                settings, tables or [], follower, fence_timeout, repair, interval_s, as_json
+            )
+
+        _guard(debug, forever)
+        return
+
+    def go() -> dict[str, Any]:
+        settings = load()
         _setup_logging(settings, debug, level="WARNING")
         _quiet_libraries(debug)
         return _verify(settings, tables or [], follower, fence_timeout, repair)
@@ -557,28 +611,144 @@ def verify(
 def _verify(
     settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
 ) -> dict[str, Any]:
-    """``cdc verify``'s work: the entry point wires PostgreSQL's reader (``cdc``), the
-    followers' readers and the jobs' document converter (``pgcdc.verify``) together."""
+    """A one-off ``cdc verify``: one pass, recorded for ``cdc status``."""
+    import time
+
+    from pgcdc.verify.report import as_record
+
+    started = time.time()
+    results, report, text = _verify_pass(settings, tables, which, fence_timeout_s, repair)
+    recorder = _PassRecorder(settings)
+    try:
+        recorder.save(as_record(results, started, time.time()))
+    finally:
+        recorder.close()
+    return {"json": report, "text": text}
+
+
+class _PassRecorder:
+    """Writes each pass's record where ``cdc status`` reads it: the reader's state topic,
+    under this database and slot (:mod:`pgcdc.core.verify_record`). A record that cannot be
+    written is one warning: the pass itself stands."""
+
+    def __init__(self, settings: Settings) -> None:
+        from cdc.state import StateStore
+
+        self._settings = settings
+        self._store = StateStore(settings.kafka, settings.kafka.topic_prefix)
+        self._database: str | None = None
+
+    def save(self, record: VerifyPass) -> None:
+        from confluent_kafka import KafkaException
+        from psycopg import Error as PostgresError
+
+        from cdc.connection import connect, current_database
+
+        try:
+            if self._database is None:
+                with connect(self._settings.postgres.dsn.get_secret_value()) as conn:
+                    database = current_database(conn)
+                self._store.ensure_topic()
+                self._database = database
+            self._store.save_verify(self._database, self._settings.postgres.slot_name, record)
+        except (CdcError, KafkaException, PostgresError, OSError) as e:
+            log.warning("the pass was not recorded for cdc status: %s", scrub(str(e), _SECRETS))
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _verify_every(
+    settings: Settings,
+    tables: list[str],
+    which: str,
+    fence_timeout_s: float,
+    repair: bool,
+    interval_s: float,
+    as_json: bool,
+) -> None:
+    """``cdc verify --every``: passes until a signal; each recorded, counted in the
+    metrics and said in one log line."""
+    from pgcdc.core.durations import duration
+    from pgcdc.core.verify_record import Outcome
+    from pgcdc.verify.every import pass_line, run_every
+    from pgcdc.verify.metrics import VerifyMetrics
+
+    interrupt = Interrupt()
+    interrupt.install()  # Ctrl-C and SIGTERM end the run (cdc.interrupt)
+    metrics = VerifyMetrics()
+    if settings.verify.metrics_port:
+        metrics.serve(settings.verify.metrics_port)
+    recorder = _PassRecorder(settings)
+    done = [0]
+
+    def one_pass() -> list[TableResult]:
+        results, report, text = _verify_pass(settings, tables, which, fence_timeout_s, repair)
+        if as_json:
+            typer.echo(scrub(json.dumps(report), _SECRETS))
+        for line in text.splitlines() if repair else ():
+            if line.startswith("repair:"):
+                log.info("%s", line)
+        return results
+
+    def on_pass(record: VerifyPass) -> None:
+        with interrupt.graceful():  # a signal now lets the record be written first
+            recorder.save(record)
+            metrics.on_pass(record)
+            clean = record.outcome is Outcome.CLEAN
+            log.log(logging.INFO if clean else logging.WARNING, "%s", pass_line(record))
+            if as_json and record.outcome is Outcome.FAILED:  # a line on stdout for it too
+                typer.echo(scrub(json.dumps({"clean": False, "error": record.error}), _SECRETS))
+            done[0] += 1
+
+    log.info(
+        "verifying every %s, at most %s rows/s (verify.max_rows_per_second)",
+        duration(interval_s),
+        settings.verify.max_rows_per_second or "unbounded",
+    )
+    try:
+        with interrupt.armed():
+            run_every(interval_s, one_pass, on_pass, interrupt.stop)
+    except KeyboardInterrupt:
+        pass  # a pass cut short records nothing; the ones before it stand
+    finally:
+        recorder.close()
+    log.info("stopped after %d pass(es)", done[0])
+
+
+def _verify_pass(
+    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
+) -> tuple[list[TableResult], dict[str, Any], str]:
+    """One pass of ``cdc verify``: the entry point wires PostgreSQL's reader (``cdc``), the
+    followers' readers and the jobs' document converter (``pgcdc.verify``) together. The
+    results, the JSON report and the text."""
     from cdc.verify_leader import PostgresLeader, tables_to_verify
     from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
+    from pgcdc.verify.pacing import RowPacer
     from pgcdc.verify.report import as_json, as_text
-    from pgcdc.verify.run import Follower, TableResult, verify_table
+    from pgcdc.verify.run import Follower, verify_table
     from sinks.base import key_id
     from sinks.cache import CacheSink
     from sinks.search import SearchSink
 
     chosen = tables_to_verify(settings, tables)
-    leader = PostgresLeader(settings, chosen, document_converter, key_id)
+    # One bucket for every read of the pass (verify.max_rows_per_second; 0: unbounded).
+    rate = settings.verify.max_rows_per_second
+    pacer = RowPacer(rate) if rate else None
+    leader = PostgresLeader(
+        settings, chosen, document_converter, key_id, pacer.take if pacer else None
+    )
     followers: list[Follower] = []
     with contextlib.ExitStack() as stack:
         if which in ("cache", "all"):
             cache = CacheSink.from_settings(settings.redis)
             stack.callback(cache.close)
-            followers.append(CacheFollower(cache))
+            followers.append(CacheFollower(cache, pacer=pacer))
         if which in ("search", "all"):
             search = SearchSink.from_settings(settings.search)
             stack.callback(search.close)
-            followers.append(SearchFollower(search, settings.search.url.get_secret_value()))
+            url = settings.search.url.get_secret_value()
+            followers.append(SearchFollower(search, url, pacer=pacer))
         results: list[TableResult] = []
         for table in leader.table_ids:
             first = leader.read(table)
@@ -596,7 +766,7 @@ def _verify(
         report["repairs"] = [dataclasses.asdict(r) for r in sent]
         report["extra_not_repaired"] = extra
         text += repairs_text(sent, extra)
-    return {"json": report, "text": text}
+    return results, report, text
 
 
 topic_app = typer.Typer(

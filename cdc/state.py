@@ -23,6 +23,7 @@ from pgcdc.core.contract import state_topic
 from pgcdc.core.errors import PublishError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings
+from pgcdc.core.verify_record import VerifyPass, state_key
 
 # A state record holds a slot's incremental snapshots, the captured tables' shapes and the
 # signals carried out in the last 7 days (up to 100,000): more than Kafka's 1 MB default.
@@ -124,6 +125,15 @@ class StateStore:
     def save_left(self, database: str, slot: str, tables: list[tuple[str, str]]) -> None:
         value = orjson.dumps([list(t) for t in sorted(tables)])
         self.save_record(f"{database}/{slot}#left".encode(), value, wait=True)
+
+    def load_verify(self, database: str, slot: str) -> VerifyPass | None:
+        """The record of ``cdc verify``'s last pass (:mod:`pgcdc.core.verify_record`), a
+        record of its own that only ``cdc verify`` writes."""
+        data = self.load_record(state_key(database, slot))
+        return VerifyPass.from_json(data) if data else None
+
+    def save_verify(self, database: str, slot: str, record: VerifyPass) -> None:
+        self.save_record(state_key(database, slot), record.to_json(), wait=True)
 
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing; one made before records could

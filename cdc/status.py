@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -30,6 +31,7 @@ from pgcdc.core.durations import duration
 from pgcdc.core.errors import CdcError, ConfigError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import Settings
+from pgcdc.core.verify_record import Outcome, VerifyPass
 
 StatusSection = Callable[[Settings], dict[str, Any]]
 
@@ -114,7 +116,8 @@ def problems(
     A server that cannot be read (PostgreSQL, Kafka); a missing or lost slot; an inactive slot
     that retains more WAL than the threshold (the reader is down and the server's disk fills);
     a follower whose store cannot be read, or whose watermark is stale
-    (:func:`stale_follower`); a table topic that lost what it held, until the reader's
+    (:func:`stale_follower`); drift found by ``cdc verify``'s last pass
+    (:func:`verify_drift`); a table topic that lost what it held, until the reader's
     snapshot of its table into it is done; a table whose search index refuses some of its
     columns as they are now (a type change the index's mapping cannot take).
     """
@@ -138,6 +141,9 @@ def problems(
                 f"{snap['schema']}.{snap['table']} is being snapshotted again after its topic was lost "
                 f"({snap.get('rows', 0)} rows so far): its topic does not hold the table yet"
             )
+    drift = verify_drift(status.get("verify"))
+    if drift:
+        out.append(drift)
     acked = (status.get("state") or {}).get("last_commit_lsn")
     for job, follower in (status.get("followers") or {}).items():
         if "error" in follower:
@@ -161,6 +167,51 @@ def problems(
                 "dead-lettered until the index is built again (docs/schema-changes.md)"
             )
     return out
+
+
+def verify_section(record: VerifyPass | None, now: float) -> dict[str, Any] | None:
+    """``cdc verify``'s last pass as ``cdc status`` shows it (None: no pass recorded), with
+    how long ago it finished."""
+    if record is None:
+        return None
+    return {**record.to_dict(), "age_s": round(max(0.0, now - record.finished_at), 1)}
+
+
+def _last_pass(verify: Mapping[str, Any]) -> str:
+    every = verify.get("every_s")
+    run = f"pass {verify.get('number', 1)} of cdc verify --every" if every else "cdc verify"
+    return f"the last {run} (finished {duration(verify.get('age_s') or 0.0)} ago)"
+
+
+def verify_drift(verify: Mapping[str, Any] | None) -> str | None:
+    """A problem when ``cdc verify``'s last pass found drift (``cdc status`` exits 3, as for
+    a follower behind): a follower that differs from PostgreSQL is not healthy."""
+    if not verify or verify.get("outcome") != Outcome.DRIFT:
+        return None
+    found = [
+        f"{c['table']} on {c['follower']} ("
+        + ", ".join(f"{k} {c[k]}" for k in ("missing", "extra", "differ") if c.get(k))
+        + ")"
+        for c in verify.get("checks") or []
+        if c.get("outcome") == Outcome.DRIFT
+    ]
+    return (
+        f"{_last_pass(verify)} found drift: {'; '.join(found)}; `cdc verify --repair` "
+        "publishes the missing and differing rows again (docs/verify.md)"
+    )
+
+
+def verify_warnings(verify: Mapping[str, Any] | None) -> list[str]:
+    """A last pass that failed, or left keys unsettled, judged nothing: a warning, not a
+    problem."""
+    if not verify:
+        return []
+    if verify.get("outcome") == Outcome.FAILED:
+        return [f"{_last_pass(verify)} failed: {verify.get('error')}"]
+    if verify.get("outcome") == Outcome.UNSETTLED:
+        keys = sum(int(c.get("unsettled") or 0) for c in verify.get("checks") or [])
+        return [f"{_last_pass(verify)} left {keys} key(s) unsettled: they kept changing"]
+    return []
 
 
 def stale_follower(
@@ -256,6 +307,7 @@ def gather_status(
         "state": None,
         "topics": {},
         "snapshots": [],
+        "verify": None,
         "errors": {},
         "settings_wrong": False,
     }
@@ -270,6 +322,8 @@ def gather_status(
     try:
         out["topics"] = topic_status(settings)
         store = StateStore(settings.kafka, settings.kafka.topic_prefix)
+        if database:
+            store.latest()  # one read of the state topic serves every record below
         state = store.load(database, name) if database else None
         out["state"] = (
             None
@@ -294,6 +348,12 @@ def gather_status(
                 describe_loss(t, snapshots.topics[t], now[t])
                 for t in lost_topics(snapshots.topics, now)
             ]
+            # cdc verify's last pass, recorded beside the slot's state (cdc verify writes it).
+            try:
+                out["verify"] = verify_section(store.load_verify(database, name), time.time())
+            except ValueError as e:  # written by another version: said, not fatal
+                out["warnings"].append(f"the record of cdc verify's last pass is unreadable: {e}")
+            out["warnings"] += verify_warnings(out["verify"])
     except _UNREADABLE as e:
         out["errors"]["kafka"] = _line(e)
         out["settings_wrong"] |= isinstance(e, ConfigError)

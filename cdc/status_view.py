@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from pgcdc.core.durations import duration
 
 
 def _size(n: int | None) -> str:
@@ -120,6 +123,37 @@ def _snapshots_table(snapshots: list[Mapping[str, Any]]) -> Table:
     return table
 
 
+def _verify_table(verify: Mapping[str, Any]) -> Table:
+    """``cdc verify``'s last pass: when, what it found per table and follower."""
+    every = verify.get("every_s")
+    how = f", pass {verify.get('number')} of --every {duration(every)}" if every else ""
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(verify["finished_at"]))
+    title = (
+        f"Verification: last pass {verify['outcome'].upper()}, finished {at} "
+        f"({duration(verify.get('age_s') or 0.0)} ago, took {duration(verify['duration_s'])}"
+        f"{how})"
+    )
+    table = Table(title=escape(title), title_justify="left")
+    for column in ("table", "follower", "outcome", "rows checked", "missing", "extra"):
+        table.add_column(column)
+    for column in ("differ", "unsettled", "snapshot LSN", "examples"):
+        table.add_column(column)
+    for c in verify.get("checks") or []:
+        examples = "; ".join(f"{k} {', '.join(v)}" for k, v in (c.get("examples") or {}).items())
+        table.add_row(
+            escape(c["table"]),
+            c["follower"],
+            c["outcome"],
+            str(c["rows_checked"]),
+            *(str(c.get(k, 0)) for k in ("missing", "extra", "differ", "unsettled")),
+            c.get("snapshot_lsn") or "-",
+            escape(examples) or "-",
+        )
+    if verify.get("error"):
+        table.add_row("-", "-", "failed", "-", "-", "-", "-", "-", "-", escape(verify["error"]))
+    return table
+
+
 def _job(m: Mapping[str, Any] | None) -> str:
     if not m:
         return "-"
@@ -134,13 +168,16 @@ def _job(m: Mapping[str, Any] | None) -> str:
 
 
 def render(status: Mapping[str, Any], console: Console) -> None:
-    """Print the status: reader, topics, followers, then warnings and problems."""
+    """Print the status: reader, topics, followers, cdc verify's last pass, then warnings
+    and problems."""
     console.print(_slot_table(status["slot"], status.get("state")))
     console.print(_topics_table(status.get("topics") or {}))
     if status.get("snapshots"):
         console.print(_snapshots_table(status["snapshots"]))
     if status.get("followers") is not None:
         console.print(_followers_table(status["followers"], status.get("dead_letters")))
+    if status.get("verify"):
+        console.print(_verify_table(status["verify"]))
     for warning in status.get("warnings") or []:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", markup=True, highlight=False)
     for problem in status.get("problems") or []:

@@ -43,6 +43,9 @@ from schemas.plan import EncodePlan
 DocumentConverter = Callable[[bytes], dict[str, Any]]
 ConverterFactory = Callable[[bytes], DocumentConverter]
 KeyId = Callable[[Mapping[str, Any]], str]
+# Told of the rows each read returned, before the next is read: verify.max_rows_per_second's
+# pacer (pgcdc.verify.pacing.RowPacer.take), which waits as long as the rate asks.
+RowsRead = Callable[[int], object]
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,10 @@ class PostgresLeader:
         tables: Collection[tuple[str, str]],
         converter_for: ConverterFactory,
         key_id: KeyId,
+        rows_read: RowsRead | None = None,
     ) -> None:
         self._settings = settings
+        self._rows_read = rows_read
         self._names = {table_id(s, t): (s, t) for s, t in tables}
         self._converter_for = converter_for
         self._key_id = key_id
@@ -197,11 +202,18 @@ class PostgresLeader:
         )
         wanted = None if keys is None else set(keys)
         out: list[tuple[str, Sequence[Any]]] = []
+        step, count = 500, 0
         with conn.cursor() as cur, cur.copy(query) as copy:
             for values in copy_text_rows(copy):
                 key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
                 if wanted is None or key in wanted:
                     out.append((key, values))
+                count += 1
+                if count == step and self._rows_read is not None:
+                    self._rows_read(count)  # the pace holds COPY back: the server waits too
+                    count = 0
+        if count and self._rows_read is not None:
+            self._rows_read(count)
         return ts, plan, out
 
 

@@ -487,6 +487,18 @@ class SearchSettings(BaseModel):
         return self
 
 
+class VerifySettings(BaseModel):
+    model_config = _FROZEN
+
+    # Rows `cdc verify` reads per second at most, from PostgreSQL and the followers together
+    # (a token bucket on rows read), so that a background pass (`cdc verify --every`) cannot
+    # swamp production; 0: unbounded.
+    max_rows_per_second: int = Field(default=20_000, ge=0)
+    # Port of `cdc verify --every`'s Prometheus metrics (cdc_verify_*), on 127.0.0.1; also
+    # its --metrics-port flag (none: off).
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+
+
 class Settings(BaseSettings):
     """Every setting of the reader and the followers."""
 
@@ -503,6 +515,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     # A factory, so the checkpoint folder resolves against the directory at load time.
     spark: SparkSettings = Field(default_factory=SparkSettings)
+    verify: VerifySettings = VerifySettings()
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     # The reader's /healthz and /readyz (the jobs take --health-port): off when unset.
     health_port: int | None = Field(default=None, ge=1, le=65535)

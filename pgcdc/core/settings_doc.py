@@ -206,6 +206,7 @@ SECTION_TITLES = {
     "redis": "Redis follower",
     "search": "OpenSearch follower",
     "spark": "Spark jobs",
+    "verify": "Verification (`cdc verify`)",
     "": "Process",
 }
 

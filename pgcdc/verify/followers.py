@@ -26,6 +26,7 @@ from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
 from pgcdc.core.search_documents import every_document
 from pgcdc.verify.fold import row_digest
+from pgcdc.verify.pacing import RowPacer, paced
 from sinks.cache import CacheSink
 from sinks.cache_script import parse_version
 from sinks.search import SearchSink
@@ -64,9 +65,12 @@ class CacheFollower:
 
     name = "cache"
 
-    def __init__(self, sink: CacheSink, job: str = CACHE_JOB) -> None:
+    def __init__(
+        self, sink: CacheSink, job: str = CACHE_JOB, pacer: RowPacer | None = None
+    ) -> None:
         self.sink = sink
         self.job = job
+        self.pacer = pacer  # verify.max_rows_per_second, over every read of a pass
 
     def watermark(self) -> int | None:
         return self.sink.read_watermark(self.job)
@@ -98,7 +102,7 @@ class CacheFollower:
 
     def digests(self, table: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for key, raw in self._rows(table):
+        for key, raw in paced(self._rows(table), self.pacer):
             digest = self.stored_digest(key, raw)
             if digest is not None:
                 out[key] = digest
@@ -107,6 +111,8 @@ class CacheFollower:
     def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
         pipe = self.sink.client.pipeline(transaction=False)
         ordered = sorted(keys)
+        if self.pacer is not None:
+            self.pacer.take(len(ordered))
         for key in ordered:
             row_key = self.sink.row_key(table, key)
             pipe.hgetall(row_key) if self.sink.value_mode == "hash" else pipe.get(row_key)
@@ -125,10 +131,17 @@ class SearchFollower:
 
     name = "search"
 
-    def __init__(self, sink: SearchSink, search_url: str, job: str = SEARCH_JOB) -> None:
+    def __init__(
+        self,
+        sink: SearchSink,
+        search_url: str,
+        job: str = SEARCH_JOB,
+        pacer: RowPacer | None = None,
+    ) -> None:
         self.sink = sink
         self.search_url = search_url
         self.job = job
+        self.pacer = pacer  # verify.max_rows_per_second, over every read of a pass
 
     def watermark(self) -> int | None:
         return self.sink.read_watermark(self.job)
@@ -141,12 +154,14 @@ class SearchFollower:
         index = self.sink.index_for(table)
         return {
             h["_id"]: row_digest(h["_id"], _json_form(h["_source"]))
-            for h in every_document(self.search_url, index, page=5000)
+            for h in paced(every_document(self.search_url, index, page=5000), self.pacer)
         }
 
     def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
         index = self.sink.index_for(table)
         ordered = sorted(keys)
+        if self.pacer is not None:
+            self.pacer.take(len(ordered))
         try:
             got = self.sink.client.mget(
                 index=index, body={"ids": ordered}, params={"realtime": "true"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pgcdc.core.lsn import Lsn
+from pgcdc.core.verify_record import Check, VerifyPass
 from pgcdc.verify.run import TableResult
 
 EXAMPLES = 5  # example keys shown per kind
@@ -88,3 +90,29 @@ def as_text(results: Sequence[TableResult], examples: int = EXAMPLES) -> str:
     else:
         lines.append("clean: every follower equals PostgreSQL")
     return "\n".join(lines) + "\n"
+
+
+def as_record(
+    results: Sequence[TableResult],
+    started_at: float,
+    finished_at: float,
+    *,
+    error: str | None = None,
+    every_s: float | None = None,
+    number: int = 1,
+    examples: int = EXAMPLES,
+) -> VerifyPass:
+    """The pass as ``cdc status`` reads it (:mod:`pgcdc.core.verify_record`)."""
+    checks = tuple(
+        Check(
+            table=r.table,
+            follower=r.follower,
+            rows_checked=r.rows_checked,
+            snapshot_lsn=str(Lsn(r.snapshot_lsn)) if r.snapshot_lsn is not None else "",
+            finished_at=r.finished_at or finished_at,
+            counts={kind: len(keys) for kind, keys in _kinds(r)},
+            examples={kind: keys[:examples] for kind, keys in _kinds(r) if keys},
+        )
+        for r in results
+    )
+    return VerifyPass(started_at, finished_at, checks, error, every_s, number)

@@ -76,6 +76,9 @@ class TableResult:
     catch_ups: int = 0  # reads of PostgreSQL right after the follower's, for keys ahead
     cleared: int = 0  # candidates a re-check found equal: not drift
     segments_folded: int = 0
+    rows_checked: int = 0  # keys compared: PostgreSQL's and the follower's, together
+    snapshot_lsn: int | None = None  # the fence LSN of the first PostgreSQL snapshot
+    finished_at: float = 0.0  # Unix seconds
 
     @property
     def drift(self) -> bool:
@@ -133,6 +136,8 @@ def verify_table(
     found = compare(MemorySide(expected), MemorySide(held), factor=factor, threshold=threshold)
     result = TableResult(table, follower.name, len(expected), len(held))
     result.segments_folded = found.segments_folded
+    result.rows_checked = len(expected.keys() | held.keys())
+    result.snapshot_lsn = read.lsn
     candidates = found.kind_of()
     result.candidates = len(candidates)
     settled: set[str] = set()
@@ -175,6 +180,7 @@ def verify_table(
         kinds.get(verdict, result.differ).append(key)
     result.unsettled = sorted(settling.pending)
     result.cleared = len(settling.cleared)
+    result.finished_at = time.time()
     return result
 
 

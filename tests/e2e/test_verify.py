@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,9 +29,11 @@ import redis
 from opensearchpy import OpenSearch
 
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, table_index
+from pgcdc.core.durations import duration
 from sinks.cache_script import version_bytes
 from tests.conftest import ROOT, Endpoints, wait_until
 from tests.e2e.pipeline import (
+    CDC,
     Pipeline,
     cache_state,
     cache_watermark,
@@ -39,8 +43,10 @@ from tests.e2e.pipeline import (
     search_watermark,
     start_job,
     start_reader,
+    tail,
 )
 from tests.integration.real_databases.support import cleanup
+from tests.pg_majors import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -60,6 +66,7 @@ CREATE TABLE load (id int PRIMARY KEY, n int NOT NULL, note text);
 INSERT INTO load SELECT i, 0, 'row ' || i FROM generate_series(1, 3000) i;
 """
 ITEMS, PAIRS, LOAD = "public.items", "public.pairs", "public.load"
+CDC_VERIFY = [*CDC, "verify", "--fence-timeout", "60"]
 
 
 def _own_redis_db(url: str) -> str:
@@ -355,3 +362,126 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
     finally:
         search.close()
         r.close()
+
+
+def _metric(text: str, name: str, **labels: str) -> float | None:
+    """One sample of a Prometheus text exposition, by name and labels (None: not there)."""
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+def _status(p: Pipeline) -> tuple[int, dict[str, Any]]:
+    out = _cdc(p, "status", "--json")
+    try:
+        return out.returncode, json.loads(out.stdout)
+    except ValueError:
+        pytest.fail(f"cdc status printed no JSON (exit {out.returncode}):\n{out.stderr[-3000:]}")
+
+
+def test_verify_every_records_each_pass_for_status_and_metrics(running: Running) -> None:
+    """``cdc verify --every 1s`` on one table: each pass is recorded for ``cdc status`` and
+    counted in its metrics; a row key deleted from the cache between passes is drift in the
+    next pass, in both (status unhealthy, exit 3); SIGTERM ends the run with exit 0."""
+    p = running.p
+    port = free_port()
+    log = running.log_dir / "verify-every.log"
+    r = redis.Redis.from_url(p.endpoints.redis_url)
+    key = f"{p.key_prefix}:{PAIRS}:" + json.dumps([1, "k1"], separators=(",", ":"))
+    fields = r.hgetall(key)
+    assert fields, key
+    every = [*CDC_VERIFY, "--every", "1s", "--metrics-port", str(port), "pairs"]
+    with log.open("ab") as f:
+        proc = subprocess.Popen(
+            every, env=p.env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text: str = answer.read().decode()
+        return text
+
+    def after(outcome: str, passes: int) -> str | None:
+        text = metrics()
+        return (
+            text
+            if (_metric(text, "cdc_verify_passes_total", outcome=outcome) or 0) >= passes
+            else None
+        )
+
+    try:
+        first = wait_until(lambda: after("clean", 2), timeout=120, interval=0.3, what="2 passes")
+        assert first is not None
+        # 30 keys each pass, on each follower.
+        assert (
+            _metric(first, "cdc_verify_rows_checked_total", table=PAIRS, follower="cache") or 0
+        ) >= 60
+        done_at = _metric(first, "cdc_verify_last_pass_completed_timestamp_seconds")
+        assert done_at is not None and time.time() - 120 < done_at <= time.time()
+        code, status = _status(p)
+        verify = status["verify"]
+        assert verify["outcome"] == "clean" and verify["every_s"] == 1.0, verify
+        assert verify["number"] >= 2
+        assert {(c["table"], c["follower"], c["rows_checked"]) for c in verify["checks"]} == {
+            (PAIRS, "cache", 30),
+            (PAIRS, "search", 30),
+        }
+        assert code == 0 and status["healthy"] is True, status["problems"]
+
+        r.delete(key)  # drift between passes: a row the cache lost
+        drifted = wait_until(lambda: after("drift", 1), timeout=120, interval=0.3, what="drift")
+        assert drifted is not None
+        missing = {
+            f: _metric(
+                drifted, "cdc_verify_divergent_keys", table=PAIRS, follower=f, kind="missing"
+            )
+            for f in ("cache", "search")
+        }
+        assert missing == {"cache": 1.0, "search": 0.0}, drifted
+        code, status = _status(p)
+        verify = status["verify"]
+        assert code == 3 and verify["outcome"] == "drift", status
+        by = {c["follower"]: c for c in verify["checks"]}
+        assert by["cache"]["missing"] == 1 and by["cache"]["examples"] == {"missing": ['[1,"k1"]']}
+        assert by["search"]["outcome"] == "clean"
+        assert [x for x in status["problems"] if "cdc verify" in x] == [
+            f"the last pass {verify['number']} of cdc verify --every (finished "
+            f"{duration(verify['age_s'])} ago) found drift: {PAIRS} on cache (missing 1); "
+            "`cdc verify --repair` publishes the missing and differing rows again "
+            "(docs/verify.md)"
+        ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, tail(log)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+        r.hset(key, mapping=fields)
+        r.close()
+    out = log.read_text()
+    assert "verify pass 1: 1 table(s) on cache, search, 60 rows checked, clean, in" in out, out
+    assert "DRIFT: public.pairs on cache (missing 1), in" in out, out
+    assert "stopped after" in out and "Traceback" not in out and "Warning" not in out, out
+
+
+def test_reads_are_paced_to_the_row_rate(running: Running) -> None:
+    """``verify.max_rows_per_second`` holds a pass back: pairs' 30 rows read from PostgreSQL
+    and from each follower are 90 rows, which at 20 rows a second (one second's 20 banked)
+    take at least 3.5 s; the pass takes a fraction of that unbounded."""
+    p = running.p
+    out = subprocess.run(
+        [*CDC_VERIFY, "--json", "pairs"],
+        env=p.env(CDC_VERIFY__MAX_ROWS_PER_SECOND="20"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    # The pass's own time, as recorded for cdc status (the process's start-up aside).
+    _, status = _status(p)
+    verify = status["verify"]
+    assert verify["every_s"] is None and verify["outcome"] == "clean", verify
+    assert verify["rows_checked"] == 60 and verify["duration_s"] >= 3.5, verify

@@ -20,14 +20,21 @@ from typing import Any
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
-from pgcdc.core.spark_settings import ReadPath
+from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
 from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
+from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
 from spark_jobs.progress import ProgressLog
-from spark_jobs.source import kafka_stream, settings_env_from_conf, spark_session, submitted_conf
+from spark_jobs.source import (
+    is_local_path,
+    kafka_stream,
+    settings_env_from_conf,
+    spark_session,
+    submitted_conf,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +103,16 @@ def run(
         return 2
     configure_logging(settings.log_level, json_logs=settings.log_json)
     quiet_per_batch_loggers(logging.getLogger().level)
-    spark = spark_session(settings, f"cdc-{opts.name}")
+    lock = None
+    if settings.spark.checkpoint_files is CheckpointFiles.FILESYSTEM and is_local_path(
+        opts.checkpoint
+    ):
+        try:
+            lock = checkpoint_lock(behind.local_dir(opts.checkpoint))
+        except CheckpointInUse as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    spark = spark_session(settings, f"cdc-{opts.name}", opts.checkpoint)
     spark.sparkContext.setLogLevel("WARN")
     interrupt = install_interrupt(spark, opts.name)
 
@@ -140,6 +156,8 @@ def run(
     finally:
         if health is not None:
             health.close()
+        if lock is not None:  # held while the query ran; the process's end frees it too
+            lock.close()
     exc = query.exception()
     if exc is not None and not interrupt.stop.is_set():
         log.error("%s stopped: %s", opts.name, exc, extra={"job": opts.name})

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+from urllib.parse import urlsplit
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.kafka_config import spark_source_options
 from pgcdc.core.settings import Settings
-from pgcdc.core.spark_settings import ReadPath
+from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
 from spark_jobs.kafka_direct import SOURCE_NAME, Subscription, direct_source
 from spark_jobs.options import JobOptions
 
@@ -18,6 +19,10 @@ from spark_jobs.options import JobOptions
 # (kafka.sasl.jaas.config) and maybe an inline private key (kafka.ssl.keystore.key).
 REDACTED_OPTIONS = r"(?i)url|password|secret|token|jaas|keystore\.key"
 FETCH_MAX_WAIT_MS = 10
+FILESYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+RAW_LOCAL_FS = "org.apache.hadoop.fs.RawLocalFileSystem"
 
 
 def submitted_conf() -> SparkConf:
@@ -43,8 +48,17 @@ def settings_env_from_conf(conf: SparkConf, environ: dict[str, str] | None = Non
     return taken
 
 
-def spark_session(settings: Settings, app_name: str) -> SparkSession:
-    """The active session: spark-submit's master if given, else the configured one."""
+def is_local_path(path: str) -> bool:
+    """Whether a checkpoint path is on this machine's file system (no scheme, or file:)."""
+    scheme = urlsplit(path).scheme
+    return scheme in ("", "file")
+
+
+def spark_session(settings: Settings, app_name: str, checkpoint: str | None = None) -> SparkSession:
+    """The active session: spark-submit's master if given, else the configured one. With
+    ``spark.checkpoint_files = filesystem``, checkpoints are written through Hadoop's
+    FileSystem API, and a local ``checkpoint`` through the raw local file system
+    (:class:`pgcdc.core.spark_settings.CheckpointFiles`)."""
     conf = submitted_conf()
     builder = SparkSession.builder.appName(app_name)
     if not conf.contains("spark.master"):
@@ -62,6 +76,18 @@ def spark_session(settings: Settings, app_name: str) -> SparkSession:
         "spark.sql.redaction.options.regex",
         conf.get("spark.sql.redaction.options.regex", REDACTED_OPTIONS),
     )
+    if settings.spark.checkpoint_files is CheckpointFiles.FILESYSTEM:
+        builder = builder.config(
+            "spark.sql.streaming.checkpointFileManagerClass",
+            conf.get("spark.sql.streaming.checkpointFileManagerClass", FILESYSTEM_CHECKPOINTS),
+        )
+        if checkpoint is not None and is_local_path(checkpoint):
+            # No .crc files (ChecksumFileSystem's) and no forks: the raw local file system.
+            # Not cached, so that a local file system the JVM made before (spark-submit's)
+            # is not the one the checkpoint gets.
+            builder = builder.config(
+                "spark.hadoop.fs.file.impl", conf.get("spark.hadoop.fs.file.impl", RAW_LOCAL_FS)
+            ).config("spark.hadoop.fs.file.impl.disable.cache", "true")
     return builder.getOrCreate()
 
 

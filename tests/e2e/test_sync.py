@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
+from spark_jobs.checkpoint_lock import LOCK_FILE
 from tests.conftest import Endpoints, wait_until
 from tests.e2e.pipeline import (
     Pipeline,
@@ -76,16 +77,30 @@ def _equal(p: Pipeline, state: object) -> bool:
 
 @pytest.mark.parametrize("read", ["spark", "direct"])
 def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read: str) -> None:
+    """With either read; the direct one writes its checkpoint through Hadoop's FileSystem
+    API (spark.checkpoint_files = filesystem), the other through FileContext (the default)."""
     _write(pipeline, 0 if read == "spark" else 1)
     # Each read path with its own checkpoint: the direct one starts from offset 0 too.
+    files = "filesystem" if read == "direct" else "filecontext"
     p = replace(
         pipeline,
         checkpoint_dir=pipeline.checkpoint_dir / read,
-        settings_env=(*pipeline.settings_env, ("CDC_SPARK__READ", read)),
+        settings_env=(
+            *pipeline.settings_env,
+            ("CDC_SPARK__READ", read),
+            ("CDC_SPARK__CHECKPOINT_FILES", files),
+        ),
     )
     run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS)
     log = (tmp_path / "sync.log").read_text(errors="replace")
     assert f" read={read} " in log, log[-3000:]
+    # FileContext's local file system writes a checksum file beside each file; the raw
+    # local file system that filesystem uses does not, and the job held the checkpoint's lock.
+    checkpoint = p.checkpoint_dir / "sync"
+    offsets = [f.name for f in (checkpoint / "offsets").iterdir()]
+    assert "0" in offsets
+    assert any(name.endswith(".crc") for name in offsets) == (files == "filecontext"), offsets
+    assert (checkpoint / LOCK_FILE).exists() == (files == "filesystem")
     for state in (cache_state, search_state):
         problems = diff(leader_state(pipeline.dsn, TABLE), state(pipeline, TABLE))
         assert not problems, f"{state.__name__} differs:\n{problems}"

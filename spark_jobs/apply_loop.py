@@ -41,13 +41,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from pgcdc.core.errors import RetryableSinkError, SinkError
+from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ParsePath, ReadPath
@@ -475,6 +476,14 @@ def _quiet_probes() -> None:
             handler.addFilter(_QuietProbe())
 
 
+def _local_offsets_log(checkpoint: str) -> Path | None:
+    """The checkpoint's offsets log as a local directory, or None (``hdfs://`` and the like)."""
+    try:
+        return behind.local_dir(checkpoint) / "offsets"
+    except ConfigError:
+        return None
+
+
 class ApplyBatch:
     """The ``foreachBatch`` function: apply the micro-batch in the workers to each follower,
     then record each follower's watermark. Its frame is ``batch.events(<the Kafka stream>)``.
@@ -525,6 +534,11 @@ class ApplyBatch:
         self.behind = behind.load(self._state_dir) if self._state_dir else {}
         self._answering: dict[str, threading.Event] = {}
         self._planners_stopped = False  # the direct read's (spark_jobs.planner_workers)
+        # The direct read's ranges come from the checkpoint's offsets log when it is a local
+        # directory (_logged_ranges); the batch running now.
+        self._offsets_log = _local_offsets_log(opts.checkpoint)
+        self.batch_id: int | None = None
+        self._said_logged = False
         for f in self.followers:
             if f.job in self.behind:
                 self._probe(f.job)
@@ -537,10 +551,13 @@ class ApplyBatch:
         ``unreachable`` set for one that was unreachable in any task."""
         fs = tuple(followers)
         if self.settings.spark.read is ReadPath.DIRECT:
-            # The frame holds the batch's offset ranges: collected first, then a task each
-            # reads its range. Not mapInArrow over the source's frame itself: each task would
-            # then hold two Python workers, the source's and the apply's.
-            ranges = [Range.of(row) for row in events.collect()]
+            # The frame holds the batch's offset ranges, which the checkpoint's offsets log
+            # says too (:meth:`_logged_ranges`); else they are collected first. Then a task
+            # each reads its range. Not mapInArrow over the source's frame itself: each task
+            # would then hold two Python workers, the source's and the apply's.
+            ranges = self._logged_ranges(self.batch_id)
+            if ranges is None:
+                ranges = [Range.of(row) for row in events.collect()]
             self.read_from = range_starts(ranges)
             if not self._planners_stopped:  # the source is planned: they idle from now on
                 self._planners_stopped = True
@@ -554,6 +571,33 @@ class ApplyBatch:
         # One stage, a task per Kafka partition (or per key-hash partition): each task
         # reduces and applies its own keys; the driver only gathers the counts.
         return self._totals(fs, stats_from_rows(events.mapInArrow(apply, STATS_SCHEMA).collect()))
+
+    def _logged_ranges(self, batch_id: int | None) -> list[Range] | None:
+        """Batch ``batch_id``'s offset ranges, planned as the source plans them
+        (:func:`plan_ranges` of Spark's start and end offsets: the previous batch's entry of
+        the checkpoint's offsets log and this batch's, which Spark writes before it runs
+        the batch), so that no Spark job collects them; None when the log cannot say (the
+        first batch, whose start Spark does not log for this source; a checkpoint that is
+        not a local directory; an entry that cannot be read)."""
+        if batch_id is None or batch_id == 0 or self._offsets_log is None:
+            return None
+        try:
+            start, end = (
+                behind.logged_offsets((self._offsets_log / str(n)).read_text(errors="replace"))
+                for n in (batch_id - 1, batch_id)
+            )
+        except (OSError, ValueError) as e:
+            log.debug("batch %d: ranges collected (offsets log: %s)", batch_id, e)
+            return None
+        if not self._said_logged:
+            self._said_logged = True
+            log.info(
+                "batch %d: the offset ranges come from the checkpoint's offsets log from now "
+                "on (no Spark job collects them)",
+                batch_id,
+                extra={"job": self.opts.name, "batch_id": batch_id},
+            )
+        return plan_ranges(start, end)
 
     def _range_tasks(
         self, spark: SparkSession, ranges: Sequence[Range], followers: Sequence[Follower]
@@ -925,6 +969,7 @@ class ApplyBatch:
 
     def _run(self, events: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
+        self.batch_id = batch_id
         if self.behind:
             self._catch_up(events, batch_id)
         current = [f for f in self.followers if f.job not in self.behind]

@@ -77,8 +77,9 @@ def _equal(p: Pipeline, state: object) -> bool:
 
 @pytest.mark.parametrize("read", ["spark", "direct"])
 def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read: str) -> None:
-    """With either read; the direct one writes its checkpoint through Hadoop's FileSystem
-    API (spark.checkpoint_files = filesystem), the other through FileContext (the default)."""
+    """With either read; the direct one in several batches, its checkpoint written through
+    Hadoop's FileSystem API (spark.checkpoint_files = filesystem), the other's through
+    FileContext (the default)."""
     _write(pipeline, 0 if read == "spark" else 1)
     # Each read path with its own checkpoint: the direct one starts from offset 0 too.
     files = "filesystem" if read == "direct" else "filecontext"
@@ -91,9 +92,14 @@ def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read
             ("CDC_SPARK__CHECKPOINT_FILES", files),
         ),
     )
-    run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS)
+    # The direct read in batches of 150: after the first, each batch's ranges come from
+    # the checkpoint's offsets log.
+    limit = ("--max-offsets-per-trigger", "150") if read == "direct" else ()
+    run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS, *limit)
     log = (tmp_path / "sync.log").read_text(errors="replace")
     assert f" read={read} " in log, log[-3000:]
+    logged = "batch 1: the offset ranges come from the checkpoint's offsets log" in log
+    assert logged == (read == "direct"), log[-3000:]
     # FileContext's local file system writes a checksum file beside each file; the raw
     # local file system that filesystem uses does not, and the job held the checkpoint's lock.
     checkpoint = p.checkpoint_dir / "sync"

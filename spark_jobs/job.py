@@ -29,6 +29,7 @@ from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
 from spark_jobs.progress import ProgressLog
 from spark_jobs.source import (
+    checkpoint_files,
     is_local_path,
     kafka_stream,
     settings_env_from_conf,
@@ -104,9 +105,8 @@ def run(
     configure_logging(settings.log_level, json_logs=settings.log_json)
     quiet_per_batch_loggers(logging.getLogger().level)
     lock = None
-    if settings.spark.checkpoint_files is CheckpointFiles.FILESYSTEM and is_local_path(
-        opts.checkpoint
-    ):
+    files = checkpoint_files(settings, opts.checkpoint)
+    if files is CheckpointFiles.FILESYSTEM and is_local_path(opts.checkpoint):
         try:
             lock = checkpoint_lock(behind.local_dir(opts.checkpoint))
         except CheckpointInUse as e:

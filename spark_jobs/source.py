@@ -54,10 +54,19 @@ def is_local_path(path: str) -> bool:
     return scheme in ("", "file")
 
 
+def checkpoint_files(settings: Settings, checkpoint: str) -> CheckpointFiles:
+    """How the job checkpointing at ``checkpoint`` writes its files (``auto`` resolved)."""
+    chosen = settings.spark.checkpoint_files
+    if chosen is CheckpointFiles.AUTO:
+        local = is_local_path(checkpoint)
+        return CheckpointFiles.FILESYSTEM if local else CheckpointFiles.FILECONTEXT
+    return chosen
+
+
 def spark_session(settings: Settings, app_name: str, checkpoint: str | None = None) -> SparkSession:
-    """The active session: spark-submit's master if given, else the configured one. With
-    ``spark.checkpoint_files = filesystem``, checkpoints are written through Hadoop's
-    FileSystem API, and a local ``checkpoint`` through the raw local file system
+    """The active session: spark-submit's master if given, else the configured one. When
+    the job's ``checkpoint`` is written through Hadoop's FileSystem API
+    (:func:`checkpoint_files`), a local one is written through the raw local file system
     (:class:`pgcdc.core.spark_settings.CheckpointFiles`)."""
     conf = submitted_conf()
     builder = SparkSession.builder.appName(app_name)
@@ -76,12 +85,15 @@ def spark_session(settings: Settings, app_name: str, checkpoint: str | None = No
         "spark.sql.redaction.options.regex",
         conf.get("spark.sql.redaction.options.regex", REDACTED_OPTIONS),
     )
-    if settings.spark.checkpoint_files is CheckpointFiles.FILESYSTEM:
+    if (
+        checkpoint is not None
+        and checkpoint_files(settings, checkpoint) is CheckpointFiles.FILESYSTEM
+    ):
         builder = builder.config(
             "spark.sql.streaming.checkpointFileManagerClass",
             conf.get("spark.sql.streaming.checkpointFileManagerClass", FILESYSTEM_CHECKPOINTS),
         )
-        if checkpoint is not None and is_local_path(checkpoint):
+        if is_local_path(checkpoint):
             # No .crc files (ChecksumFileSystem's) and no forks: the raw local file system.
             # Not cached, so that a local file system the JVM made before (spark-submit's)
             # is not the one the checkpoint gets.

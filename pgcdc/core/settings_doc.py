@@ -127,10 +127,11 @@ MEANINGS = {
     "spark.follower_behind_after_s": "seconds one follower of `spark_jobs/sync.py` may stay "
     "unreachable while another applies the batch; then it falls behind and catches up later",
     "spark.checkpoint_files": "how a job writes its checkpoint's files: `filecontext` "
-    "(Spark's default: Hadoop FileContext, an atomic rename that never overwrites) or "
+    "(Spark's default: Hadoop FileContext, an atomic rename that never overwrites), "
     "`filesystem` (Hadoop FileSystem; on a local path the raw local file system, without "
     "checksum files and the `readlink`/`chmod` forks each micro-batch, a lock file keeping a "
-    "second job off the checkpoint)",
+    "second job off the checkpoint) or `auto` (`filesystem` on a local path, `filecontext` "
+    "on `hdfs://`, `s3a://` and the like)",
     "spark.concurrent_followers": "the shared job's tasks write each chunk of changes to their "
     "followers at the same time, a thread per follower (each follower's chunks in order), and "
     "build the next chunk meanwhile; false: one follower after the other",

@@ -24,8 +24,10 @@ class CheckpointFiles(StrEnum):
     an atomic rename that never overwrites) or its ``FileSystem`` API (on a local path the
     raw local file system, without the checksum files and the forks of ``readlink`` and
     ``chmod`` that the default costs each micro-batch; a lock file keeps a second job off
-    the same checkpoint instead of the no-overwrite rename)."""
+    the same checkpoint instead of the no-overwrite rename); ``auto``: ``filesystem`` on a
+    local path, ``filecontext`` elsewhere (``hdfs://``, ``s3a://``)."""
 
+    AUTO = "auto"
     FILECONTEXT = "filecontext"
     FILESYSTEM = "filesystem"
 
@@ -48,7 +50,7 @@ class SparkSettings(BaseModel):
     checkpoint_dir: str = Field(default=".stack/checkpoints", validate_default=True)
     # How each micro-batch's checkpoint files are written (CheckpointFiles above): `filesystem`
     # costs the JVM less CPU a batch on a local checkpoint (docs/scale-out.md).
-    checkpoint_files: CheckpointFiles = CheckpointFiles.FILECONTEXT
+    checkpoint_files: CheckpointFiles = CheckpointFiles.AUTO
     trigger_interval: str = "500 milliseconds"
     max_offsets_per_trigger: int | None = Field(default=None, ge=1)
     # Tasks per micro-batch when more than the topics' partitions: the Kafka source splits

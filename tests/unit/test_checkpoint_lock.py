@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
 try:
-    checkpoint_lock(Path(sys.argv[1]))
+    checkpoint_lock(Path(sys.argv[1]), wait_s=float(sys.argv[2]))
 except CheckpointInUse as e:
     print(e)
     sys.exit(2)
@@ -23,9 +25,12 @@ print("locked")
 """
 
 
-def _try(directory: Path) -> subprocess.CompletedProcess[str]:
+def _try(directory: Path, wait_s: float = 0.2) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", TRY, str(directory)], capture_output=True, text=True, check=False
+        [sys.executable, "-c", TRY, str(directory), str(wait_s)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -49,6 +54,15 @@ def test_the_same_process_cannot_take_it_twice_either(tmp_path: Path) -> None:
     held = checkpoint_lock(tmp_path)
     try:
         with pytest.raises(CheckpointInUse):
-            checkpoint_lock(tmp_path)
+            checkpoint_lock(tmp_path, wait_s=0)
     finally:
         held.close()
+
+
+def test_a_job_restarted_at_once_waits_for_its_predecessor_to_end(tmp_path: Path) -> None:
+    held = checkpoint_lock(tmp_path)
+    threading.Timer(0.3, held.close).start()  # the killed job's process ends
+    started = time.monotonic()
+    out = _try(tmp_path, wait_s=10)
+    assert out.stdout.strip() == "locked", out
+    assert time.monotonic() - started < 10

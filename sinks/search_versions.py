@@ -43,6 +43,16 @@ def version_name(name: str, version: int) -> str:
     return fit_name(f"{name}-v{version}", MAX_INDEX_NAME_BYTES)
 
 
+def write_alias(name: str) -> str:
+    """The alias the follower writes ``name``'s serving version through (and, for a next
+    version's index, that version through). Upper case on purpose: OpenSearch never creates
+    an index of that name (index names are lower case), so a write or an externally
+    versioned delete into it once its index is gone is refused (``index_not_found``), never
+    the start of a new index with a dynamic mapping (``require_alias`` alone does not cover
+    deletes: OpenSearch 2.19 creates the index of an external-versioned delete)."""
+    return fit_name(name, MAX_INDEX_NAME_BYTES - 2) + "-W"
+
+
 def with_version(mapping: Mapping[str, Any], name: str, version: int) -> dict[str, Any]:
     """``mapping`` recording that its index is ``version`` of the table index ``name``."""
     meta = {**dict(mapping.get("_meta") or {}), META_KEY: version, NAME_KEY: name}
@@ -121,6 +131,27 @@ def under_way(client: OpenSearch, prefix: str) -> list[tuple[Serving, str]]:
     return found
 
 
+def unnamed(client: OpenSearch, prefix: str) -> list[tuple[str, str]]:
+    """(name, index) for every version index of ``prefix`` that the follower writes through
+    its name's write alias but that the name no longer reads: the name's alias was deleted,
+    the index kept (one request: the versions' aliases; a name cut to fit is not told)."""
+    try:
+        got = client.indices.get_alias(index=f"{prefix}-*-v*")
+    except NotFoundError:
+        return []
+    found = []
+    for index, body in got.items():
+        aliases = set((body or {}).get("aliases") or {})
+        for alias in aliases:
+            name = alias[:-2] if alias.endswith("-W") else None
+            if not name or name == index or name in aliases or write_alias(name) != alias:
+                continue
+            head, sep, version = index.rpartition("-v")
+            if sep and head == name and version.isdigit() and int(version) >= 2:
+                found.append((name, index))
+    return found
+
+
 def _ids(client: OpenSearch, index: str, page: int) -> Iterator[list[str]]:
     """Every document id of ``index``, a page at a time (search_after on _id: no scroll
     context to keep or leak)."""
@@ -170,13 +201,17 @@ def switch(client: OpenSearch, now: Serving, target: str) -> str | None:
     in flight on its shards at that instant fails (503, all shards failed) and is retried by
     the searcher. From an alias (version 2 on) the switch moves the alias only, and the old
     version stays until it is retired: no search fails."""
+    write = write_alias(now.name)
     if now.is_alias:
-        old: dict[str, Any] = {"remove": {"index": now.index, "alias": now.name}}
-    else:
-        old = {"remove_index": {"index": now.index}}
-    client.indices.update_aliases(
-        body={"actions": [old, {"add": {"index": target, "alias": now.name}}]}
-    )
+        old: list[dict[str, Any]] = [
+            {"remove": {"index": now.index, "alias": now.name}},
+            # An index made before write aliases has none: not an error.
+            {"remove": {"index": now.index, "alias": write, "must_exist": False}},
+        ]
+    else:  # its aliases, the write alias too, go with it
+        old = [{"remove_index": {"index": now.index}}]
+    adds = [{"add": {"index": target, "alias": a}} for a in (now.name, write)]
+    client.indices.update_aliases(body={"actions": [*old, *adds]})
     return now.index if now.is_alias else None
 
 

@@ -550,6 +550,17 @@ class SearchSink:
         WARNING says what was lost."""
         name = self.index_for(table)
         alias = versions.write_alias(name)
+        if not lost:
+            # The usual start: the write alias on the index of the name itself (version 1)
+            # says that both are there, in one request; a later version's name is an alias
+            # of its own, looked at below.
+            held = self._retrying.call(f"resolve {alias}", partial(self._alias_index, alias))
+            if held == name:
+                self._serving[name] = versions.Serving(name, name, 1)
+                self._writes[name] = alias
+                self._aliased.add(alias)
+                self._ready.add(name)
+                return
         now = self._retrying.call(f"resolve {name}", partial(versions.serving, self.client, name))
         if now is None:
             now = self._retrying.call(f"resolve {alias}", partial(self._kept_version, name, alias))
@@ -598,16 +609,18 @@ class SearchSink:
             extra={"table": table, "index": now.name},
         )
 
+    def _alias_index(self, alias: str) -> str | None:
+        """The one index ``alias`` points at, if it is an alias of one index."""
+        got = self.client.indices.get_alias(name=alias, params={"ignore": 404})
+        if got.get("status") == 404 and "error" in got:
+            return None
+        return next(iter(got)) if len(got) == 1 else None
+
     def _kept_version(self, name: str, alias: str) -> versions.Serving | None:
         """The version of ``name`` its write alias still writes into, if any (its name's
         alias deleted, the index kept)."""
-        try:
-            got = self.client.indices.get_mapping(index=alias)
-        except TransportError as e:
-            if e.status_code == 404:
-                return None
-            raise
-        if len(got) != 1:
+        got = versions.mappings(self.client, alias)
+        if got is None or len(got) != 1:
             return None
         ((index, body),) = got.items()
         meta = body.get("mappings", {}).get("_meta") or {}
@@ -623,11 +636,8 @@ class SearchSink:
         itself if OpenSearch refuses the alias for good (e.g. no alias privilege)."""
 
         def point() -> None:
-            try:
-                got = self.client.indices.get_alias(name=alias)
-            except TransportError as e:
-                if e.status_code != 404:
-                    raise
+            got = self.client.indices.get_alias(name=alias, params={"ignore": 404})
+            if got.get("status") == 404 and "error" in got:
                 got = {}
             if set(got) == {index}:
                 return
@@ -1094,10 +1104,10 @@ def _moved(op: _Op, index: str, *, require_alias: bool) -> bytes:
     head, sep, rest = op.action.partition(b"\n")
     head = head.replace(orjson.dumps(op.index), orjson.dumps(index), 1)
     # The flag follows the target (an alias can require one, an index cannot): as
-    # action_format sets it, on index actions only.
+    # action_format sets it, not on deletes.
     flag = b',"require_alias":true'
     head = head.replace(flag, b"", 1)
-    if require_alias and head.startswith(b'{"index"'):
+    if require_alias and not head.startswith(b'{"delete"'):
         head = head[:-2] + flag + b"}}"
     return head + sep + rest
 

@@ -103,10 +103,12 @@ def action_format(kind: str, index: str, *, require_alias: bool = False) -> byte
     the version (``% (orjson.dumps(change.key), change.commit_lsn)``): what is the same for
     every change of an index, encoded once. ``require_alias``: OpenSearch refuses the write
     (404 ``index_not_found_exception``) unless ``index`` is an alias, instead of creating
-    an index of that name (deletes ignore the flag)."""
+    an index of that name; deletes ignore it (an external-versioned delete creates its index
+    all the same), so it is left out of theirs."""
     dumps = orjson.dumps
     head = b'{%b:{"_index":%b,"_id":' % (dumps(kind), dumps(index))
-    tail = b',"require_alias":true}}\n' if require_alias else b"}}\n"
+    flag = require_alias and kind != "delete"
+    tail = b',"require_alias":true}}\n' if flag else b"}}\n"
     return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"' + tail
 
 

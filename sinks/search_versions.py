@@ -36,6 +36,15 @@ NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
 PAGE: Final = 10_000  # ids per page when comparing two versions
 
 
+def version_of(name: str, index: str) -> int | None:
+    """The version ``index`` is of the table index ``name`` by its name (None: no version's
+    name of it; a version's name cut to fit is not told)."""
+    head, sep, version = index.rpartition("-v")
+    if sep and head == name and version.isdigit() and int(version) >= 2:
+        return int(version)
+    return None
+
+
 def version_name(name: str, version: int) -> str:
     """The concrete index of ``version`` (2 or more) of the table index ``name``."""
     if version < 2:
@@ -76,11 +85,20 @@ class Serving:
         return version_name(self.name, self.version + 1)
 
 
+def mappings(client: OpenSearch, name: str) -> dict[str, Any] | None:
+    """The mappings of the indices ``name`` names, or None if there is no such index or
+    alias (asked so that the client logs no failed request: a name found missing is an
+    answer here)."""
+    got = client.indices.get_mapping(index=name, params={"ignore": 404})
+    if got.get("status") == 404 and "error" in got:
+        return None
+    return dict(got)
+
+
 def serving(client: OpenSearch, name: str) -> Serving | None:
     """What ``name`` reads now, or None if there is no such index or alias."""
-    try:
-        got = client.indices.get_mapping(index=name)
-    except NotFoundError:
+    got = mappings(client, name)
+    if got is None:
         return None
     if len(got) != 1:
         raise ValueError(f"{name} names {len(got)} indices, not one: {sorted(got)}")
@@ -94,9 +112,8 @@ def building(client: OpenSearch, now: Serving) -> str | None:
     is that version of ``now.name`` (an index of that name made by someone else is no build:
     :func:`foreign`; a table's own index never has that name, since its ``-`` is escaped)."""
     nxt = now.next_index
-    try:
-        got = client.indices.get_mapping(index=nxt)
-    except NotFoundError:
+    got = mappings(client, nxt)
+    if got is None:
         return None
     body = got.get(nxt) or {}
     meta = body.get("mappings", {}).get("_meta") or {}
@@ -146,8 +163,7 @@ def unnamed(client: OpenSearch, prefix: str) -> list[tuple[str, str]]:
             name = alias[:-2] if alias.endswith("-W") else None
             if not name or name == index or name in aliases or write_alias(name) != alias:
                 continue
-            head, sep, version = index.rpartition("-v")
-            if sep and head == name and version.isdigit() and int(version) >= 2:
+            if (version_of(name, index) or 0) >= 2:
                 found.append((name, index))
     return found
 

@@ -576,9 +576,9 @@ class SearchSink:
             else:
                 index, aliases = versions.version_name(name, version), [name, alias]
                 mapping = versions.with_version(mapping, name, version)
-            self._create_index(index, mapping, aliases)
+            made = self._create_index(index, mapping, aliases)
             now = versions.Serving(name, index, version)
-            if lost:
+            if lost and made:  # (another worker that made it first says so)
                 log.warning(
                     "index %s was deleted under the search follower: created it again as the "
                     "follower creates it (%s, version %d, the table's mapping) and wrote the "
@@ -673,6 +673,10 @@ class SearchSink:
         if build is None:
             return
         now = self._serving[name]
+        if now.version != build[0].version:  # switched meanwhile (another worker): built
+            del self._builds[table]
+            self._build_writes.pop(table, None)
+            return
         target = self._retrying.call(
             f"look for a build of {name}", partial(versions.building, self.client, now)
         )
@@ -698,23 +702,26 @@ class SearchSink:
             mapping = versions.with_version(
                 mapping_from_connect_schema(fields), name, now.version + 1
             )
-            self._create_index(target, mapping, [versions.write_alias(target)])
-            log.warning(
-                "index %s: its next version %s was deleted while it was built: created it "
-                "again, empty; searches keep reading version %d until it holds every "
-                "document, so run `cdc snapshot %s` to bring the rows it lost",
-                name,
-                target,
-                now.version,
-                table,
-                extra={"table": table, "index": name},
-            )
+            if self._create_index(target, mapping, [versions.write_alias(target)]):
+                log.warning(
+                    "index %s: its next version %s was deleted while it was built: created it "
+                    "again, empty; searches keep reading version %d until it holds every "
+                    "document, so run `cdc snapshot %s` to bring the rows it lost",
+                    name,
+                    target,
+                    now.version,
+                    table,
+                    extra={"table": table, "index": name},
+                )
         self._builds[table] = (now, target)
         self._build_writes[table] = self._write_alias(versions.write_alias(target), target)
 
     def _create_index(
         self, name: str, mapping: Mapping[str, Any], aliases: Sequence[str] = ()
-    ) -> None:
+    ) -> bool:
+        """Create index ``name`` with its ``aliases`` unless it exists; whether this call
+        created it (not another writer)."""
+        created = [False]
         settings = index_settings(
             self.gc_deletes,
             shards=self.shards,
@@ -727,6 +734,7 @@ class SearchSink:
             if not self.client.indices.exists(index=name):
                 try:
                     self.client.indices.create(index=name, body=body)
+                    created[0] = True
                     log.info("created index", extra={"index": name})
                 except TransportError as e:
                     # Another writer created it first.
@@ -742,6 +750,7 @@ class SearchSink:
 
         self._retrying.call(f"create index {name}", create)
         self._ready.add(name)
+        return created[0]
 
     def refresh_indices(self, *tables: str) -> None:
         """Make everything written so far searchable (all of this sink's tables' indices if

@@ -173,6 +173,7 @@ class SearchSink:
         self._serving: dict[str, versions.Serving] = {}
         self._aliased: set[str] = set()  # write aliases made: writes into them require one
         self._build_writes: dict[str, str] = {}  # per table: its next version's write alias
+        self._watermarks_to = search_watermark_index(index_prefix)  # its write alias, once made
         self._checked: set[str] = set()  # tables whose schema was checked against the index
         # Index name per table: the encoding is pure, and every change would redo it.
         self._index_names: dict[str, str] = {}
@@ -248,8 +249,6 @@ class SearchSink:
         if self.evolve_indices and self._evolve(table, name, fields, refused):
             refused = []  # the next version takes them: nothing is refused
         if refused:
-            if index not in self._ready:
-                self._create_index(index, WATERMARK_MAPPING)
             columns = "; ".join(
                 f"{c} is {held} in the index, {now} now" for c, held, now in refused
             )
@@ -268,10 +267,7 @@ class SearchSink:
                 "refused": [list(r) for r in refused],
                 "at_ms": int(time.time() * 1000),
             }
-            self._retrying.call(
-                f"record {doc_id}",
-                lambda: self.client.index(index=index, id=doc_id, body=body),
-            )
+            self._watermark_write(f"record {doc_id}", doc_id, body)
         else:  # an index missing its record is 404 too
             self._retrying.call(
                 f"clear {doc_id}",
@@ -466,8 +462,6 @@ class SearchSink:
     def _record_refused_switch(self, now: versions.Serving, target: str, e: TransportError) -> None:
         """Record in the watermark index that ``now.name`` cannot switch to ``target``
         (``refused:switch:<name>``, read by :meth:`refused_tables`)."""
-        if self.watermark_index not in self._ready:
-            self._create_index(self.watermark_index, WATERMARK_MAPPING)
         body = {
             "index": now.name,
             "switch": target,
@@ -475,11 +469,8 @@ class SearchSink:
             "reason": _reason(e),
             "at_ms": int(time.time() * 1000),
         }
-        self._retrying.call(
-            f"record the refused switch of {now.name}",
-            lambda: self.client.index(
-                index=self.watermark_index, id=f"{_REFUSED}switch:{now.name}", body=body
-            ),
+        self._watermark_write(
+            f"record the refused switch of {now.name}", f"{_REFUSED}switch:{now.name}", body
         )
 
     def _clear_refused_switch(self, name: str) -> None:
@@ -1059,23 +1050,55 @@ class SearchSink:
         """Record ``lsn`` for ``job``; an older ``lsn`` than the recorded one is ignored."""
         if not 0 <= lsn <= _MAX_LONG:
             raise ValueError(f"watermark LSN {lsn} does not fit a signed 64-bit long")
-        index = self.watermark_index
-        if index not in self._ready:
-            self._create_index(index, WATERMARK_MAPPING)
         body = {"job": job, "lsn": lsn, "updated_at_ms": int(time.time() * 1000)}
+        # A conflict (409) means an equal or higher watermark is already recorded: the usual
+        # outcome of a batch that did not move it, so neither an error nor (with ``ignore``)
+        # the client's WARNING line of a failed request.
+        params = {"version": str(lsn), "version_type": "external", "ignore": 409}
+        self._watermark_write(f"record watermark of {job}", job, body, params)
 
-        def write() -> None:
-            # A conflict (409) means an equal or higher watermark is already recorded: the
-            # usual outcome of a batch that did not move it, so neither an error nor (with
-            # ``ignore``) the client's WARNING line of a failed request.
-            self.client.index(
-                index=index,
-                id=job,
-                body=body,
-                params={"version": str(lsn), "version_type": "external", "ignore": 409},
-            )
+    def _watermark_write(
+        self,
+        what: str,
+        doc_id: str,
+        body: Mapping[str, Any],
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write ``doc_id`` into the watermark index through its write alias (as a table's
+        index: never an index OpenSearch makes); the index deleted under the job is made
+        again, with one WARNING, and the document written."""
+        index = self.watermark_index
+        lost = False
+        for attempt in range(2):
+            if index not in self._ready:
+                made = self._create_index(index, WATERMARK_MAPPING, [versions.write_alias(index)])
+                self._watermarks_to = self._write_alias(versions.write_alias(index), index)
+                if lost and made:
+                    log.warning(
+                        "the watermark index %s was deleted under the search follower: created "
+                        "it again; each search job records its watermark again at its next batch "
+                        "(cdc verify and cdc status wait for that)",
+                        index,
+                        extra={"index": index},
+                    )
+            target = self._watermarks_to
+            asked = dict(params or {})
+            if target != index:
+                # 404 is an answer here (the index gone), not a failed request to log.
+                ignore = asked.get("ignore", ())
+                ignore = (ignore,) if isinstance(ignore, int) else tuple(ignore)
+                asked.update(require_alias="true", ignore=(*ignore, 404))
 
-        self._retrying.call(f"record watermark of {job}", write)
+            def write(target: str = target, asked: dict[str, Any] = asked) -> Any:
+                return self.client.index(index=target, id=doc_id, body=body, params=asked)
+
+            got = self._retrying.call(what, write)
+            if not (isinstance(got, Mapping) and got.get("status") == 404):
+                return
+            if attempt or not _index_gone(got.get("error")):
+                raise SinkError(f"OpenSearch: {what} failed: {got.get('error')}")
+            lost = True
+            self._ready.discard(index)
 
     def read_watermark(self, job: str) -> int | None:
         """The recorded watermark of ``job``, or None."""

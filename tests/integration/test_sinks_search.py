@@ -417,6 +417,26 @@ def test_watermark_only_increases(sink: SearchSink) -> None:
     assert sink.read_watermark("other") is None
 
 
+def test_a_watermark_index_deleted_under_the_sink_is_made_again_as_the_sink_makes_it(
+    sink: SearchSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = sink.watermark_index
+    sink.record_watermark("job", 0x17_0000_0000)
+    sink.client.indices.delete(index=index)
+    caplog.set_level(logging.WARNING, logger="sinks.search")
+    sink.record_watermark("job", 0x16_0000_0000)  # lower than the lost one: it is all there is
+    assert sink.read_watermark("job") == 0x16_0000_0000
+    made = sink.client.indices.get(index=index)[index]
+    props = made["mappings"]["properties"]
+    # The sink's mapping (what OpenSearch would guess: job text, updated_at_ms a long).
+    assert (props["job"]["type"], props["updated_at_ms"]["type"]) == ("keyword", "date")
+    assert set(made["aliases"]) == {f"{index}-W"}
+    assert [r.getMessage() for r in caplog.records if index in r.getMessage()] == [
+        f"the watermark index {index} {_LOST}: created it again; each search job records its "
+        "watermark again at its next batch (cdc verify and cdc status wait for that)"
+    ]
+
+
 def test_an_unchanged_watermark_is_no_warning(
     sink: SearchSink, caplog: pytest.LogCaptureFixture
 ) -> None:

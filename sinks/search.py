@@ -724,7 +724,14 @@ class SearchSink:
         def create() -> None:
             if not self.client.indices.exists(index=name):
                 try:
-                    self.client.indices.create(index=name, body=body)
+                    try:
+                        self.client.indices.create(index=name, body=body)
+                    except TransportError as e:
+                        if e.status_code != 403 or not aliases:
+                            raise
+                        # No privilege on aliases: the index alone (the write alias is
+                        # refused next, said once, and writes go into the index itself).
+                        self.client.indices.create(index=name, body={**body, "aliases": {}})
                     created[0] = True
                     log.info("created index", extra={"index": name})
                 except TransportError as e:

@@ -34,6 +34,14 @@ version check only if it is newer than ours. An older-than-ours, newer-than-held
 slipping in between would have its values for the unchanged columns replaced by the held
 ones. The pipeline rules that out by design: a key lives in one Kafka partition, which one
 task at a time applies, in order.
+
+Lost indices. Writes go through a write alias per index (:func:`sinks.search_versions.write_alias`,
+upper case, so no index can be made under that name): once the index (or the alias) is gone
+OpenSearch refuses the write instead of making a new index with a mapping guessed from the
+values, as it does for a write, or an externally versioned delete, into a missing index
+name. The refused writes make the sink lay the table's index out again as it first does
+(mapping, settings, version, aliases; one WARNING: the documents it held are gone until
+``cdc verify --repair``) and are sent again, never dead-lettered.
 """
 
 from __future__ import annotations

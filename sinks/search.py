@@ -34,6 +34,14 @@ version check only if it is newer than ours. An older-than-ours, newer-than-held
 slipping in between would have its values for the unchanged columns replaced by the held
 ones. The pipeline rules that out by design: a key lives in one Kafka partition, which one
 task at a time applies, in order.
+
+Lost indices. Writes go through a write alias per index (:func:`sinks.search_versions.write_alias`,
+upper case, so no index can be made under that name): once the index (or the alias) is gone
+OpenSearch refuses the write instead of making a new index with a mapping guessed from the
+values, as it does for a write, or an externally versioned delete, into a missing index
+name. The refused writes make the sink lay the table's index out again as it first does
+(mapping, settings, version, aliases; one WARNING: the documents it held are gone until
+``cdc verify --repair``) and are sent again, never dead-lettered.
 """
 
 from __future__ import annotations
@@ -104,6 +112,7 @@ class _Op:
 
     slot: int  # index into the input batch
     table: str
+    index: str  # what the action writes into (a write alias: sinks.search_versions)
     action: bytes  # the bulk action line and, for index, the source line
     note: str | None = None  # reported with an applied outcome
     last_error: str | None = None  # why the last attempt was refused, if it was
@@ -166,7 +175,13 @@ class SearchSink:
         self._schemas: dict[str, list[Mapping[str, Any]]] = {
             t: list(f) for t, f in (schemas or {}).items()
         }
-        self._ready: set[str] = set()
+        self._ready: set[str] = set()  # indices laid out (a table's: its write alias made)
+        # Per table index name: the alias writes go through, and what the name read then.
+        self._writes: dict[str, str] = {}
+        self._serving: dict[str, versions.Serving] = {}
+        self._aliased: set[str] = set()  # write aliases made: writes into them require one
+        self._build_writes: dict[str, str] = {}  # per table: its next version's write alias
+        self._watermarks_to = search_watermark_index(index_prefix)  # its write alias, once made
         self._checked: set[str] = set()  # tables whose schema was checked against the index
         # Index name per table: the encoding is pure, and every change would redo it.
         self._index_names: dict[str, str] = {}
@@ -242,8 +257,6 @@ class SearchSink:
         if self.evolve_indices and self._evolve(table, name, fields, refused):
             refused = []  # the next version takes them: nothing is refused
         if refused:
-            if index not in self._ready:
-                self._create_index(index, WATERMARK_MAPPING)
             columns = "; ".join(
                 f"{c} is {held} in the index, {now} now" for c, held, now in refused
             )
@@ -262,10 +275,7 @@ class SearchSink:
                 "refused": [list(r) for r in refused],
                 "at_ms": int(time.time() * 1000),
             }
-            self._retrying.call(
-                f"record {doc_id}",
-                lambda: self.client.index(index=index, id=doc_id, body=body),
-            )
+            self._watermark_write(f"record {doc_id}", doc_id, body)
         else:  # an index missing its record is 404 too
             self._retrying.call(
                 f"clear {doc_id}",
@@ -313,7 +323,7 @@ class SearchSink:
                 f"{c} is {held} in the index, {new} now" for c, held, new in refused
             )
             try:
-                self._create_index(target, mapping)
+                self._create_index(target, mapping, [versions.write_alias(target)])
             except RetryableSinkError:
                 raise
             except SinkError as e:
@@ -346,6 +356,7 @@ class SearchSink:
         if target is None:
             return False
         self._builds[table] = (now, target)
+        self._build_writes[table] = self._write_alias(versions.write_alias(target), target)
         return True
 
     def advance_builds(self, *, force: bool = False) -> list[str]:
@@ -360,6 +371,7 @@ class SearchSink:
             self._build_checked[table] = time.monotonic()
             if self._advance(now, target, table):
                 del self._builds[table]
+                self._build_writes.pop(table, None)
                 done.append(table)
         return done
 
@@ -375,6 +387,15 @@ class SearchSink:
         )
         for now, target in found:  # once a batch: a count while the build is short
             self._advance(now, target, now.name)
+        unnamed = self._retrying.call(
+            "look for versions their name lost",
+            partial(versions.unnamed, self.client, self.index_prefix.lower()),
+        )
+        for name, index in unnamed:
+            if self._retrying.call(f"resolve {name}", partial(versions.serving, self.client, name)):
+                continue  # the name reads another index (made by hand): left as it is
+            version = int(index.rpartition("-v")[2])
+            self._restore_alias(versions.Serving(name, index, version), name)
 
     def _advance(self, now: versions.Serving, target: str, table: str) -> bool:
         """Switch ``now.name`` to ``target`` if it caught up; True once it reads ``target``
@@ -383,6 +404,7 @@ class SearchSink:
             f"resolve {now.name}", partial(versions.serving, self.client, now.name)
         )
         if current is not None and current.index == target:
+            self._serving[now.name] = current
             return True
         lacking = self._retrying.call(
             f"compare {target} with {now.index}",
@@ -404,6 +426,7 @@ class SearchSink:
             # Another worker switched first (the old version or alias is gone): as it is now.
             current = versions.serving(self.client, now.name)
             if current is not None and current.index == target:
+                self._serving[now.name] = current
                 return True
             if retryable_status(e.status_code):
                 raise RetryableSinkError(f"cannot switch {now.name} to {target}: {e}") from e
@@ -430,6 +453,8 @@ class SearchSink:
                 self._record_refused_switch(now, target, e)
             return False
         self._clear_refused_switch(now.name)
+        # The switch moved the write alias too: writes go on into it.
+        self._serving[now.name] = versions.Serving(now.name, target, now.version + 1)
         if retired is not None:
             self._retrying.call(f"retire {retired}", partial(versions.retire, self.client, retired))
         log.warning(
@@ -445,8 +470,6 @@ class SearchSink:
     def _record_refused_switch(self, now: versions.Serving, target: str, e: TransportError) -> None:
         """Record in the watermark index that ``now.name`` cannot switch to ``target``
         (``refused:switch:<name>``, read by :meth:`refused_tables`)."""
-        if self.watermark_index not in self._ready:
-            self._create_index(self.watermark_index, WATERMARK_MAPPING)
         body = {
             "index": now.name,
             "switch": target,
@@ -454,11 +477,8 @@ class SearchSink:
             "reason": _reason(e),
             "at_ms": int(time.time() * 1000),
         }
-        self._retrying.call(
-            f"record the refused switch of {now.name}",
-            lambda: self.client.index(
-                index=self.watermark_index, id=f"{_REFUSED}switch:{now.name}", body=body
-            ),
+        self._watermark_write(
+            f"record the refused switch of {now.name}", f"{_REFUSED}switch:{now.name}", body
         )
 
     def _clear_refused_switch(self, name: str) -> None:
@@ -519,24 +539,208 @@ class SearchSink:
         """
         name = self.index_for(table)
         if name not in self._ready:
-            fields = self._schemas.get(table)
-            mapping = mapping_from_connect_schema(fields) if fields else dynamic_mapping()
-            self._create_index(name, mapping)
+            self._lay_out(table, lost=False)
         return name
 
-    def _create_index(self, name: str, mapping: Mapping[str, Any]) -> None:
+    def _lay_out(self, table: str, *, lost: bool) -> None:
+        """Make ``table``'s index name read an index and its write alias write into it,
+        creating what is missing. ``lost``: a write found the index (or an alias) gone under
+        the job: what is created again is what this sink had (the same version), and a
+        WARNING says what was lost."""
+        name = self.index_for(table)
+        alias = versions.write_alias(name)
+        if not lost:
+            # The usual start: the write alias on the index of the name itself (version 1)
+            # says that both are there, in one request; a later version's name is an alias
+            # of its own, looked at below.
+            held = self._retrying.call(f"resolve {alias}", partial(self._alias_index, alias))
+            if held == name:
+                self._serving[name] = versions.Serving(name, name, 1)
+                self._writes[name] = alias
+                self._aliased.add(alias)
+                self._ready.add(name)
+                return
+        now = self._retrying.call(f"resolve {name}", partial(versions.serving, self.client, name))
+        if now is None:
+            now = self._retrying.call(f"resolve {alias}", partial(self._kept_version, name, alias))
+            if now is not None:  # the name's alias alone was deleted: the index is kept
+                self._restore_alias(now, table)
+        if now is None:
+            known = self._serving.get(name) if lost else None
+            version = known.version if known is not None else 1
+            fields = self._schemas.get(table)
+            mapping = mapping_from_connect_schema(fields) if fields else dynamic_mapping()
+            if version == 1:
+                index, aliases = name, [alias]
+            else:
+                index, aliases = versions.version_name(name, version), [name, alias]
+                mapping = versions.with_version(mapping, name, version)
+            made = self._create_index(index, mapping, aliases)
+            now = versions.Serving(name, index, version)
+            if lost and made:  # (another worker that made it first says so)
+                log.warning(
+                    "index %s was deleted under the search follower: created it again as the "
+                    "follower creates it (%s, version %d, the table's mapping) and wrote the "
+                    "changes it refused; the documents it held are gone until `cdc verify "
+                    "--repair` (or `cdc snapshot %s`) publishes them again",
+                    name,
+                    index,
+                    version,
+                    table,
+                    extra={"table": table, "index": name},
+                )
+        self._serving[name] = now
+        self._writes[name] = self._write_alias(alias, now.index)
+        self._ready.add(name)
+
+    def _restore_alias(self, now: versions.Serving, table: str) -> None:
+        """Make ``now.name`` read ``now.index`` again (its alias was deleted)."""
+        add = {"actions": [{"add": {"index": now.index, "alias": now.name}}]}
+        self._retrying.call(
+            f"alias {now.name}", lambda: self.client.indices.update_aliases(body=add)
+        )
+        log.warning(
+            "index %s: its alias was deleted under the search follower; it reads version %d "
+            "(%s) again, which the follower kept writing: no document lost",
+            now.name,
+            now.version,
+            now.index,
+            extra={"table": table, "index": now.name},
+        )
+
+    def _alias_index(self, alias: str) -> str | None:
+        """The one index ``alias`` points at, if it is an alias of one index."""
+        got = self.client.indices.get_alias(name=alias, params={"ignore": 404})
+        if got.get("status") == 404 and "error" in got:
+            return None
+        return next(iter(got)) if len(got) == 1 else None
+
+    def _kept_version(self, name: str, alias: str) -> versions.Serving | None:
+        """The version of ``name`` its write alias still writes into, if any (its name's
+        alias deleted, the index kept)."""
+        got = versions.mappings(self.client, alias)
+        if got is None or len(got) != 1:
+            return None
+        ((index, body),) = got.items()
+        meta = body.get("mappings", {}).get("_meta") or {}
+        version = int(meta.get(versions.META_KEY, 1))
+        if meta.get(versions.NAME_KEY) != name or version < 2:
+            return None
+        if index != versions.version_name(name, version):
+            return None
+        return versions.Serving(name, index, version)
+
+    def _write_alias(self, alias: str, index: str) -> str:
+        """Point ``alias`` at ``index`` alone; what to write into: the alias, or ``index``
+        itself if OpenSearch refuses the alias for good (e.g. no alias privilege)."""
+
+        def point() -> None:
+            got = self.client.indices.get_alias(name=alias, params={"ignore": 404})
+            if got.get("status") == 404 and "error" in got:
+                got = {}
+            if set(got) == {index}:
+                return
+            actions = [{"remove": {"index": i, "alias": alias}} for i in got if i != index]
+            actions.append({"add": {"index": index, "alias": alias}})
+            self.client.indices.update_aliases(body={"actions": actions})
+
+        try:
+            self._retrying.call(f"alias {alias}", point)
+        except RetryableSinkError:
+            raise
+        except SinkError as e:
+            log.warning(
+                "index %s: cannot make its write alias %s (%s): the follower writes into the "
+                "index itself, which OpenSearch creates again with a dynamic mapping if it "
+                "is deleted under the job (docs/production.md)",
+                index,
+                alias,
+                e,
+                extra={"index": index},
+            )
+            return index
+        self._aliased.add(alias)
+        return alias
+
+    def _recover(self, table: str) -> None:
+        """A write into ``table``'s index found it (or its next version, or an alias) gone:
+        forget what was known and lay it out again; a build under way goes on."""
+        name = self.index_for(table)
+        self._ready.discard(name)
+        self._lay_out(table, lost=True)
+        build = self._builds.get(table)
+        if build is None:
+            return
+        now = self._serving[name]
+        if now.version != build[0].version:  # switched meanwhile (another worker): built
+            del self._builds[table]
+            self._build_writes.pop(table, None)
+            return
+        target = self._retrying.call(
+            f"look for a build of {name}", partial(versions.building, self.client, now)
+        )
+        if target is None:
+            if self._retrying.call(
+                f"look for {now.next_index}", partial(versions.foreign, self.client, now)
+            ):
+                log.error(
+                    "index %s: its next version %s was deleted while it was built and an "
+                    "index this follower did not make took its name: the build stops, the "
+                    "table's changes the serving version refuses are dead-lettered; delete "
+                    "that index, restart the job and run cdc snapshot %s",
+                    name,
+                    now.next_index,
+                    table,
+                    extra={"table": table, "index": name},
+                )
+                del self._builds[table]
+                self._build_writes.pop(table, None)
+                return
+            target = now.next_index
+            fields = self._schemas.get(table) or []
+            mapping = versions.with_version(
+                mapping_from_connect_schema(fields), name, now.version + 1
+            )
+            if self._create_index(target, mapping, [versions.write_alias(target)]):
+                log.warning(
+                    "index %s: its next version %s was deleted while it was built: created it "
+                    "again, empty; searches keep reading version %d until it holds every "
+                    "document, so run `cdc snapshot %s` to bring the rows it lost",
+                    name,
+                    target,
+                    now.version,
+                    table,
+                    extra={"table": table, "index": name},
+                )
+        self._builds[table] = (now, target)
+        self._build_writes[table] = self._write_alias(versions.write_alias(target), target)
+
+    def _create_index(
+        self, name: str, mapping: Mapping[str, Any], aliases: Sequence[str] = ()
+    ) -> bool:
+        """Create index ``name`` with its ``aliases`` unless it exists; whether this call
+        created it (not another writer)."""
+        created = [False]
         settings = index_settings(
             self.gc_deletes,
             shards=self.shards,
             replicas=self.replicas,
             refresh_interval=self.refresh_interval,
         )
-        body = {"settings": settings, "mappings": mapping}
+        body = {"settings": settings, "mappings": mapping, "aliases": {a: {} for a in aliases}}
 
         def create() -> None:
             if not self.client.indices.exists(index=name):
                 try:
-                    self.client.indices.create(index=name, body=body)
+                    try:
+                        self.client.indices.create(index=name, body=body)
+                    except TransportError as e:
+                        if e.status_code != 403 or not aliases:
+                            raise
+                        # No privilege on aliases: the index alone (the write alias is
+                        # refused next, said once, and writes go into the index itself).
+                        self.client.indices.create(index=name, body={**body, "aliases": {}})
+                    created[0] = True
                     log.info("created index", extra={"index": name})
                 except TransportError as e:
                     # Another writer created it first.
@@ -552,6 +756,7 @@ class SearchSink:
 
         self._retrying.call(f"create index {name}", create)
         self._ready.add(name)
+        return created[0]
 
     def refresh_indices(self, *tables: str) -> None:
         """Make everything written so far searchable (all of this sink's tables' indices if
@@ -596,17 +801,18 @@ class SearchSink:
                 outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
             self.ensure_index(change.table)
+            index = self._writes.get(index, index)  # its write alias
             build = self._builds.get(change.table)
             if build is not None:
                 # The next version's write is the change's outcome; the serving version
                 # gets the same write as an echo, so searches see it until the switch.
-                index = build[1]
+                index = self._build_writes.get(change.table, build[1])
             if change.doc is None:
                 line = self._action_format("delete", index) % (
                     orjson.dumps(change.key),
                     change.commit_lsn,
                 )
-                ops.append(_Op(slot, change.table, line))
+                ops.append(_Op(slot, change.table, index, line))
                 continue
             _, held = split_unchanged(change)
             if held:
@@ -631,10 +837,16 @@ class SearchSink:
             build = self._builds.get(op.table)
             if build is None:
                 continue
-            now, target = build
-            head, sep, rest = op.action.partition(b"\n")
-            moved = head.replace(orjson.dumps(target), orjson.dumps(now.name), 1)
-            echoes.append(_Op(op.slot, op.table, moved + sep + rest, echo=True))
+            serving = self._writes.get(build[0].name, build[0].name)
+            echoes.append(
+                _Op(
+                    op.slot,
+                    op.table,
+                    serving,
+                    _moved(op, serving, require_alias=serving in self._aliased),
+                    echo=True,
+                )
+            )
         return echoes
 
     def _check(self, change: Change) -> str:
@@ -652,7 +864,7 @@ class SearchSink:
         JSON, commit LSN)``, and for ``index`` then the source."""
         fmt = self._action_formats.get((kind, index))
         if fmt is None:
-            fmt = action_format(kind, index)
+            fmt = action_format(kind, index, require_alias=index in self._aliased)
             if kind == "index":
                 fmt += b"%b\n"
             self._action_formats[(kind, index)] = fmt
@@ -675,7 +887,7 @@ class SearchSink:
             return
         fmt = self._action_format("index", index)
         action = fmt % (orjson.dumps(change.key), change.commit_lsn, source)
-        ops.append(_Op(slot, change.table, action, note))
+        ops.append(_Op(slot, change.table, index, action, note))
 
     def _merge_held(
         self, partial: list[tuple[int, Change, str]], ops: list[_Op], outcomes: BatchOutcomes
@@ -688,7 +900,7 @@ class SearchSink:
         ]
         found = self._read_held(docs)
         for (slot, change, index), (values, held), doc in zip(partial, splits, found, strict=True):
-            if "error" in doc:
+            if "error" in doc and not _index_gone(doc["error"]):
                 reason = doc["error"].get("reason", str(doc["error"]))
                 outcomes.set(
                     slot, Outcome.FAILED, f"cannot read held document: {reason}", retryable=True
@@ -736,7 +948,7 @@ class SearchSink:
                 got = self._retrying.call("read held documents", read)["docs"]
                 for i, doc in zip(part, got, strict=True):
                     found[i] = doc
-                    if "error" in doc:
+                    if "error" in doc and not _index_gone(doc["error"]):
                         failed.append(i)
             if not failed or attempt == attempts - 1:
                 break
@@ -774,11 +986,15 @@ class SearchSink:
                 self._retrying.pause(attempt)
                 continue
             again: list[_Op] = []
+            lost: list[_Op] = []
             for op, item in zip(pending, response["items"], strict=True):
                 answer = next(iter(item.values()))
                 status = answer.get("status")
                 if type(status) is int and 200 <= status < 300 and not op.echo:
                     outcomes.set(op.slot, Outcome.APPLIED, op.note)  # item_outcome's first case
+                    continue
+                if status == 404 and op.index in self._aliased and _index_gone(answer.get("error")):
+                    lost.append(op)  # the index went under the job: made again, sent again
                     continue
                 outcome, reason = item_outcome(answer)
                 if outcome == RETRY:
@@ -792,6 +1008,9 @@ class SearchSink:
                     outcomes.set(op.slot, outcome, reason)
                     if outcome == Outcome.FAILED:
                         log.warning("document refused: %s", reason, extra={"table": op.table})
+            if lost:
+                self._send_again(lost)
+                again += lost
             if not again:
                 return
             if last:
@@ -803,6 +1022,22 @@ class SearchSink:
                 return
             pending = again
             self._retrying.pause(attempt)
+
+    def _send_again(self, lost: list[_Op]) -> None:
+        """Lay out again the indices of the tables whose writes found them gone, and point
+        the refused writes at what each table writes into now."""
+        for table in dict.fromkeys(op.table for op in lost):
+            self._recover(table)
+        for op in lost:
+            name = self.index_for(op.table)
+            build = self._builds.get(op.table)
+            if op.echo or build is None:
+                index = self._writes.get(name, name)
+            else:
+                index = self._build_writes.get(op.table, build[1])
+            op.action = _moved(op, index, require_alias=index in self._aliased)
+            op.index = index
+            op.last_error = f"index {op.index} was gone"
 
     def _too_large(self, ops: list[_Op], size: int, outcomes: BatchOutcomes) -> None:
         """A request answered 413: halves sent again, or a lone document refused."""
@@ -830,23 +1065,55 @@ class SearchSink:
         """Record ``lsn`` for ``job``; an older ``lsn`` than the recorded one is ignored."""
         if not 0 <= lsn <= _MAX_LONG:
             raise ValueError(f"watermark LSN {lsn} does not fit a signed 64-bit long")
-        index = self.watermark_index
-        if index not in self._ready:
-            self._create_index(index, WATERMARK_MAPPING)
         body = {"job": job, "lsn": lsn, "updated_at_ms": int(time.time() * 1000)}
+        # A conflict (409) means an equal or higher watermark is already recorded: the usual
+        # outcome of a batch that did not move it, so neither an error nor (with ``ignore``)
+        # the client's WARNING line of a failed request.
+        params = {"version": str(lsn), "version_type": "external", "ignore": 409}
+        self._watermark_write(f"record watermark of {job}", job, body, params)
 
-        def write() -> None:
-            # A conflict (409) means an equal or higher watermark is already recorded: the
-            # usual outcome of a batch that did not move it, so neither an error nor (with
-            # ``ignore``) the client's WARNING line of a failed request.
-            self.client.index(
-                index=index,
-                id=job,
-                body=body,
-                params={"version": str(lsn), "version_type": "external", "ignore": 409},
-            )
+    def _watermark_write(
+        self,
+        what: str,
+        doc_id: str,
+        body: Mapping[str, Any],
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write ``doc_id`` into the watermark index through its write alias (as a table's
+        index: never an index OpenSearch makes); the index deleted under the job is made
+        again, with one WARNING, and the document written."""
+        index = self.watermark_index
+        lost = False
+        for attempt in range(2):
+            if index not in self._ready:
+                made = self._create_index(index, WATERMARK_MAPPING, [versions.write_alias(index)])
+                self._watermarks_to = self._write_alias(versions.write_alias(index), index)
+                if lost and made:
+                    log.warning(
+                        "the watermark index %s was deleted under the search follower: created "
+                        "it again; each search job records its watermark again at its next batch "
+                        "(cdc verify and cdc status wait for that)",
+                        index,
+                        extra={"index": index},
+                    )
+            target = self._watermarks_to
+            asked = dict(params or {})
+            if target != index:
+                # 404 is an answer here (the index gone), not a failed request to log.
+                ignore = asked.get("ignore", ())
+                ignore = (ignore,) if isinstance(ignore, int) else tuple(ignore)
+                asked.update(require_alias="true", ignore=(*ignore, 404))
 
-        self._retrying.call(f"record watermark of {job}", write)
+            def write(target: str = target, asked: dict[str, Any] = asked) -> Any:
+                return self.client.index(index=target, id=doc_id, body=body, params=asked)
+
+            got = self._retrying.call(what, write)
+            if not (isinstance(got, Mapping) and got.get("status") == 404):
+                return
+            if attempt or not _index_gone(got.get("error")):
+                raise SinkError(f"OpenSearch: {what} failed: {got.get('error')}")
+            lost = True
+            self._ready.discard(index)
 
     def read_watermark(self, job: str) -> int | None:
         """The recorded watermark of ``job``, or None."""
@@ -875,6 +1142,26 @@ class SearchSink:
     def close(self) -> None:
         """Close the client's connections."""
         self.client.close()
+
+
+def _moved(op: _Op, index: str, *, require_alias: bool) -> bytes:
+    """``op``'s action into ``index`` instead (its index is in the action line's head)."""
+    if index == op.index:
+        return op.action
+    head, sep, rest = op.action.partition(b"\n")
+    head = head.replace(orjson.dumps(op.index), orjson.dumps(index), 1)
+    # The flag follows the target (an alias can require one, an index cannot): as
+    # action_format sets it, not on deletes.
+    flag = b',"require_alias":true'
+    head = head.replace(flag, b"", 1)
+    if require_alias and not head.startswith(b'{"delete"'):
+        head = head[:-2] + flag + b"}}"
+    return head + sep + rest
+
+
+def _index_gone(error: object) -> bool:
+    """Whether OpenSearch answered that the index (or alias) written or read is gone."""
+    return isinstance(error, Mapping) and error.get("type") == "index_not_found_exception"
 
 
 def _reason(e: TransportError) -> str:

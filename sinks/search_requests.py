@@ -98,13 +98,18 @@ def bulk_action(kind: str, index: str, change: Change) -> bytes:
     return action_format(kind, index) % (orjson.dumps(change.key), change.commit_lsn)
 
 
-def action_format(kind: str, index: str) -> bytes:
+def action_format(kind: str, index: str, *, require_alias: bool = False) -> bytes:
     """:func:`bulk_action`'s line for one kind and index as a format of the id's JSON and
     the version (``% (orjson.dumps(change.key), change.commit_lsn)``): what is the same for
-    every change of an index, encoded once."""
+    every change of an index, encoded once. ``require_alias``: OpenSearch refuses the write
+    (404 ``index_not_found_exception``) unless ``index`` is an alias, instead of creating
+    an index of that name; deletes ignore it (an external-versioned delete creates its index
+    all the same), so it is left out of theirs."""
     dumps = orjson.dumps
     head = b'{%b:{"_index":%b,"_id":' % (dumps(kind), dumps(index))
-    return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"}}\n'
+    flag = require_alias and kind != "delete"
+    tail = b',"require_alias":true}}\n' if flag else b"}}\n"
+    return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"' + tail
 
 
 # Two writers of one index adding the same new field at once, with values of two types (the

@@ -36,11 +36,30 @@ NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
 PAGE: Final = 10_000  # ids per page when comparing two versions
 
 
+def version_of(name: str, index: str) -> int | None:
+    """The version ``index`` is of the table index ``name`` by its name (None: no version's
+    name of it; a version's name cut to fit is not told)."""
+    head, sep, version = index.rpartition("-v")
+    if sep and head == name and version.isdigit() and int(version) >= 2:
+        return int(version)
+    return None
+
+
 def version_name(name: str, version: int) -> str:
     """The concrete index of ``version`` (2 or more) of the table index ``name``."""
     if version < 2:
         raise ValueError(f"version {version}: version 1 is the index {name} itself")
     return fit_name(f"{name}-v{version}", MAX_INDEX_NAME_BYTES)
+
+
+def write_alias(name: str) -> str:
+    """The alias the follower writes ``name``'s serving version through (and, for a next
+    version's index, that version through). Upper case on purpose: OpenSearch never creates
+    an index of that name (index names are lower case), so a write or an externally
+    versioned delete into it once its index is gone is refused (``index_not_found``), never
+    the start of a new index with a dynamic mapping (``require_alias`` alone does not cover
+    deletes: OpenSearch 2.19 creates the index of an external-versioned delete)."""
+    return fit_name(name, MAX_INDEX_NAME_BYTES - 2) + "-W"
 
 
 def with_version(mapping: Mapping[str, Any], name: str, version: int) -> dict[str, Any]:
@@ -66,11 +85,20 @@ class Serving:
         return version_name(self.name, self.version + 1)
 
 
+def mappings(client: OpenSearch, name: str) -> dict[str, Any] | None:
+    """The mappings of the indices ``name`` names, or None if there is no such index or
+    alias (asked so that the client logs no failed request: a name found missing is an
+    answer here)."""
+    got = client.indices.get_mapping(index=name, params={"ignore": 404})
+    if got.get("status") == 404 and "error" in got:
+        return None
+    return dict(got)
+
+
 def serving(client: OpenSearch, name: str) -> Serving | None:
     """What ``name`` reads now, or None if there is no such index or alias."""
-    try:
-        got = client.indices.get_mapping(index=name)
-    except NotFoundError:
+    got = mappings(client, name)
+    if got is None:
         return None
     if len(got) != 1:
         raise ValueError(f"{name} names {len(got)} indices, not one: {sorted(got)}")
@@ -84,9 +112,8 @@ def building(client: OpenSearch, now: Serving) -> str | None:
     is that version of ``now.name`` (an index of that name made by someone else is no build:
     :func:`foreign`; a table's own index never has that name, since its ``-`` is escaped)."""
     nxt = now.next_index
-    try:
-        got = client.indices.get_mapping(index=nxt)
-    except NotFoundError:
+    got = mappings(client, nxt)
+    if got is None:
         return None
     body = got.get(nxt) or {}
     meta = body.get("mappings", {}).get("_meta") or {}
@@ -118,6 +145,26 @@ def under_way(client: OpenSearch, prefix: str) -> list[tuple[Serving, str]]:
         now = serving(client, str(name))
         if now is not None and now.index != index and now.version == version - 1:
             found.append((now, index))
+    return found
+
+
+def unnamed(client: OpenSearch, prefix: str) -> list[tuple[str, str]]:
+    """(name, index) for every version index of ``prefix`` that the follower writes through
+    its name's write alias but that the name no longer reads: the name's alias was deleted,
+    the index kept (one request: the versions' aliases; a name cut to fit is not told)."""
+    try:
+        got = client.indices.get_alias(index=f"{prefix}-*-v*")
+    except NotFoundError:
+        return []
+    found = []
+    for index, body in got.items():
+        aliases = set((body or {}).get("aliases") or {})
+        for alias in aliases:
+            name = alias[:-2] if alias.endswith("-W") else None
+            if not name or name == index or name in aliases or write_alias(name) != alias:
+                continue
+            if (version_of(name, index) or 0) >= 2:
+                found.append((name, index))
     return found
 
 
@@ -170,13 +217,17 @@ def switch(client: OpenSearch, now: Serving, target: str) -> str | None:
     in flight on its shards at that instant fails (503, all shards failed) and is retried by
     the searcher. From an alias (version 2 on) the switch moves the alias only, and the old
     version stays until it is retired: no search fails."""
+    write = write_alias(now.name)
     if now.is_alias:
-        old: dict[str, Any] = {"remove": {"index": now.index, "alias": now.name}}
-    else:
-        old = {"remove_index": {"index": now.index}}
-    client.indices.update_aliases(
-        body={"actions": [old, {"add": {"index": target, "alias": now.name}}]}
-    )
+        old: list[dict[str, Any]] = [
+            {"remove": {"index": now.index, "alias": now.name}},
+            # An index made before write aliases has none: not an error.
+            {"remove": {"index": now.index, "alias": write, "must_exist": False}},
+        ]
+    else:  # its aliases, the write alias too, go with it
+        old = [{"remove_index": {"index": now.index}}]
+    adds = [{"add": {"index": target, "alias": a}} for a in (now.name, write)]
+    client.indices.update_aliases(body={"actions": [*old, *adds]})
     return now.index if now.is_alias else None
 
 

@@ -355,6 +355,14 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
             )
 
         wait_until(repaired, timeout=180, interval=2, what="the repaired rows in both followers")
+        # The pairs index the running job made again when the repair's rows came: the
+        # table's mapping (its int columns integer, where OpenSearch's guess is long) and
+        # the job's write alias.
+        pairs_index = table_index(p.index_prefix, PAIRS)
+        made = search.indices.get(index=pairs_index)[pairs_index]
+        props = made["mappings"]["properties"]
+        assert (props["a"]["type"], props["v"]["type"]) == ("integer", "integer"), props
+        assert set(made["aliases"]) == {f"{pairs_index}-W"}, made["aliases"]
         code, found, err = _verify(p, ITEMS, PAIRS)
         got = _by(found)
         assert code == 3 and _keys(got[(ITEMS, "search")], "extra") == {"9002"}, (found, err)

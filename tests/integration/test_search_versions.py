@@ -4,6 +4,7 @@ while a searcher reads the table's name the whole time."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -392,5 +393,169 @@ def test_a_next_version_name_taken_by_another_index_is_never_written_or_switched
             interval=0.2,
             what="the table refused in the follower's status",
         )
+    finally:
+        sink.close()
+
+
+# -- an index, or an alias, deleted under the job -------------------------------------------
+
+_LOST = "was deleted under the search follower: created it again"
+
+
+def _said(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+def _indices(sink: SearchSink) -> dict[str, tuple[list[str], object, object, str]]:
+    """Every index of the prefix: its aliases, version, qty's type and tombstone time."""
+    got = sink.client.indices.get(index=f"{sink.index_prefix}-*")
+    return {
+        index: (
+            sorted(body["aliases"]),
+            (body["mappings"].get("_meta") or {}).get(v.META_KEY),
+            body["mappings"]["properties"]["qty"]["type"],
+            body["settings"]["index"]["gc_deletes"],
+        )
+        for index, body in got.items()
+    }
+
+
+def _ids(sink: SearchSink, index: str) -> set[str]:
+    sink.client.indices.refresh(index=index)
+    body = {"size": 1000, "_source": False, "query": {"match_all": {}}}
+    return {h["_id"] for h in sink.client.search(index=index, body=body)["hits"]["hits"]}
+
+
+def _building(endpoints: Endpoints, index_prefix: str, rows: int) -> SearchSink:
+    """A sink building version 2 of the table's index: ``rows`` rows written with qty an
+    integer, then qty's type changed to text."""
+    sink = SearchSink(
+        endpoints.search_url,
+        index_prefix,
+        evolve_indices=True,
+        refresh=True,
+        build_check_interval_s=float("inf"),
+    )
+    sink.register_schema(T, _schema("int32"))
+    assert {r.outcome for r in sink.apply(_changes(range(rows), 7, 100))} == {Outcome.APPLIED}
+    sink.register_schema(T, _schema("string"))
+    assert T in sink._builds
+    return sink
+
+
+def test_a_serving_version_or_its_alias_deleted_is_made_again_as_it_was(
+    endpoints: Endpoints, index_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The name reads version 2 (an alias). Its index deleted (the aliases go with it): made
+    again at version 2 with the table's mapping and both aliases, the refused writes written,
+    one WARNING. Its name's alias alone deleted (the follower writes on through its write
+    alias): the job's driver makes it read version 2 again, and so does a restarted sink."""
+    sink = _building(endpoints, index_prefix, 6)
+    name = sink.index_for(T)
+    v2 = f"{name}-v2"
+    try:
+        assert {r.outcome for r in sink.apply(_changes(range(6), "many", 200))} == {Outcome.APPLIED}
+        assert sink.advance_builds(force=True) == [T]
+        serving = v.Serving(name, v2, 2)
+        assert v.serving(sink.client, name) == serving
+        caplog.set_level(logging.WARNING, logger="sinks.search")
+
+        sink.client.indices.delete(index=v2)
+        got = sink.apply([*_changes(range(2), "x", 300), Change(T, "3", 300, 9, None)])
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        assert v.serving(sink.client, name) == serving
+        # As made, without the next version's write alias (nothing builds version 3).
+        assert _indices(sink) == {v2: ([name, f"{name}-W"], 2, "text", "24h")}
+        assert _ids(sink, name) == {"0", "1"}
+        assert _said(caplog, _LOST) == [
+            f"index {name} {_LOST} as the follower creates it ({v2}, "
+            f"version 2, the table's mapping) and wrote the changes it refused; the documents "
+            f"it held are gone until `cdc verify --repair` (or `cdc snapshot {T}`) publishes "
+            "them again"
+        ]
+
+        # The name's alias deleted: writes go on into version 2, and the driver restores it.
+        sink.client.indices.delete_alias(index=v2, name=name)
+        assert {r.outcome for r in sink.apply(_changes(range(2, 3), "y", 400))} == {Outcome.APPLIED}
+        assert v.serving(sink.client, name) is None
+        sink.maintain()
+        assert v.serving(sink.client, name) == serving and _ids(sink, name) == {"0", "1", "2"}
+        # And a sink that starts while it is gone.
+        sink.client.indices.delete_alias(index=v2, name=name)
+        again = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True)
+        try:
+            assert {r.outcome for r in again.apply(_changes(range(4, 5), "z", 500))} == {
+                Outcome.APPLIED
+            }
+        finally:
+            again.close()
+        assert v.serving(sink.client, name) == serving
+        assert _ids(sink, name) == {"0", "1", "2", "4"}
+        assert len(_said(caplog, "its alias was deleted")) == 2
+        assert _indices(sink) == {v2: ([name, f"{name}-W"], 2, "text", "24h")}
+        assert len(_said(caplog, _LOST)) == 1
+    finally:
+        sink.close()
+
+
+def test_the_next_version_deleted_mid_build_is_made_again_and_switches_only_when_whole(
+    endpoints: Endpoints, index_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = 6
+    sink = _building(endpoints, index_prefix, rows)
+    name = sink.index_for(T)
+    v2 = f"{name}-v2"
+    try:
+        assert {r.outcome for r in sink.apply(_changes(range(3), "many", 200))} == {Outcome.APPLIED}
+        caplog.set_level(logging.WARNING, logger="sinks.search")
+        sink.client.indices.delete(index=v2)
+        got = sink.apply(_changes(range(3, 5), "snap", 300))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        assert _indices(sink) == {
+            name: ([f"{name}-W"], None, "integer", "24h"),  # searches read it, untouched
+            v2: ([f"{v2}-W"], 2, "text", "24h"),
+        }
+        assert _ids(sink, v2) == {"3", "4"} and _ids(sink, name) == {str(i) for i in range(rows)}
+        (line,) = _said(caplog, "was deleted while it was built")
+        assert f"run `cdc snapshot {T}`" in line
+        # Lacking the rows it lost, it is not switched to; once they come again, it is.
+        assert sink.advance_builds(force=True) == []
+        assert {r.outcome for r in sink.apply(_changes(range(rows), "again", 400))} == {
+            Outcome.APPLIED
+        }
+        assert sink.advance_builds(force=True) == [T]
+        assert v.serving(sink.client, name) == v.Serving(name, v2, 2)
+        assert _ids(sink, name) == {str(i) for i in range(rows)}
+        assert set(_indices(sink)) == {v2}
+    finally:
+        sink.close()
+
+
+def test_the_serving_version_deleted_mid_build_is_made_again_and_the_build_goes_on(
+    endpoints: Endpoints, index_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = 6
+    sink = _building(endpoints, index_prefix, rows)
+    name = sink.index_for(T)
+    v2 = f"{name}-v2"
+    try:
+        assert {r.outcome for r in sink.apply(_changes(range(rows), "many", 200))} == {
+            Outcome.APPLIED
+        }
+        caplog.set_level(logging.WARNING, logger="sinks.search")
+        sink.client.indices.delete(index=name)
+        got = sink.apply(_changes(range(rows, rows + 1), "new", 300))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        # Version 1 made again as the sink makes it (its mapping now: qty text).
+        assert _indices(sink) == {
+            name: ([f"{name}-W"], None, "text", "24h"),
+            v2: ([f"{v2}-W"], 2, "text", "24h"),
+        }
+        assert len(_said(caplog, _LOST)) == 1
+        # It holds nothing the next version lacks: the name reads the next version.
+        assert sink.advance_builds(force=True) == [T]
+        assert v.serving(sink.client, name) == v.Serving(name, v2, 2)
+        assert _ids(sink, name) == {str(i) for i in range(rows + 1)}
+        assert set(_indices(sink)) == {v2}
     finally:
         sink.close()

@@ -326,6 +326,87 @@ def test_typed_mapping_from_the_connect_schema(endpoints: Endpoints, index_prefi
         sink.close()
 
 
+_LOST = "was deleted under the search follower"
+
+
+def _lost_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if _LOST in r.getMessage()]
+
+
+def test_an_index_deleted_under_the_sink_is_made_again_as_the_sink_makes_it(
+    endpoints: Endpoints, index_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index deleted while the job runs: the next writes are refused (never written into
+    an index OpenSearch would create with a dynamic mapping), the sink creates the index
+    again with its mapping, settings and write alias, logs one WARNING and writes them; the
+    documents it held stay gone (cdc verify --repair brings them back)."""
+    fields = [
+        {"type": "int32", "optional": False, "field": "id"},  # dynamic mapping: long
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp", "field": "at"},
+        {"type": "string", "optional": True, "field": "note"},
+    ]
+    sink = SearchSink(endpoints.search_url, index_prefix, schemas={T: fields}, refresh=True)
+    other = SearchSink(endpoints.search_url, index_prefix, schemas={T: fields}, refresh=True)
+    name = sink.index_for(T)
+    write = f"{name}-W"
+
+    def row(i: int, lsn: int) -> Change:
+        return Change(T, str(i), lsn, i, {"id": i, "at": "2024-05-01T10:20:30Z", "note": "n"})
+
+    def layout() -> dict[str, Any]:
+        got = sink.client.indices.get(index=f"{index_prefix}-*")
+        return {
+            index: (
+                sorted(body["aliases"]),
+                body["mappings"]["properties"]["id"]["type"],
+                body["mappings"]["properties"]["at"].get("format"),
+                body["settings"]["index"]["gc_deletes"],
+                body["settings"]["index"]["number_of_replicas"],
+            )
+            for index, body in got.items()
+        }
+
+    made = {name: ([write], "integer", "strict_date_optional_time", "24h", "0")}
+    try:
+        assert _outcomes(sink.apply([row(i, 100) for i in range(1, 4)])) == ["applied"] * 3
+        assert _outcomes(other.apply([row(9, 100)])) == ["applied"]  # a second worker
+        caplog.set_level(logging.WARNING, logger="sinks.search")
+        sink.client.indices.delete(index=name)
+
+        # New rows, a delete of a row the index held, and a change with an unchanged TOAST
+        # column: none refused, none dead-lettered.
+        held = {"id": 5, "at": "2024-05-01T10:20:30Z"}
+        toast = Change(
+            T, "5", 200, 9, {**held, "note": UNAVAILABLE_VALUE_PLACEHOLDER}, frozenset({"note"})
+        )
+        got = sink.apply([row(4, 200), Change(T, "2", 200, 1, None), toast])
+        assert _outcomes(got) == ["applied"] * 3, got
+        # The index the sink makes (id an integer, at a date of that format, no replica,
+        # tombstones kept a day), not one OpenSearch makes on a write (long, a replica).
+        assert {i: x[1:] for i, x in layout().items()} == {i: x[1:] for i, x in made.items()}
+        assert layout() == made  # with its write alias
+        assert set(_all_docs(sink)) == {"4", "5"}  # the rows held before are gone
+        assert _doc(sink, "5") == {"version": 200, "source": held}
+        # The other worker writes through the alias made again: no warning from it.
+        assert _outcomes(other.apply([row(6, 300)])) == ["applied"]
+        assert _outcomes(sink.apply([row(7, 300)])) == ["applied"]
+        assert set(_all_docs(sink)) == {"4", "5", "6", "7"}
+        assert _lost_lines(caplog) == [
+            f"index {name} {_LOST}: created it again as the follower creates it ({name}, "
+            "version 1, the table's mapping) and wrote the changes it refused; the documents "
+            "it held are gone until `cdc verify --repair` (or `cdc snapshot public.orders`) "
+            "publishes them again"
+        ]
+        # Its write alias alone deleted: made again, nothing lost, nothing said.
+        sink.client.indices.delete_alias(index=name, name=write)
+        assert _outcomes(sink.apply([row(8, 400)])) == ["applied"]
+        assert layout() == made and len(_all_docs(sink)) == 5
+        assert len(_lost_lines(caplog)) == 1
+    finally:
+        sink.close()
+        other.close()
+
+
 def test_watermark_only_increases(sink: SearchSink) -> None:
     assert sink.read_watermark("job") is None
     sink.record_watermark("job", 0x16_B374_D848)
@@ -334,6 +415,26 @@ def test_watermark_only_increases(sink: SearchSink) -> None:
     sink.record_watermark("job", 0x17_0000_0000)
     assert sink.read_watermark("job") == 0x17_0000_0000
     assert sink.read_watermark("other") is None
+
+
+def test_a_watermark_index_deleted_under_the_sink_is_made_again_as_the_sink_makes_it(
+    sink: SearchSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = sink.watermark_index
+    sink.record_watermark("job", 0x17_0000_0000)
+    sink.client.indices.delete(index=index)
+    caplog.set_level(logging.WARNING, logger="sinks.search")
+    sink.record_watermark("job", 0x16_0000_0000)  # lower than the lost one: it is all there is
+    assert sink.read_watermark("job") == 0x16_0000_0000
+    made = sink.client.indices.get(index=index)[index]
+    props = made["mappings"]["properties"]
+    # The sink's mapping (what OpenSearch would guess: job text, updated_at_ms a long).
+    assert (props["job"]["type"], props["updated_at_ms"]["type"]) == ("keyword", "date")
+    assert set(made["aliases"]) == {f"{index}-W"}
+    assert [r.getMessage() for r in caplog.records if index in r.getMessage()] == [
+        f"the watermark index {index} {_LOST}: created it again; each search job records its "
+        "watermark again at its next batch (cdc verify and cdc status wait for that)"
+    ]
 
 
 def test_an_unchanged_watermark_is_no_warning(

@@ -84,3 +84,41 @@ def test_the_sinks_kept_formats_make_the_same_lines(
         assert line == bulk_action("index", index, change) + source + b"\n"
         line = sink._action_format("delete", index) % (orjson.dumps(key), lsn)
         assert line == bulk_action("delete", index, Change("public.t", key, lsn, 0, None))
+
+
+@given(st.text(min_size=1), st.integers(min_value=0, max_value=MAX_EXTERNAL_VERSION))
+def test_an_action_moved_to_another_index_is_the_line_made_for_it(key: str, lsn: int) -> None:
+    """A write refused because its index went is sent again into what the table writes into
+    now: the same line as one made for that index, ``require_alias`` as it sets it."""
+    from sinks.search import _moved, _Op
+    from sinks.search_requests import action_format
+
+    for kind, tail in (("index", b'{"id":1}\n'), ("delete", b"")):
+        for old_alias, new_alias in ((True, True), (True, False), (False, True)):
+            fmt = action_format(kind, "cdc-a-W", require_alias=old_alias) + (b"%b" if tail else b"")
+            args = (orjson.dumps(key), lsn, tail) if tail else (orjson.dumps(key), lsn)
+            op = _Op(0, "public.t", "cdc-a-W", fmt % args)
+            want = action_format(kind, "cdc-b%s", require_alias=new_alias) % (
+                orjson.dumps(key),
+                lsn,
+            )
+            assert _moved(op, "cdc-b%s", require_alias=new_alias) == want + tail
+            meta = orjson.loads(want)[kind]
+            assert meta.get("require_alias", False) is (new_alias and kind == "index")
+
+
+def test_write_aliases_are_names_opensearch_never_gives_an_index() -> None:
+    """Upper case: an index of that name cannot be created, so no write into it (deletes
+    included) ever starts an index of its own; at most 255 bytes; one per name."""
+    from pgcdc.core.contract import MAX_INDEX_NAME_BYTES
+    from sinks.search_versions import version_name, version_of, write_alias
+
+    long = "cdc-public." + "t" * 250
+    names = ["cdc-public.items", long, version_name(long, 2), "cdc-public.items-v2"]
+    aliases = [write_alias(n) for n in names]
+    assert aliases[0] == "cdc-public.items-W"
+    assert len(set(aliases)) == len(names)
+    assert all(a != a.lower() and len(a.encode()) <= MAX_INDEX_NAME_BYTES for a in aliases)
+    assert version_of("cdc-public.items", "cdc-public.items-v12") == 12
+    assert version_of("cdc-public.items", "cdc-public.items") is None
+    assert version_of("cdc-public.items", "cdc-public.items-v1x") is None

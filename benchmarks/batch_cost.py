@@ -10,7 +10,8 @@ Spark's fixed cost of a micro-batch (planning, two Spark jobs, the checkpoint's 
 tasks' start), which at 1,000 changes/s is most of what the job spends.
 
 Each variant is a set of settings the job runs with, one after the other in the same run:
-``default``; ``filesystem`` (``spark.checkpoint_files = filesystem``); ``sequential``
+``default``; ``filecontext`` and ``filesystem`` (``spark.checkpoint_files``; the default,
+``auto``, is ``filesystem`` on the local checkpoint here); ``sequential``
 (``spark.concurrent_followers = false``).
 """
 
@@ -33,6 +34,7 @@ log = logging.getLogger("bench.batch_cost")
 
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
+    "filecontext": {"CDC_SPARK__CHECKPOINT_FILES": "filecontext"},
     "filesystem": {"CDC_SPARK__CHECKPOINT_FILES": "filesystem"},
     "sequential": {"CDC_SPARK__CONCURRENT_FOLLOWERS": "false"},
 }
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--every-ms", type=float, default=250.0)
-    p.add_argument("--variants", default="default,filesystem", help=", ".join(VARIANTS))
+    p.add_argument("--variants", default="default,filecontext", help=", ".join(VARIANTS))
     p.add_argument("--keep", action="store_true", help="keep the topics and keys")
     a = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -534,6 +534,11 @@ class ApplyBatch:
         self.behind = behind.load(self._state_dir) if self._state_dir else {}
         self._answering: dict[str, threading.Event] = {}
         self._planners_stopped = False  # the direct read's (spark_jobs.planner_workers)
+        # Whether to stop them once planned: only where this is the process's one query (a
+        # job's spark-submit). In a session of several queries another one may be planning
+        # its source with them at that moment, and its planner call would end with the
+        # worker (a Python worker crash, seen in the tests' shared session).
+        self.stop_planners = False
         # The direct read's ranges come from the checkpoint's offsets log when it is a local
         # directory (_logged_ranges); the batch running now.
         self._offsets_log = _local_offsets_log(opts.checkpoint)
@@ -559,7 +564,9 @@ class ApplyBatch:
             if ranges is None:
                 ranges = [Range.of(row) for row in events.collect()]
             self.read_from = range_starts(ranges)
-            if not self._planners_stopped:  # the source is planned: they idle from now on
+            if self.stop_planners and not self._planners_stopped:
+                # The source is planned (Spark did it before it called this): they idle from
+                # now on.
                 self._planners_stopped = True
                 planner_workers.stop(events.sparkSession)
             return self._range_tasks(events.sparkSession, ranges, fs)

@@ -118,6 +118,7 @@ def run(
 
     batch = ApplyBatch(settings, opts, make_sink, chosen)
     batch.stopping = interrupt.stop
+    batch.stop_planners = True  # this process runs one query
     writer = (
         batch.events(kafka_stream(spark, settings, opts))
         .writeStream.foreachBatch(batch)

@@ -285,7 +285,10 @@ def assert_no_change_missing(records: list[Record], log: list[Change]) -> None:
         lost = [c for c in changes[first:] if c.marker not in streamed]
         assert not lost, f"{len(lost)} committed changes missing from Kafka, e.g. {lost[0]}"
         checked += len(changes) - first
-    assert checked > 0, "no streamed change to check"
+    assert checked > 0, (
+        f"no streamed change to check: {len(streamed)} change events in the topic, none of "
+        f"them one of the {len(log)} changes the writers committed"
+    )
 
 
 def force_compaction(bootstrap: str, topics: list[str]) -> None:

@@ -8,7 +8,6 @@ output goes to a file that the test only reads to explain a failure.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -48,6 +47,12 @@ class Runner:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # The killed run's walsender may still hold the slot for a moment: a reader started
+        # then refuses the slot as in use, and a poll of the slot would see the old process.
+        deadline = time.monotonic() + 30
+        while (row := slot_row(self.reader.dsn, self.reader.slot)) is not None and row[0]:
+            assert time.monotonic() < deadline, "the killed reader's walsender never went away"
+            time.sleep(0.05)
         self.proc = self.reader.start(
             log_path=self.log_path,
             CDC_POSTGRES__SNAPSHOT_CHUNK_ROWS="1000",
@@ -78,6 +83,22 @@ def _growing(bootstrap: str, topic: str, by: int) -> object:
     return lambda: end_offset(bootstrap, topic) >= base + by
 
 
+def _streaming(dsn: str, slot: str) -> bool:
+    """Whether a walsender streams from the slot (``START_REPLICATION`` done).
+
+    Not the slot's ``active`` alone: it is also true while ``CREATE_REPLICATION_SLOT``
+    waits for open transactions, which is still the snapshot's side of the boundary.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r "
+            "ON r.pid = s.active_pid WHERE s.slot_name = %s "
+            "AND r.state IN ('catchup', 'streaming')",
+            (slot,),
+        ).fetchone()
+    return row is not None
+
+
 def _last_txn_partial(bootstrap: str, topic: str) -> bool:
     """Whether the topic's newest transaction is incomplete (the kill came in its middle).
 
@@ -100,21 +121,19 @@ def test_kill_9_at_many_points_loses_nothing(reader: ReaderEnv, tmp_path: Path) 
     items = f"{reader.prefix}.public.items"
     bulk = f"{reader.prefix}.public.bulk"
     wl.start()
-    big_done = threading.Event()
 
-    def big_transactions() -> None:
-        # Large transactions on a table of their own (no lock waits with the writers), so
-        # that a kill can land in the middle of one.
+    def big_transaction(delete: bool) -> None:
+        # One large transaction on a table of its own (no lock waits with the writers), so
+        # that a kill can land in its middle. One per run, not a loop: the topic stays
+        # small enough to read back whole.
         with psycopg.connect(reader.dsn, autocommit=True) as conn:
-            while not big_done.is_set():
+            if delete:
+                conn.execute("DELETE FROM bulk")
+            else:
                 conn.execute(
                     "INSERT INTO bulk SELECT g, 'x' FROM generate_series(1, %s) g", (BULK,)
                 )
-                conn.execute("DELETE FROM bulk")
-                big_done.wait(0.3)
 
-    t = threading.Thread(target=big_transactions, daemon=True)
-    t.start()
     runner = Runner(reader, tmp_path / "reader.log")
     snapshot_kills = 0
     mid_txn_kills = 0
@@ -124,20 +143,24 @@ def test_kill_9_at_many_points_loses_nothing(reader: ReaderEnv, tmp_path: Path) 
             runner.start()
             runner.kill_when("snapshot records", _growing(reader.bootstrap, items, 500))
             snapshot_kills += end_offset(reader.bootstrap, items) < ROWS
-        # 3: at the boundary: the slot becomes active when streaming starts.
+        # 3: at the boundary, as soon as the reader streams from the slot.
         runner.start()
-        runner.kill_when(
-            "streaming to start",
-            lambda: (row := slot_row(reader.dsn, reader.slot)) is not None and row[0],
-        )
-        # 4-6: mid-stream, while large transactions flow.
-        for _ in range(3):
+        runner.kill_when("streaming to start", lambda: _streaming(reader.dsn, reader.slot))
+        # From here on the slot is streamed from: a writer's change committed now reaches
+        # Kafka as a change event, not as a snapshot row, whatever the later kills hit.
+        after_boundary = len(wl.log)
+        # 4-6: mid-stream, in the middle of a large transaction (inserts, then deletes).
+        for run in range(3):
             runner.start()
-            runner.kill_when("bulk records", _growing(reader.bootstrap, bulk, BULK // 3))
+            grown = _growing(reader.bootstrap, bulk, BULK // 3)
+            big_transaction(delete=run % 2 == 1)
+            runner.kill_when("bulk records", grown)
             mid_txn_kills += _last_txn_partial(reader.bootstrap, bulk)
+        deadline = time.monotonic() + 60
+        while len(wl.log) <= after_boundary:
+            assert time.monotonic() < deadline, "the writers committed nothing after the boundary"
+            time.sleep(0.05)
     finally:
-        big_done.set()
-        t.join(30)
         log = wl.stop()
         if runner.proc is not None and runner.proc.poll() is None:
             runner.proc.kill()

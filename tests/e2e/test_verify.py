@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import signal
 import subprocess
@@ -170,12 +171,16 @@ def test_a_clean_pipeline_verifies_clean(running: Running) -> None:
     assert "public.pairs" not in text.stdout  # only the table asked for
 
 
+# The suite's load: about 280 changes a second, two passes. ``make verify-load`` runs the
+# same test alone at the issue's acceptance: 1,000 changes a second, ten passes in a row.
+LOAD_TXNS_PER_SECOND = float(os.environ.get("VERIFY_LOAD_TXNS_PER_SECOND", "6"))
+LOAD_PASSES = int(os.environ.get("VERIFY_LOAD_PASSES", "2"))
+
+
 def test_a_live_load_shows_no_drift(running: Running) -> None:
-    """About 280 changes a second (updates, and deletes with re-inserts) into one table
-    while ``cdc verify`` checks it twice: no pass reports drift, changes land in
-    the followers during each pass, and the fence had in-flight differences to settle.
-    (The issue's 1,000 changes/s over 10 passes is a later slice's acceptance run; in the
-    suite's parallel phase, beside two other workers, this test failed once at that rate.)"""
+    """Changes (updates, and deletes with re-inserts; 47 a transaction) into one table while
+    ``cdc verify`` checks it pass after pass: no pass reports drift, changes land in the
+    followers during each pass, and the fence had in-flight differences to settle."""
     p = running.p
     stop = threading.Event()
     written = [0]
@@ -200,8 +205,8 @@ def test_a_live_load_shows_no_drift(running: Running) -> None:
                             (churn + 100, tx),
                         )
                     written[0] += 47
-                    # Paced at 6 transactions (about 280 changes) a second.
-                    stop.wait(max(0.0, start + (tx + 1) / 6 - time.monotonic()))
+                    # Paced: 6 transactions (about 280 changes) a second by default.
+                    stop.wait(max(0.0, start + (tx + 1) / LOAD_TXNS_PER_SECOND - time.monotonic()))
         except BaseException as e:  # reported by the test below
             failures.append(e)
 
@@ -210,7 +215,7 @@ def test_a_live_load_shows_no_drift(running: Running) -> None:
     passes = []
     try:
         wait_until(lambda: written[0] >= 600, timeout=30, what="the load to get going")
-        for _ in range(2):
+        for _ in range(LOAD_PASSES):
             before = (written[0], search_watermark(p, SEARCH_JOB), cache_watermark(p, CACHE_JOB))
             t0 = time.monotonic()
             code, found, err = _verify(p, "load")
@@ -223,6 +228,8 @@ def test_a_live_load_shows_no_drift(running: Running) -> None:
         stop.set()
         writer.join(30)
     rates = [round((a[0] - b[0]) / secs) for _, _, b, a, secs in passes]
+    asked = 47 * LOAD_TXNS_PER_SECOND
+    assert min(rates) >= 0.8 * asked, f"the load fell behind its pace of {asked:.0f}/s: {rates}"
     candidates = 0
     for _, found, before, after, _ in passes:
         assert after[0] > before[0]  # the load went on during the pass

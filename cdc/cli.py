@@ -539,7 +539,16 @@ def verify(
             "--repair",
             help="Then ask the reader to publish the missing and differing rows again (an "
             "incremental snapshot of those keys, as cdc snapshot sends): Kafka stays the "
-            "source of truth. Extra keys are listed, not repaired.",
+            "source of truth. Extra keys are listed, not repaired: see --remove-extra.",
+        ),
+    ] = False,
+    remove_extra: Annotated[
+        bool,
+        typer.Option(
+            "--remove-extra",
+            help="Then delete from the follower the rows PostgreSQL does not hold (extra "
+            "keys): a follower-only repair, not through the log. Each key only if it is "
+            "still extra when read again and nothing wrote to it in the follower since.",
         ),
     ] = False,
     every: Annotated[
@@ -584,7 +593,13 @@ def verify(
             _setup_logging(settings, debug)
             _quiet_libraries(debug)
             _verify_every(
-                settings, tables or [], follower, fence_timeout, repair, interval_s, as_json
+                settings,
+                tables or [],
+                follower,
+                fence_timeout,
+                _Repairs(repair, remove_extra),
+                interval_s,
+                as_json,
             )
 
         _guard(debug, forever)
@@ -594,7 +609,9 @@ def verify(
         settings = load()
         _setup_logging(settings, debug, level="WARNING")
         _quiet_libraries(debug)
-        return _verify(settings, tables or [], follower, fence_timeout, repair)
+        return _verify(
+            settings, tables or [], follower, fence_timeout, _Repairs(repair, remove_extra)
+        )
 
     if not as_json:
         found = _guard(debug, go)
@@ -608,8 +625,20 @@ def verify(
         raise typer.Exit(VERIFY_UNSETTLED_EXIT)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Repairs:
+    """What a pass does about what it found: ``--repair`` (through the log) and
+    ``--remove-extra`` (follower-only)."""
+
+    through_log: bool = False
+    remove_extra: bool = False
+
+    def __bool__(self) -> bool:
+        return self.through_log or self.remove_extra
+
+
 def _verify(
-    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
+    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: _Repairs
 ) -> dict[str, Any]:
     """A one-off ``cdc verify``: one pass, recorded for ``cdc status``."""
     import time
@@ -663,7 +692,7 @@ def _verify_every(
     tables: list[str],
     which: str,
     fence_timeout_s: float,
-    repair: bool,
+    repair: _Repairs,
     interval_s: float,
     as_json: bool,
 ) -> None:
@@ -687,7 +716,7 @@ def _verify_every(
         if as_json:
             typer.echo(scrub(json.dumps(report), _SECRETS))
         for line in text.splitlines() if repair else ():
-            if line.startswith("repair:"):
+            if line.startswith(("repair:", "remove-extra:")):
                 log.info("%s", line)
         return results
 
@@ -717,13 +746,21 @@ def _verify_every(
 
 
 def _verify_pass(
-    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: bool
+    settings: Settings, tables: list[str], which: str, fence_timeout_s: float, repair: _Repairs
 ) -> tuple[list[TableResult], dict[str, Any], str]:
     """One pass of ``cdc verify``: the entry point wires PostgreSQL's reader (``cdc``), the
     followers' readers and the jobs' document converter (``pgcdc.verify``) together. The
     results, the JSON report and the text."""
     from cdc.verify_leader import PostgresLeader, tables_to_verify
-    from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
+    from cdc.verify_repair import Removal, keys_to_repair, remove_extra, removed_text, repairs_text
+    from cdc.verify_repair import repair as send_repairs
+    from pgcdc.verify.followers import (
+        CacheFollower,
+        CacheRemoval,
+        SearchFollower,
+        SearchRemoval,
+        document_converter,
+    )
     from pgcdc.verify.pacing import RowPacer
     from pgcdc.verify.report import as_json, as_text
     from pgcdc.verify.run import Follower, verify_table
@@ -739,16 +776,21 @@ def _verify_pass(
         settings, chosen, document_converter, key_id, pacer.take if pacer else None
     )
     followers: list[Follower] = []
+    removals: dict[str, Removal] = {}
     with contextlib.ExitStack() as stack:
         if which in ("cache", "all"):
             cache = CacheSink.from_settings(settings.redis)
             stack.callback(cache.close)
-            followers.append(CacheFollower(cache, pacer=pacer))
+            cache_follower = CacheFollower(cache, pacer=pacer)
+            followers.append(cache_follower)
+            removals["cache"] = CacheRemoval(cache_follower)
         if which in ("search", "all"):
             search = SearchSink.from_settings(settings.search)
             stack.callback(search.close)
             url = settings.search.url.get_secret_value()
-            followers.append(SearchFollower(search, url, pacer=pacer))
+            search_follower = SearchFollower(search, url, pacer=pacer)
+            followers.append(search_follower)
+            removals["search"] = SearchRemoval(search_follower)
         results: list[TableResult] = []
         for table in leader.table_ids:
             first = leader.read(table)
@@ -756,16 +798,19 @@ def _verify_pass(
                 results.append(
                     verify_table(table, leader, f, fence_timeout_s=fence_timeout_s, first=first)
                 )
-    report, text = as_json(results), as_text(results)
-    if repair:
-        from cdc.verify_repair import keys_to_repair, repairs_text
-        from cdc.verify_repair import repair as send_repairs
-
-        sent = send_repairs(settings, leader, keys_to_repair(results))
+        report, text = as_json(results), as_text(results)
         extra = sum(len(r.extra) for r in results)
+        if repair.remove_extra and extra:
+            removed = remove_extra(leader, removals, results)
+            report["extra_removed"] = [dataclasses.asdict(r) for r in removed]
+            extra -= sum(len(r.removed) for r in removed)
+            text += removed_text(removed)
+    if repair.through_log:
+        sent = send_repairs(settings, leader, keys_to_repair(results))
         report["repairs"] = [dataclasses.asdict(r) for r in sent]
-        report["extra_not_repaired"] = extra
         text += repairs_text(sent, extra)
+    if repair:
+        report["extra_not_repaired"] = extra
     return results, report, text
 
 

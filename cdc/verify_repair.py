@@ -14,7 +14,8 @@ it as a repeat.
 
 Not repaired through the log: *extra* keys (a follower holds a row PostgreSQL does not;
 there is no row to publish again); they are listed, and stay drift until removed from the
-follower. Above :data:`MOST_KEYS` keys, or when the table's key types cannot be named by
+follower, which ``--remove-extra`` does as an explicit, follower-only repair
+(:func:`remove_extra`). Above :data:`MOST_KEYS` keys, or when the table's key types cannot be named by
 literals in a filter the reader accepts (an input function that is not immutable, e.g.
 ``timestamptz``), the whole table is snapshotted instead.
 """
@@ -113,6 +114,83 @@ def repair(
     return done
 
 
+@dataclass(frozen=True)
+class Removed:
+    """What ``--remove-extra`` did to one table's extra keys in one follower."""
+
+    table: str
+    follower: str
+    removed: list[str]
+    kept: list[str]  # no longer extra when looked at again, or written since: left alone
+
+
+class Removal(Protocol):
+    """A follower's compare-and-delete (:class:`pgcdc.verify.followers.CacheRemoval`,
+    :class:`~pgcdc.verify.followers.SearchRemoval`)."""
+
+    def held(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, object]]:
+        """Each key the follower still holds a row for: its version (commit LSN, None: none)
+        and a token for :meth:`remove_if`."""
+        ...
+
+    def remove_if(self, table: str, key: str, token: object) -> bool:
+        """Delete the key's row if nothing was written to it since ``token`` was read."""
+        ...
+
+
+class ExtraFound(Protocol):
+    table: str
+    follower: str
+    extra: list[str]
+
+
+def remove_extra(
+    leader: PostgresLeader, removals: Mapping[str, Removal], results: Sequence[ExtraFound]
+) -> list[Removed]:
+    """``--remove-extra``: delete from each follower the rows PostgreSQL does not hold.
+
+    Per table and follower, the extra keys are looked at again, in this order: the
+    follower's rows and versions first, then PostgreSQL in a fresh snapshot (fence LSN
+    ``L``), so that a change the follower already holds is visible to that snapshot. A key
+    is removed only if PostgreSQL has no row for it, the follower's version is not above
+    ``L`` (else the key changed since: not drift), and nothing was written to it in the
+    follower since it was read (compare-and-delete). The version the follower keeps beside
+    the row stays, so an older change still in flight cannot bring the row back, while a
+    newer one (a row inserted after ``L``) is applied as usual. Not through the log: the
+    topics hold no live row for these keys (PostgreSQL has none), so a follower built from
+    them later does not hold them either."""
+    done: list[Removed] = []
+    for r in results:
+        if not r.extra or r.follower not in removals:
+            continue
+        removal = removals[r.follower]
+        held = removal.held(r.table, r.extra)
+        snap = leader.read(r.table, list(held))
+        removed, kept = [], sorted(set(r.extra) - set(held))
+        for key, (version, token) in sorted(held.items()):
+            changed = version is not None and version > snap.lsn
+            if key in snap.rows or changed or not removal.remove_if(r.table, key, token):
+                kept.append(key)
+            else:
+                removed.append(key)
+        done.append(Removed(r.table, r.follower, removed, sorted(kept)))
+    return done
+
+
+def removed_text(done: Sequence[Removed]) -> str:
+    """What ``--remove-extra`` did, for people."""
+    lines = []
+    for r in done:
+        line = f"remove-extra: {r.table} in the {r.follower} follower: {len(r.removed)} removed"
+        if r.kept:
+            line += (
+                f", {len(r.kept)} left alone (PostgreSQL holds them now, or they were written "
+                f"since), e.g. {r.kept[0]}"
+            )
+        lines.append(line)
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def repairs_text(repairs: Sequence[Repair], extra: int) -> str:
     """What ``--repair`` did, for people."""
     lines = []
@@ -126,7 +204,7 @@ def repairs_text(repairs: Sequence[Repair], extra: int) -> str:
     if extra:
         lines.append(
             f"repair: {extra} extra key(s) not repaired: PostgreSQL holds no row to publish "
-            "again; remove them from the follower"
+            "again; --remove-extra deletes them from the follower"
         )
     if repairs:
         lines.append(

@@ -36,6 +36,18 @@ def canonical(value: Any, pg_type: str) -> Any:
     return value
 
 
+def _followed(value: Any, pg_type: str) -> Any:
+    """A follower's value in the leader's form before :func:`canonical`: a ``json`` or
+    ``jsonb`` column is held as its JSON text (Debezium's ``io.debezium.data.Json``), which
+    ``to_jsonb`` gives parsed."""
+    if pg_type in ("json", "jsonb") and isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
 def column_types(dsn: str, table: str) -> dict[str, str]:
     """Each column's type name."""
     with psycopg.connect(dsn) as conn:
@@ -67,7 +79,8 @@ def cache_state(dsn: str, redis_url: str, key_prefix: str, table: str) -> dict[s
         for k, fields in every_hash(r, f"{prefix}*"):
             row = {_text(f): orjson.loads(v) for f, v in fields.items()}
             out[_text(k)[len(prefix) :]] = {
-                c: canonical(v, types.get(c, "?")) for c, v in row.items()
+                c: canonical(_followed(v, types.get(c, "?")), types.get(c, "?"))
+                for c, v in row.items()
             }
     finally:
         r.close()
@@ -84,7 +97,10 @@ def search_state(
     """The search follower's documents of ``table`` (index ``<index_prefix>-<table>``)."""
     types = column_types(dsn, table)
     return {
-        h["_id"]: {c: canonical(v, types.get(c, "?")) for c, v in h["_source"].items()}
+        h["_id"]: {
+            c: canonical(_followed(v, types.get(c, "?")), types.get(c, "?"))
+            for c, v in h["_source"].items()
+        }
         for h in every_document(search_url, index_name(index_prefix, table), page=5000)
     }
 

@@ -178,5 +178,75 @@ class SearchFollower:
         return out
 
 
+# Removes a row only if its version key still holds what was read (nothing written since);
+# the version key stays, so an older change still cannot bring the row back.
+_REMOVE_IF_UNCHANGED = """
+local held = redis.call('GET', KEYS[2])
+if held == false then held = '' end
+if held ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+class CacheRemoval:
+    """``--remove-extra`` on the Redis follower: compare-and-delete of row keys."""
+
+    def __init__(self, follower: CacheFollower) -> None:
+        self.sink = follower.sink
+
+    def held(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, Any]]:
+        """Each key's held version (its commit LSN, None: none) and the token that
+        :meth:`remove_if` compares (the version key's bytes; empty: none); keys whose row is
+        gone are left out."""
+        out: dict[str, tuple[int | None, Any]] = {}
+        client = self.sink.client
+        for key in sorted(keys):
+            if not client.exists(self.sink.row_key(table, key)):
+                continue
+            raw = client.get(self.sink.version_key(table, key))
+            out[key] = (parse_version(raw).commit_lsn if raw is not None else None, raw or b"")
+        return out
+
+    def remove_if(self, table: str, key: str, token: Any) -> bool:
+        row_key, version_key = self.sink.row_key(table, key), self.sink.version_key(table, key)
+        return bool(self.sink.client.eval(_REMOVE_IF_UNCHANGED, 2, row_key, version_key, token))
+
+
+class SearchRemoval:
+    """``--remove-extra`` on the OpenSearch follower: deletes conditional on the document's
+    sequence number and primary term (``if_seq_no``), so a write since wins."""
+
+    def __init__(self, follower: SearchFollower) -> None:
+        self.sink = follower.sink
+
+    def held(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, Any]]:
+        index = self.sink.index_for(table)
+        try:
+            got = self.sink.client.mget(
+                index=index,
+                body={"ids": sorted(keys)},
+                params={"realtime": "true", "_source": "false"},
+            )["docs"]
+        except NotFoundError:
+            return {}
+        return {
+            d["_id"]: (int(d["_version"]), (d["_index"], d["_seq_no"], d["_primary_term"]))
+            for d in got
+            if d.get("found")
+        }
+
+    def remove_if(self, table: str, key: str, token: Any) -> bool:
+        index, seq_no, term = token
+        try:
+            answer = self.sink.client.delete(
+                index=index,
+                id=key,
+                params={"if_seq_no": str(seq_no), "if_primary_term": str(term), "ignore": 409},
+            )
+        except NotFoundError:  # gone since: nothing to remove
+            return False
+        return bool(answer.get("result") == "deleted")
+
+
 def _text(b: bytes | str) -> str:
     return b.decode() if isinstance(b, bytes) else b

@@ -29,6 +29,7 @@ import pytest
 import redis
 from opensearchpy import OpenSearch
 
+from demo.compare import diff, leader_state
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB, table_index
 from pgcdc.core.durations import duration
 from sinks.cache_script import version_bytes
@@ -374,6 +375,29 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
         got = _by(found)
         assert code == 3 and _keys(got[(ITEMS, "search")], "extra") == {"9002"}, (found, err)
         assert [k for k, x in got.items() if not x["clean"]] == [(ITEMS, "search")]
+
+        # --remove-extra: the follower-only repair deletes the extra keys, in both
+        # followers (a stray cache key again, the first went with FLUSHDB); then the pass
+        # is clean and each follower equals the table.
+        r.hset(row_key.format(9003), mapping={"id": b"9003", "name": b'"stray"'})
+        code, found, err = _verify(p, "--remove-extra", ITEMS, PAIRS)
+        assert code == 3, (found, err)  # the pass found them; it removed them after
+        removed = {(x["follower"], x["table"]): x for x in found["extra_removed"]}
+        assert {k: (x["removed"], x["kept"]) for k, x in removed.items()} == {
+            ("cache", ITEMS): (["9003"], []),
+            ("search", ITEMS): (["9002"], []),
+        }
+        assert found["extra_not_repaired"] == 0
+        assert not r.exists(row_key.format(9003))
+        code, found, err = _verify(p, ITEMS, PAIRS)
+        assert code == 0 and found["clean"] is True, (found, err)
+        leader = leader_state(p.dsn, ITEMS)
+        for state in (cache_state, search_state):
+            problems = diff(leader, state(p, ITEMS))
+            assert not problems, f"{state.__name__}: {problems}"
+        with psycopg.connect(p.dsn) as conn:
+            (rows,) = conn.execute("SELECT count(*) FROM pairs").fetchone() or (0,)
+        assert len(cache_state(p, PAIRS)) == len(search_state(p, PAIRS)) == rows
     finally:
         search.close()
         r.close()

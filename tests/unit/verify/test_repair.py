@@ -1,12 +1,22 @@
 """``cdc verify --repair``'s pure parts: which keys go back through the log, and the filter
-that names them (quoted literals only, whatever the keys hold)."""
+that names them (quoted literals only, whatever the keys hold); ``--remove-extra``'s rules
+(what it deletes from a follower, and what it leaves alone)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from cdc.incremental.filters import check_expression
-from cdc.verify_repair import Repair, key_filter, keys_to_repair, repairs_text
+from cdc.verify_leader import Snapshot
+from cdc.verify_repair import (
+    Removed,
+    Repair,
+    key_filter,
+    keys_to_repair,
+    remove_extra,
+    removed_text,
+    repairs_text,
+)
 
 
 @dataclass
@@ -47,3 +57,85 @@ def test_the_report_says_what_was_sent_and_what_was_left() -> None:
     assert "public.big, the whole table (5000 keys)" in text
     assert "2 extra key(s) not repaired" in text
     assert repairs_text([], 0) == ""
+
+
+@dataclass
+class Extra:
+    table: str
+    follower: str
+    extra: list[str]
+
+
+@dataclass
+class Leader:
+    """PostgreSQL's side: the rows a fresh snapshot holds, at fence LSN ``lsn``."""
+
+    rows: dict[str, dict[str, object]]
+    lsn: int = 100
+    asked: list[list[str]] = field(default_factory=list)
+
+    def read(self, table: str, keys: list[str]) -> Snapshot:
+        self.asked.append(sorted(keys))
+        return Snapshot(self.lsn, {k: v for k, v in self.rows.items() if k in keys})
+
+
+@dataclass
+class Store:
+    """A follower: key → (version, token); ``remove_if`` deletes when the token still holds."""
+
+    held_rows: dict[str, tuple[int | None, object]]
+    written_since: set[str] = field(default_factory=set)
+    log: list[str] = field(default_factory=list)
+
+    def held(self, table: str, keys: list[str]) -> dict[str, tuple[int | None, object]]:
+        self.log.append("held")
+        return {k: v for k, v in self.held_rows.items() if k in keys}
+
+    def remove_if(self, table: str, key: str, token: object) -> bool:
+        if key in self.written_since or self.held_rows[key][1] != token:
+            return False
+        del self.held_rows[key]
+        return True
+
+
+def test_remove_extra_deletes_only_what_is_still_extra_and_unchanged() -> None:
+    store = Store(
+        {
+            "stray": (None, b""),  # written by hand: no version
+            "old": (90, b"v90"),  # a row PostgreSQL deleted, its delete lost
+            "back": (95, b"v95"),  # PostgreSQL holds it again by now
+            "ahead": (120, b"v120"),  # the follower has a change newer than the snapshot
+            "raced": (80, b"v80"),  # the job writes it between the read and the delete
+        },
+        written_since={"raced"},
+    )
+    leader = Leader({"back": {"id": "back"}})
+    done = remove_extra(
+        leader,  # type: ignore[arg-type]
+        {"cache": store},
+        [Extra("public.t", "cache", ["stray", "old", "back", "ahead", "raced", "gone"])],
+    )
+    assert done == [
+        Removed("public.t", "cache", ["old", "stray"], ["ahead", "back", "gone", "raced"])
+    ]
+    assert set(store.held_rows) == {"back", "ahead", "raced"}
+    # PostgreSQL is read after the follower, only for the keys the follower still holds.
+    assert leader.asked == [["ahead", "back", "old", "raced", "stray"]]
+
+
+def test_remove_extra_skips_followers_not_verified_and_results_without_extra() -> None:
+    store = Store({"x": (None, b"")})
+    done = remove_extra(
+        Leader({}),  # type: ignore[arg-type]
+        {"cache": store},
+        [Extra("public.t", "search", ["x"]), Extra("public.t", "cache", [])],
+    )
+    assert done == [] and "x" in store.held_rows
+
+
+def test_the_removal_report_names_what_was_left_alone() -> None:
+    text = removed_text([Removed("public.t", "search", ["1", "2"], ["3"])])
+    assert text == (
+        "remove-extra: public.t in the search follower: 2 removed, 1 left alone (PostgreSQL "
+        "holds them now, or they were written since), e.g. 3\n"
+    )

@@ -40,6 +40,7 @@ from benchmarks.ours import OursReader
 from benchmarks.results import Figure
 from benchmarks.snapshots import snapshot_ceiling, snapshot_debezium, snapshot_ours
 from benchmarks.streaming import streaming
+from benchmarks.verify_speed import verify_speed
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "followers": followers,
     "backlog": backlog,
     "index_rebuild": index_rebuild,
+    "verify": verify_speed,
     "incremental": incremental_snapshot,
     # Not in the full run (15-20 min, gigabytes): --only incremental_large.
     "incremental_large": incremental_large,
@@ -233,3 +235,4 @@ def run_all(b: Bench) -> None:
     else:
         backlog(b)
     index_rebuild(b)
+    verify_speed(b)

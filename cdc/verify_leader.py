@@ -127,16 +127,23 @@ class PostgresLeader:
         """The tables' ids (``schema.table``, as the followers name them), in order."""
         return list(self._names)
 
-    def read(self, table: str, keys: Collection[str] | None = None) -> Snapshot:
+    def read(
+        self,
+        table: str,
+        keys: Collection[str] | None = None,
+        *,
+        on_lsn: Callable[[int], None] | None = None,
+    ) -> Snapshot:
         """A fresh snapshot of ``table`` (a table id); with ``keys``, only their rows: read
         by key when the key is one integer, text or uuid column, else the whole table is
-        read and the rest dropped (a later slice reads by key range)."""
+        read and the rest dropped (a later slice reads by key range). ``on_lsn`` is given
+        the snapshot's fence LSN before the rows are read."""
         schema, name = self._names[table]
         pg = self._settings.postgres
         with connect(pg.dsn.get_secret_value()) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
-                return self._read_in_snapshot(conn, schema, name, keys)
+                return self._read_in_snapshot(conn, schema, name, keys, on_lsn)
             finally:
                 conn.execute("ROLLBACK")
 
@@ -159,10 +166,13 @@ class PostgresLeader:
         schema: str,
         name: str,
         keys: Collection[str] | None,
+        on_lsn: Callable[[int], None] | None = None,
     ) -> Snapshot:
         row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         lsn = Lsn.parse(str(row[0])).value
+        if on_lsn is not None:
+            on_lsn(lsn)
         self.reads += 1
         _ts, plan, found = self._rows(conn, schema, name, keys)
         to_doc = self._converter_for(plan.envelope_schema_json)

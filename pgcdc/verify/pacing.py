@@ -11,6 +11,7 @@ the rate too. Clock and sleep are given, so the arithmetic is tested without wai
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -38,22 +39,24 @@ class RowPacer:
         self._at = clock()
         self.rows = 0  # rows taken in all
         self.waited_s = 0.0  # seconds slept in all
+        self._lock = threading.Lock()  # the followers are read in threads of their own
 
     def take(self, rows: int) -> float:
         """Account for ``rows`` rows read; wait as long as the rate asks. The seconds waited."""
-        self.rows += rows
-        if self.rate <= 0 or rows <= 0:
-            return 0.0
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        self._tokens -= rows
-        if self._tokens >= 0:
-            return 0.0
-        # In debt: wait until the rate has paid it; the next take counts that time back in.
-        wait = -self._tokens / self.rate
+        with self._lock:
+            self.rows += rows
+            if self.rate <= 0 or rows <= 0:
+                return 0.0
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            self._tokens -= rows
+            if self._tokens >= 0:
+                return 0.0
+            # In debt: wait until the rate has paid it; the next take counts that time in.
+            wait = -self._tokens / self.rate
+            self.waited_s += wait
         self._sleep(wait)
-        self.waited_s += wait
         return wait
 
 

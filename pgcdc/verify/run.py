@@ -6,7 +6,8 @@ decides and waits, nothing else.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,14 +127,19 @@ def verify_table(
     factor: int = FACTOR,
     threshold: int = THRESHOLD,
     first: LeaderRead | None = None,
+    held: Mapping[str, int] | None = None,
 ) -> TableResult:
     """Compare ``table`` between PostgreSQL and ``follower``; ``first`` is a leader read to
-    start from (one snapshot serves every follower's first pass)."""
+    start from (one snapshot serves every follower's first pass), ``held`` the follower's
+    digests already read behind that read's fence (:func:`verify_followers`)."""
     read = first if first is not None else leader.read(table)
-    wait_fenced(follower, read.lsn, fence_timeout_s)
-    held = follower.digests(table)
+    if held is None:
+        wait_fenced(follower, read.lsn, fence_timeout_s)
+        held = follower.digests(table)
     expected = _digests(follower, read)
-    found = compare(MemorySide(expected), MemorySide(held), factor=factor, threshold=threshold)
+    found = compare(
+        MemorySide(expected), MemorySide(dict(held)), factor=factor, threshold=threshold
+    )
     result = TableResult(table, follower.name, len(expected), len(held))
     result.segments_folded = found.segments_folded
     result.rows_checked = len(expected.keys() | held.keys())
@@ -182,6 +188,59 @@ def verify_table(
     result.cleared = len(settling.cleared)
     result.finished_at = time.time()
     return result
+
+
+class StreamingLeader(Leader, Protocol):
+    def read(
+        self,
+        table: str,
+        keys: Collection[str] | None = None,
+        *,
+        on_lsn: Callable[[int], None] | None = None,
+    ) -> LeaderRead:
+        """As :meth:`Leader.read`; ``on_lsn`` is called with the snapshot's fence LSN as
+        soon as it is known, before the rows are read."""
+        ...
+
+
+def verify_followers(
+    table: str,
+    leader: StreamingLeader,
+    followers: Sequence[Follower],
+    *,
+    fence_timeout_s: float = 60.0,
+) -> list[TableResult]:
+    """``table`` against every follower from one PostgreSQL snapshot, each follower read
+    in a thread of its own as soon as the snapshot's fence LSN is known, while PostgreSQL's
+    rows are still being read: the reads wait on three servers at once instead of one after
+    another. Then each follower's comparison and re-checks, as :func:`verify_table`."""
+    if not followers:
+        return []
+    with ThreadPoolExecutor(len(followers), thread_name_prefix="verify-follower") as pool:
+        held: list[Future[dict[str, int]]] = []
+
+        def behind_fence(follower: Follower, lsn: int) -> dict[str, int]:
+            wait_fenced(follower, lsn, fence_timeout_s)
+            return follower.digests(table)
+
+        def started(lsn: int) -> None:
+            held.extend(pool.submit(behind_fence, f, lsn) for f in followers)
+
+        # A failed read ends the pass once the follower reads it started are done.
+        first = leader.read(table, on_lsn=started)
+        results = []
+        for follower, digests in zip(followers, held, strict=True):
+            results.append(
+                verify_table(
+                    table,
+                    leader,
+                    follower,
+                    fence_timeout_s=fence_timeout_s,
+                    first=first,
+                    held=digests.result(),
+                )
+            )
+        return results
 
 
 def _digests(follower: Follower, read: LeaderRead) -> dict[str, int]:

@@ -8,7 +8,8 @@ against in-memory sides whose rows change between reads, the way a live load cha
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from pgcdc.verify.bisect import MemorySide, compare
 from pgcdc.verify.fence import Settling, Verdict, fenced, judge
 from pgcdc.verify.fold import Fold, fold, row_digest
 from pgcdc.verify.report import as_json, as_text
-from pgcdc.verify.run import TableResult, verify_table, wait_fenced
+from pgcdc.verify.run import TableResult, verify_followers, verify_table, wait_fenced
 from pgcdc.verify.segments import Segment, split
 
 pytestmark = pytest.mark.unit
@@ -345,3 +346,59 @@ def test_every_read_of_the_follower_waits_for_the_fence() -> None:
     with pytest.raises(VerifyError):
         verify_table("t", leader, follower, fence_timeout_s=0)
     assert follower.reads == 0
+
+
+@dataclass
+class OverlappingLeader(FakeLeader):
+    """Gives the fence LSN first, then holds its rows back until every follower has been
+    read: the pass only ends if the followers are read while PostgreSQL still is."""
+
+    followers_read: threading.Barrier | None = None
+
+    def read(  # type: ignore[override]
+        self,
+        table: str,
+        keys: Collection[str] | None = None,
+        *,
+        on_lsn: Callable[[int], None] | None = None,
+    ) -> Read:
+        snap = super().read(table, keys)
+        if on_lsn is not None:
+            on_lsn(snap.lsn)
+            assert self.followers_read is not None
+            self.followers_read.wait(timeout=10)
+        return snap
+
+
+@dataclass
+class CountedFollower(FakeFollower):
+    barrier: threading.Barrier | None = None
+
+    def digests(self, table: str) -> dict[str, int]:
+        assert self.barrier is not None
+        self.barrier.wait(timeout=10)  # every follower and the leader's rows at once
+        return super().digests(table)
+
+
+def test_the_followers_are_read_while_postgresql_is_and_judged_as_one_by_one() -> None:
+    pg = _rows(30)
+    cache_rows = {k: (v, 5) for k, v in pg.items() if k != "4"}
+    search_rows = {**{k: (v, 5) for k, v in pg.items()}, "77": ({"v": 77}, 5)}
+    barrier = threading.Barrier(3)  # two followers' reads and the leader's rows
+    leader = OverlappingLeader([Read(100, pg)], followers_read=barrier)
+    cache = CountedFollower(cache_rows, [cache_rows], name="cache", barrier=barrier)
+    search = CountedFollower(search_rows, [search_rows], name="search", barrier=barrier)
+    results = verify_followers("t", leader, [cache, search])
+    assert not barrier.broken
+    got = {r.follower: (r.missing, r.extra, r.differ) for r in results}
+    assert got == {"cache": (["4"], [], []), "search": ([], ["77"], [])}
+    # The same verdicts as one follower at a time from the same snapshot.
+    for follower, result in zip((cache, search), results, strict=True):
+        alone = verify_table("t", FakeLeader([Read(100, pg)]), FakeFollower(
+            follower.first, follower.later, name=follower.name))  # fmt: skip
+        assert (alone.missing, alone.extra, alone.differ) == got[follower.name]
+        assert result.snapshot_lsn == 100
+
+
+def test_no_follower_reads_nothing() -> None:
+    assert verify_followers("t", OverlappingLeader([Read(1, {})]), []) == []

@@ -155,16 +155,16 @@ def cpu_at(stats: ProcStats, started_wall: float, at: float) -> float:
     return best
 
 
-def held_counts(redis_url: str, search_url: str, prefix: str) -> dict[str, int]:
-    """Rows each follower holds under ``prefix``."""
+def held_counts(redis_url: str, search_url: str, prefix: str, table: str = TABLE) -> dict[str, int]:
+    """Rows of ``table`` each follower holds under ``prefix``."""
     r = redis.Redis.from_url(redis_url)
     try:
-        in_redis = sum(1 for _ in r.scan_iter(match=f"{prefix}:{TABLE}:*", count=10_000))
+        in_redis = sum(1 for _ in r.scan_iter(match=f"{prefix}:{table}:*", count=10_000))
     finally:
         r.close()
     client = OpenSearch(hosts=[search_url])
     try:
-        index = f"{prefix}-{TABLE}"
+        index = f"{prefix}-{table}"
         client.indices.refresh(index=index)
         in_search = int(client.count(index=index)["count"])
     except Exception:  # no index: nothing held

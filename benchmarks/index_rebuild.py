@@ -109,21 +109,33 @@ def _held(redis_url: str, search_url: str, prefix: str, rows: int, version: int)
         r.close()
 
 
-def run(env: BenchEnv, rows: int, read: str | None = None) -> dict[str, Any]:
-    """Both phases on one table; every figure of the run."""
+def shared_job_on(
+    env: BenchEnv, table: str, rows: int, role: str, **job: Any
+) -> tuple[OursReader, str, SparkJobs]:
+    """A fresh database holding ``table`` with ``rows`` rows (the backlog's shape), our
+    reader for it, and the shared job for both followers from the topic's start (``job``:
+    more of :class:`SparkJobs`' options); (reader, the followers' prefix, jobs)."""
     env.create_database()
     with env.connect() as conn:
-        create_table(conn, TABLE)
-        bulk_load(conn, TABLE, rows)
+        create_table(conn, table)
+        bulk_load(conn, table, rows)
+    reader = OursReader(env, [table], role=role)
+    prefix = env.name(role)
+    jobs = SparkJobs(
+        env, reader.prefix, reader.workdir, jobs=("sync:cache,search",), follower_prefix=prefix,
+        starting_offsets="earliest", **job,
+    )  # fmt: skip
+    return reader, prefix, jobs
+
+
+def run(env: BenchEnv, rows: int, read: str | None = None) -> dict[str, Any]:
+    """Both phases on one table; every figure of the run."""
     settings = load_settings()
     redis_url = settings.redis.url.get_secret_value()
     search_url = settings.search.url.get_secret_value()
-    reader = OursReader(env, [TABLE], role="ix")
-    prefix = env.name("ix")
-    jobs = SparkJobs(
-        env, reader.prefix, reader.workdir, jobs=("sync:cache,search",), follower_prefix=prefix,
-        starting_offsets="earliest", read=read, extra_args=("--available-now",),
-    )  # fmt: skip
+    reader, prefix, jobs = shared_job_on(
+        env, TABLE, rows, "ix", read=read, extra_args=("--available-now",)
+    )
     try:
         phases: dict[str, Phase] = {}
         for phase, snapshot_mode, version in (("snapshot", "initial", 1), ("rebuild", None, 2)):

@@ -33,35 +33,15 @@ from opensearchpy import OpenSearch, helpers
 
 from benchmarks.context import Bench
 from benchmarks.env import ROOT, BenchEnv, run_alone
-from benchmarks.followers import SparkJobs
-from benchmarks.ours import OursReader
+from benchmarks.followers_backlog import held_counts
+from benchmarks.index_rebuild import shared_job_on
 from benchmarks.results import Figure
-from benchmarks.workload.orders import bulk_load, create_table
 from pgcdc.core.settings import load_settings
 from sinks.search_index import index_name
 
 log = logging.getLogger("bench.verify_speed")
 
 TABLE = "public.orders_verify"
-
-
-def _held(redis_url: str, search_url: str, prefix: str) -> tuple[int, int]:
-    """Rows of ``TABLE`` in Redis and in the index."""
-    r = redis.Redis.from_url(redis_url)
-    try:
-        cached = sum(1 for _ in r.scan_iter(match=f"{prefix}:{TABLE}:*", count=10_000))
-    finally:
-        r.close()
-    client = OpenSearch(hosts=[search_url])
-    try:
-        index = index_name(prefix, TABLE)
-        client.indices.refresh(index=index)
-        indexed = int(client.count(index=index)["count"])
-    except Exception:  # no index yet
-        indexed = 0
-    finally:
-        client.close()
-    return cached, indexed
 
 
 def _verify(env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
@@ -137,24 +117,18 @@ def _found(report: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 def run(env: BenchEnv, rows: int, divergent: int) -> dict[str, Any]:
     """Load, follow, verify clean, verify with drift, count(*): every figure of the run."""
-    env.create_database()
-    with env.connect() as conn:
-        create_table(conn, TABLE)
-        bulk_load(conn, TABLE, rows)
     settings = load_settings()
     redis_url = settings.redis.url.get_secret_value()
     search_url = settings.search.url.get_secret_value()
-    reader = OursReader(env, [TABLE], role="vf")
-    prefix = env.name("vf")
-    jobs = SparkJobs(
-        env, reader.prefix, reader.workdir, jobs=("sync:cache,search",), follower_prefix=prefix,
-        starting_offsets="earliest",
-    )  # fmt: skip
+    reader, prefix, jobs = shared_job_on(env, TABLE, rows, "vf")
     streaming = reader.launch(until_current=False, snapshot_mode="initial")
     try:
         jobs.start()
         t0 = time.monotonic()
-        while (held := _held(redis_url, search_url, prefix)) != (rows, rows):
+        while (held := held_counts(redis_url, search_url, prefix, TABLE)) != {
+            "redis": rows,
+            "search": rows,
+        }:
             if time.monotonic() - t0 > 3600:
                 raise RuntimeError(f"the followers hold {held} of {rows} rows after an hour")
             if (dead := jobs.dead()) is not None:

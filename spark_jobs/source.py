@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
+import sys
 from urllib.parse import urlsplit
 
 from pyspark import SparkConf, SparkContext
@@ -139,6 +142,51 @@ def subscription(opts: JobOptions) -> Subscription:
     return Subscription((), pattern)
 
 
+log = logging.getLogger(__name__)
+
+WORKER_PYTHON = "spark.sql.execution.pyspark.python"
+
+
+def register_source(spark: SparkSession, source: type) -> None:
+    """Register the direct read's Python data source so that its planner can start.
+
+    Spark plans a Python data source (its offsets, its partitions) in Python workers the
+    driver starts, with the interpreter the source was registered with: the session's
+    ``spark.pyspark.python``. On a cluster that is the executors' packed environment,
+    ``./environment/bin/python``, a path the driver does not have. There the source is
+    registered with the driver's own interpreter instead, and the executors' is given to
+    ``spark.sql.execution.pyspark.python``, which Spark's Arrow runners (the source's reads
+    in the tasks) use before the source's own; the jobs' other Python (``foreachBatch``'s
+    tasks) keeps ``spark.pyspark.python``."""
+    sc = spark.sparkContext
+    executors = sc.pythonExec
+    if _runs_here(executors):
+        spark.dataSource.register(source)
+        return
+    if not spark.conf.get(WORKER_PYTHON, None):
+        spark.conf.set(WORKER_PYTHON, executors)
+    sc.pythonExec = sys.executable
+    try:
+        spark.dataSource.register(source)
+    finally:
+        sc.pythonExec = executors
+    log.info(
+        "the direct read's planner runs on the driver's Python (%s), its reads on the "
+        "executors' (%s, %s)",
+        sys.executable,
+        spark.conf.get(WORKER_PYTHON),
+        WORKER_PYTHON,
+    )
+
+
+def _runs_here(python: str) -> bool:
+    """Whether the driver can start ``python``: a path that exists from its working
+    directory (the JVM's too), or a bare name found on its PATH."""
+    if os.sep not in python:
+        return shutil.which(python) is not None
+    return os.access(python, os.X_OK)
+
+
 def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> DataFrame:
     """The streaming frame of the table topics (and the heartbeat topic), with headers; with
     ``spark.read = "direct"``, of the batches' offset ranges (:mod:`spark_jobs.kafka_direct`),
@@ -147,7 +195,7 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
         source = direct_source(
             settings.kafka, subscription(opts), opts.starting_offsets, opts.max_offsets_per_trigger
         )
-        spark.dataSource.register(source)
+        register_source(spark, source)
         return spark.readStream.format(SOURCE_NAME).load()
     return spark.readStream.format("kafka").options(**source_options(settings, opts)).load()
 

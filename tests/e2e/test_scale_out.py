@@ -254,9 +254,15 @@ def cache_equals_leader(p: Pipeline) -> str:
 
 
 def start_cluster_job(
-    p: Pipeline, master: str, log: Path, *args: str, checkpoint: Path | None = None
+    p: Pipeline,
+    master: str,
+    log: Path,
+    *args: str,
+    checkpoint: Path | None = None,
+    read: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """cache_sync on the standalone cluster: spark-submit's options, then the job's."""
+    """cache_sync on the standalone cluster: spark-submit's options, then the job's
+    (``read``: spark.read, else the suite's)."""
     job_args = [*args, *(["--checkpoint", str(checkpoint)] if checkpoint else [])]
     with log.open("ab") as f:
         return subprocess.Popen(
@@ -273,7 +279,7 @@ def start_cluster_job(
                 "spark_jobs/cache_sync.py",
                 *job_args,
             ],
-            env=p.env(),
+            env=p.env(**({"CDC_SPARK__READ": read} if read else {})),
             cwd=ROOT,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -351,9 +357,13 @@ def test_a_broker_stopped_mid_stream_loses_no_change(
     broker.wait_ready()
 
 
+@pytest.mark.parametrize("read", ["spark", "direct"])
 def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
-    pipeline: ClusterPipeline, clusters: Clusters, tmp_path: Path
+    pipeline: ClusterPipeline, clusters: Clusters, tmp_path: Path, read: str
 ) -> None:
+    """Both reads: Spark's Kafka source, and the direct read, whose Python data source is
+    planned on the driver with the driver's interpreter while its reads run in the
+    executors' packed one (spark_jobs.source.register_source)."""
     spark = clusters.spark
     job_log = tmp_path / "cache_sync.log"
     job = start_cluster_job(
@@ -364,6 +374,10 @@ def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
         "5000",
         "--trigger-interval",
         "500 milliseconds",
+        read=read,
+        # Each read from the topics' start: the second finds the first's rows applied
+        # (skipped as repeats), then applies the workload's.
+        checkpoint=tmp_path / "checkpoint",
     )
     reader = start_reader(pipeline, tmp_path / "reader.log")
     work = Workload(pipeline.dsn, seed=2)
@@ -375,9 +389,7 @@ def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
             interval=1,
             what=f"an executor on each worker ({job_log})",
         )
-        wait_until(
-            lambda: batch_counts(job_log)[0] > 0, timeout=180, interval=1, what="applied batches"
-        )
+        wait_until(lambda: sum(batch_counts(job_log)) > 0, timeout=180, interval=1, what="batches")
         work.start()
         wait_until(lambda: work.changes >= 1500, timeout=60, interval=0.5, what="the workload")
         # Mid-stream: the job is running and the workload goes on.
@@ -411,6 +423,8 @@ def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
         )
         assert job.poll() is None, f"the job stopped:\n{tail(job_log)}"
         assert batch_counts(job_log)[0] > applied_before_kill
+        planned = "the direct read's planner runs on the driver's Python"
+        assert (planned in job_log.read_text(errors="replace")) == (read == "direct")
     finally:
         work.stop_event.set()
         if reader.poll() is None:

@@ -299,7 +299,7 @@ def test_arrow_rows_equal_the_pickled_rows_of_the_same_records(spark: Any) -> No
 def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: Any) -> None:
     from pgcdc.core.errors import RetryableSinkError
     from pgcdc.core.settings import load_settings
-    from pgcdc.core.spark_settings import ParsePath
+    from pgcdc.core.spark_settings import ParsePath, ReadPath
     from spark_jobs.apply_loop import ApplyBatch
     from spark_jobs.options import JobOptions
     from tests.unit.test_spark_transforms import _event, _headers, _key
@@ -315,7 +315,8 @@ def test_a_batch_through_map_in_arrow_brings_its_stats_and_outages_back(spark: A
         trigger_interval="1 second",
         max_offsets_per_trigger=None,
     )
-    spark_settings = {"follower_retry_s": 0, "parse": ParsePath.JVM}
+    # Spark's read, whatever the run's CDC_SPARK__READ: the frame here is of records.
+    spark_settings = {"follower_retry_s": 0, "parse": ParsePath.JVM, "read": ReadPath.SPARK}
     settings = load_settings().model_copy(
         update={"spark": load_settings().spark.model_copy(update=spark_settings)}
     )

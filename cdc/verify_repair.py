@@ -165,6 +165,9 @@ def remove_extra(
             continue
         removal = removals[r.follower]
         held = removal.held(r.table, r.extra)
+        if not held:  # every row gone from the follower since: nothing to look up
+            done.append(Removed(r.table, r.follower, [], sorted(r.extra)))
+            continue
         snap = leader.read(r.table, list(held))
         removed, kept = [], sorted(set(r.extra) - set(held))
         for key, (version, token) in sorted(held.items()):

@@ -198,13 +198,18 @@ class CacheRemoval:
         """Each key's held version (its commit LSN, None: none) and the token that
         :meth:`remove_if` compares (the version key's bytes; empty: none); keys whose row is
         gone are left out."""
+        ordered = sorted(keys)
+        pipe = self.sink.client.pipeline(transaction=False)
+        for key in ordered:
+            pipe.exists(self.sink.row_key(table, key))
+            pipe.get(self.sink.version_key(table, key))
+        answers = pipe.execute()
         out: dict[str, tuple[int | None, Any]] = {}
-        client = self.sink.client
-        for key in sorted(keys):
-            if not client.exists(self.sink.row_key(table, key)):
-                continue
-            raw = client.get(self.sink.version_key(table, key))
-            out[key] = (parse_version(raw).commit_lsn if raw is not None else None, raw or b"")
+        for i, key in enumerate(ordered):
+            exists, raw = answers[2 * i], answers[2 * i + 1]
+            if exists:
+                held = parse_version(raw).commit_lsn if raw is not None else None
+                out[key] = (held, raw or b"")
         return out
 
     def remove_if(self, table: str, key: str, token: Any) -> bool:

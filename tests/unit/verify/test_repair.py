@@ -123,6 +123,16 @@ def test_remove_extra_deletes_only_what_is_still_extra_and_unchanged() -> None:
     assert leader.asked == [["ahead", "back", "old", "raced", "stray"]]
 
 
+def test_keys_gone_from_the_follower_are_kept_without_reading_postgresql() -> None:
+    leader = Leader({})
+    done = remove_extra(
+        leader,  # type: ignore[arg-type]
+        {"cache": Store({})},
+        [Extra("public.t", "cache", ["b", "a"])],
+    )
+    assert done == [Removed("public.t", "cache", [], ["a", "b"])] and leader.asked == []
+
+
 def test_remove_extra_skips_followers_not_verified_and_results_without_extra() -> None:
     store = Store({"x": (None, b"")})
     done = remove_extra(

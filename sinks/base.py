@@ -112,9 +112,12 @@ class Sink(Protocol):
         """
         ...
 
-    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+    def register_schema(
+        self, table: str, value_schema: Mapping[str, Any], since_lsn: int | None = None
+    ) -> None:
         """Learn the Debezium value (envelope) schema of ``table``'s events; a sink may use
-        it (e.g. to type a new index) or ignore it. Called before changes that use it."""
+        it (e.g. to type a new index) or ignore it. Called before changes that use it;
+        ``since_lsn`` is the commit LSN of one of them, if known."""
         ...
 
     def record_watermark(self, job: str, lsn: int) -> None:

@@ -200,7 +200,9 @@ class CacheSink:
         """The key of ``job``'s watermark (the contract's :func:`redis_watermark_key`)."""
         return redis_watermark_key(self.key_prefix, job)
 
-    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+    def register_schema(
+        self, table: str, value_schema: Mapping[str, Any], since_lsn: int | None = None
+    ) -> None:
         """Nothing to learn: Redis rows keep each value's JSON type, with no schema."""
 
     # -- apply ---------------------------------------------------------------------------

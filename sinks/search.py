@@ -97,6 +97,10 @@ __all__ = ["SearchSink"]
 log = logging.getLogger(__name__)
 
 _MAX_ID_BYTES: Final = 512
+_OLDER_SHAPE: Final = (
+    "of an older shape than the index version being built, which the table's snapshot after "
+    "the change of shape fills"
+)
 _REFUSED: Final = "refused:"  # the watermark index's record of a table its index refuses
 _MAX_LONG: Final = (1 << 63) - 1
 _MGET_CHUNK: Final = 500
@@ -119,6 +123,9 @@ class _Op:
     # A write to the version searches read while the next one is built: sent, retried, and
     # its outcome left out (the next version's write is the change's outcome).
     echo: bool = False
+    # A write to the next version of a change of an older shape than the one that version
+    # was made for: refused there, it is superseded, not dead-lettered (_older_shape).
+    older_shape: bool = False
 
 
 class SearchSink:
@@ -181,6 +188,8 @@ class SearchSink:
         self._serving: dict[str, versions.Serving] = {}
         self._aliased: set[str] = set()  # write aliases made: writes into them require one
         self._build_writes: dict[str, str] = {}  # per table: its next version's write alias
+        # Per (table, next version): the commit LSN of a change in the shape it was made for.
+        self._shape_lsns: dict[tuple[str, str], int | None] = {}
         self._watermarks_to = search_watermark_index(index_prefix)  # its write alias, once made
         self._checked: set[str] = set()  # tables whose schema was checked against the index
         # Index name per table: the encoding is pure, and every change would redo it.
@@ -219,16 +228,22 @@ class SearchSink:
     def watermark_index(self) -> str:
         return search_watermark_index(self.index_prefix)
 
-    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+    def register_schema(
+        self, table: str, value_schema: Mapping[str, Any], since_lsn: int | None = None
+    ) -> None:
         """Map ``table``'s index from the row struct of this Debezium value schema when this
         sink creates the index. An index that already exists keeps its mapping: a schema
-        with other columns than the last one is checked against it (:meth:`_check_mapping`)."""
+        with other columns than the last one is checked against it (:meth:`_check_mapping`).
+        ``since_lsn``, the commit LSN of a change in this shape, is what a next version made
+        for it records (:meth:`_evolve`)."""
         fields = row_fields(value_schema)
         if self._schemas.get(table) != fields or table not in self._checked:
             self._schemas[table] = fields
-            self._check_mapping(table, fields)
+            self._check_mapping(table, fields, since_lsn)
 
-    def _check_mapping(self, table: str, fields: Sequence[Mapping[str, Any]]) -> None:
+    def _check_mapping(
+        self, table: str, fields: Sequence[Mapping[str, Any]], since_lsn: int | None = None
+    ) -> None:
         """Whether ``table``'s index maps each column so that it takes the column's values
         now (a column whose type changed: ``integer`` in the index, text in the table): the
         columns it refuses are recorded in the watermark index (``refused:<table>``), which
@@ -254,7 +269,7 @@ class SearchSink:
         doc_id, index = f"{_REFUSED}{table}", self.watermark_index
         if props is None:
             return  # no index yet: it is created with this schema's mapping
-        if self.evolve_indices and self._evolve(table, name, fields, refused):
+        if self.evolve_indices and self._evolve(table, name, fields, refused, since_lsn):
             refused = []  # the next version takes them: nothing is refused
         if refused:
             columns = "; ".join(
@@ -288,11 +303,14 @@ class SearchSink:
         name: str,
         fields: Sequence[Mapping[str, Any]],
         refused: Sequence[tuple[str, str, str]],
+        since_lsn: int | None = None,
     ) -> bool:
         """Build (or join the build of) the next version of ``table``'s index when its
         serving version refuses columns, or when a build is under way (a job that died
         mid-build, another worker that started it); True if the table's writes now go to the
-        next version too (:meth:`apply`)."""
+        next version too (:meth:`apply`). A version this sink makes records ``since_lsn``:
+        the changes it refuses that committed before it are of an older shape
+        (:meth:`_older_shape`)."""
         now = self._retrying.call(f"resolve {name}", partial(versions.serving, self.client, name))
         if now is None:
             return False
@@ -317,13 +335,14 @@ class SearchSink:
                 return False
             target = now.next_index
             mapping = versions.with_version(
-                mapping_from_connect_schema(fields), name, now.version + 1
+                mapping_from_connect_schema(fields), name, now.version + 1, since_lsn
             )
             columns = "; ".join(
                 f"{c} is {held} in the index, {new} now" for c, held, new in refused
             )
             try:
-                self._create_index(target, mapping, [versions.write_alias(target)])
+                if self._create_index(target, mapping, [versions.write_alias(target)]):
+                    self._shape_lsns[(table, target)] = since_lsn
             except RetryableSinkError:
                 raise
             except SinkError as e:
@@ -355,6 +374,10 @@ class SearchSink:
             )
         if target is None:
             return False
+        if (table, target) not in self._shape_lsns:
+            self._shape_lsns[(table, target)] = self._retrying.call(
+                f"read the shape of {target}", partial(versions.shape_lsn, self.client, target)
+            )
         self._builds[table] = (now, target)
         self._build_writes[table] = self._write_alias(versions.write_alias(target), target)
         return True
@@ -699,7 +722,10 @@ class SearchSink:
             target = now.next_index
             fields = self._schemas.get(table) or []
             mapping = versions.with_version(
-                mapping_from_connect_schema(fields), name, now.version + 1
+                mapping_from_connect_schema(fields),
+                name,
+                now.version + 1,
+                self._shape_lsns.get((table, target)),
             )
             if self._create_index(target, mapping, [versions.write_alias(target)]):
                 log.warning(
@@ -887,7 +913,20 @@ class SearchSink:
             return
         fmt = self._action_format("index", index)
         action = fmt % (orjson.dumps(change.key), change.commit_lsn, source)
-        ops.append(_Op(slot, change.table, index, action, note))
+        older = self._older_shape(change, index)
+        ops.append(_Op(slot, change.table, index, action, note, older_shape=older))
+
+    def _older_shape(self, change: Change, index: str) -> bool:
+        """Whether ``change`` goes to its table's next version (``index``, its write alias)
+        and committed before the change whose shape that version was made for: then it is of
+        an older shape (an ALTER TABLE orders the commits around it), and the reader's
+        snapshot of the table after the change of shape brings its row again in the new one.
+        Refused by the new version, it is superseded, not dead-lettered."""
+        build = self._builds.get(change.table)
+        if build is None or index != self._build_writes.get(change.table, build[1]):
+            return False
+        since = self._shape_lsns.get((change.table, build[1]))
+        return since is not None and change.commit_lsn < since
 
     def _merge_held(
         self, partial: list[tuple[int, Change, str]], ops: list[_Op], outcomes: BatchOutcomes
@@ -1004,6 +1043,8 @@ class SearchSink:
                     continue  # the serving version's copy: the next version's outcome counts
                 elif outcome == Outcome.APPLIED:
                     outcomes.set(op.slot, Outcome.APPLIED, op.note)
+                elif outcome == Outcome.FAILED and op.older_shape:
+                    outcomes.set(op.slot, Outcome.SKIPPED, f"{_OLDER_SHAPE} ({reason})")
                 else:
                     outcomes.set(op.slot, outcome, reason)
                     if outcome == Outcome.FAILED:

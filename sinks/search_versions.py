@@ -33,6 +33,9 @@ from pgcdc.core.contract import MAX_INDEX_NAME_BYTES, fit_name
 
 META_KEY: Final = "pgcdc_version"
 NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
+# A commit LSN of a change in the shape a next version was made for: every change of an older
+# shape committed before it (an ALTER TABLE orders the commits around it).
+SHAPE_LSN_KEY: Final = "pgcdc_shape_lsn"
 PAGE: Final = 10_000  # ids per page when comparing two versions
 
 
@@ -62,10 +65,24 @@ def write_alias(name: str) -> str:
     return fit_name(name, MAX_INDEX_NAME_BYTES - 2) + "-W"
 
 
-def with_version(mapping: Mapping[str, Any], name: str, version: int) -> dict[str, Any]:
-    """``mapping`` recording that its index is ``version`` of the table index ``name``."""
+def with_version(
+    mapping: Mapping[str, Any], name: str, version: int, shape_lsn: int | None = None
+) -> dict[str, Any]:
+    """``mapping`` recording that its index is ``version`` of the table index ``name``, made
+    for the shape of a change committed at ``shape_lsn`` (if known)."""
     meta = {**dict(mapping.get("_meta") or {}), META_KEY: version, NAME_KEY: name}
+    if shape_lsn is not None:
+        meta[SHAPE_LSN_KEY] = shape_lsn
     return {**mapping, "_meta": meta}
+
+
+def shape_lsn(client: OpenSearch, index: str) -> int | None:
+    """The commit LSN ``index`` records for the shape it was made for (:func:`with_version`),
+    or None: no such index, or one made without it."""
+    got = mappings(client, index)
+    body = (got or {}).get(index) or {}
+    lsn = (body.get("mappings", {}).get("_meta") or {}).get(SHAPE_LSN_KEY)
+    return int(lsn) if lsn is not None else None
 
 
 @dataclass(frozen=True)

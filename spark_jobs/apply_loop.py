@@ -270,8 +270,8 @@ def _apply_rows(
     """:func:`apply_partition`'s work, its targets open."""
     each_chunk = targets.each_concurrently if settings.spark.concurrent_followers else targets.each
 
-    def register(table: str, schema: Mapping[str, Any]) -> None:
-        targets.each(lambda t: t.writer().register_schema(table, schema))
+    def register(table: str, schema: Mapping[str, Any], since_lsn: int) -> None:
+        targets.each(lambda t: t.writer().register_schema(table, schema, since_lsn))
 
     build = ChangeBuilder(schemas, register)
     common = BatchStats()  # what every follower counts alike

@@ -24,8 +24,9 @@ from sinks.base import Change, fill_unchanged, key_id
 from spark_jobs.convert import RowConverter, after_schema
 from spark_jobs.parse import parsed_after
 
-# Called with (table, Debezium value schema) the first time a schema is used.
-OnNewSchema = Callable[[str, Mapping[str, Any]], None]
+# Called with (table, Debezium value schema, the commit LSN of the change that uses it) the
+# first time a schema is used.
+OnNewSchema = Callable[[str, Mapping[str, Any], int], None]
 
 # What a malformed record makes the decoding raise (JSON errors are ValueErrors; a value of
 # an unexpected shape gives TypeError, AttributeError or KeyError; a number out of range,
@@ -48,14 +49,14 @@ class ChangeBuilder:
         self._converters: dict[int | None, RowConverter] = {}
         self._on_new_schema = on_new_schema
 
-    def _converter(self, table: str, schema_id: int | None) -> RowConverter:
+    def _converter(self, table: str, schema_id: int | None, commit_lsn: int) -> RowConverter:
         conv = self._converters.get(schema_id)
         if conv is None:
             schema_json = self._schemas.get(schema_id) if schema_id is not None else None
             schema = orjson.loads(schema_json) if schema_json else None
             conv = self._converters[schema_id] = RowConverter(after_schema(schema))
             if schema is not None and self._on_new_schema is not None:
-                self._on_new_schema(table, schema)
+                self._on_new_schema(table, schema, commit_lsn)
         return conv
 
     def __call__(self, r: Mapping[str, Any]) -> Change:
@@ -70,7 +71,7 @@ class ChangeBuilder:
             key = _key(r["key_json"])
             if r["is_delete"]:
                 return Change(table, key, r["commit_lsn"], r["tx_order"], None)
-            conv = self._converter(table, r["schema_id"])
+            conv = self._converter(table, r["schema_id"], r["commit_lsn"])
             if not r["history"]:
                 doc, unchanged = _row(conv, _after(r), r["op"], r["unchanged"])
                 return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True)
@@ -95,7 +96,7 @@ class ChangeBuilder:
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
             else:
                 # A history from before schema ids were kept: the newest event's schema.
-                conv = self._converter(table, h.get("schema_id", r["schema_id"]))
+                conv = self._converter(table, h.get("schema_id", r["schema_id"]), h["commit_lsn"])
                 doc, unchanged = _row(conv, after, None, h["unchanged"])
                 changes.append(
                     Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged, True)

@@ -402,6 +402,51 @@ def test_a_next_version_name_taken_by_another_index_is_never_written_or_switched
 _LOST = "was deleted under the search follower: created it again"
 
 
+def test_an_older_shape_in_flight_is_superseded_in_the_version_being_built(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """qty int → text → bigint while the job streams. One worker meets bigint first: the
+    index (integer) refuses it, so version 2 is made for bigint (long), recording the LSN of a
+    bigint change. Another worker still holds changes from when qty was text: version 2
+    refuses them, and since they committed before that LSN they are of the older shape and
+    skipped as superseded (the reader's snapshot brings their rows again as bigint), never
+    dead-lettered. A text value committed after it is no older shape: refused as ever."""
+    rows = 6
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    name = sink.index_for(T)
+    v2 = f"{name}-v2"
+    try:
+        sink.register_schema(T, _schema("int32"), 90)
+        assert {r.outcome for r in sink.apply(_changes(range(rows), 7, 100))} == {Outcome.APPLIED}
+        sink.register_schema(T, _schema("int64"), 300)
+        assert T in sink._builds and v.shape_lsn(sink.client, v2) == 300
+        assert _indices(sink)[v2][1:3] == (2, "long")
+        other = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+        try:
+            other.register_schema(T, _schema("string"), 200)  # joins the build, reads its LSN
+            got = other.apply(
+                [*_changes(range(2), "many-1!", 200), *_changes(range(2, 3), "late!", 400)]
+            )
+        finally:
+            other.close()
+        assert [r.outcome for r in got] == [Outcome.SKIPPED, Outcome.SKIPPED, Outcome.FAILED]
+        assert all("older shape" in (r.reason or "") for r in got[:2]), got
+        assert "mapper_parsing_exception" in (got[0].reason or ""), got[0]
+        assert "older shape" not in (got[2].reason or "") and got[2].retryable is False
+        # The bigint changes and then the snapshot's rows: version 2 whole, switched to.
+        assert {r.outcome for r in sink.apply(_changes(range(3, 4), 5_000_000_000, 310))} == {
+            Outcome.APPLIED
+        }
+        got = sink.apply(_changes(range(rows), 8, 500))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        assert sink.advance_builds(force=True) == [T]
+        assert v.serving(sink.client, name) == v.Serving(name, v2, 2)
+        held = {h["_id"]: h["_source"]["qty"] for h in every_document(endpoints.search_url, name)}
+        assert held == {str(i): 8 for i in range(rows)}
+    finally:
+        sink.close()
+
+
 def _said(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if words in r.getMessage()]
 

@@ -80,7 +80,9 @@ class RecordingSink:
             out.append(ApplyResult.of(c, outcome, v, retryable=v == "failed-retry"))
         return out
 
-    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+    def register_schema(
+        self, table: str, value_schema: Mapping[str, Any], since_lsn: int | None = None
+    ) -> None:
         self.schemas.append((table, value_schema))
 
     def record_watermark(self, job: str, lsn: int) -> None:

@@ -74,7 +74,15 @@ def test_older_events_of_a_key_are_decoded_with_their_own_schema() -> None:
     reduced = latest_per_key(rows)
     schemas = {r["schema_id"]: r["schema_json"] for r in reduced if r["kind"] == SCHEMA}
     [change_row] = [r for r in reduced if r["kind"] == CHANGE]
-    change = ChangeBuilder(schemas)(change_row)
+    seen: list[tuple[str, int, int]] = []
+
+    def on_new_schema(table: str, schema: object, since_lsn: int) -> None:
+        seen.append((table, len(str(schema)), since_lsn))
+
+    change = ChangeBuilder(schemas, on_new_schema)(change_row)
     # Read with the newest schema (scale 2) the old value would be "12.34".
     assert change.doc == {"id": 1, "body": "1234", "n": 2}
+    # Each schema is registered with the commit LSN of the event that uses it (a search
+    # follower's next index version records it: sinks.search._older_shape), the newest first.
+    assert [lsn for _, _, lsn in seen] == [200, 100]
     assert [h["schema_id"] for h in change_row["history"]] == [1, 2]

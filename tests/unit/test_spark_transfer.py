@@ -213,7 +213,9 @@ class CountingSink:
             out.append(ApplyResult.of(c, outcome, "down" if retry else "", retryable=retry))
         return out
 
-    def register_schema(self, table: str, value_schema: Mapping[str, Any]) -> None:
+    def register_schema(
+        self, table: str, value_schema: Mapping[str, Any], since_lsn: int | None = None
+    ) -> None:
         pass
 
     def record_watermark(self, job: str, lsn: int) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pgcdc.core.contract import heartbeat_topic, table_topic_pattern
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.settings import Settings, load_settings
+from pgcdc.core.spark_settings import ReadPath
 from spark_jobs.progress import batch_limit
 
 
@@ -40,6 +41,15 @@ def parse_args(
     ``followers``: the names ``--followers`` chooses from (the shared job)."""
     a = parser(job, followers).parse_args(argv)
     settings = load_settings(a.config)
+    if a.min_partitions and settings.spark.read is ReadPath.DIRECT:
+        if "read" in settings.spark.model_fields_set:
+            raise ConfigError(
+                "--min-partitions splits partitions, which spark.read = direct does not (a "
+                "task per Kafka partition): leave one of them out"
+            )
+        # As spark.min_partitions does: the partitions are split by Spark's Kafka source.
+        spark = settings.spark.model_copy(update={"read": ReadPath.SPARK})
+        settings = settings.model_copy(update={"spark": spark})
     topics = tuple(t.strip() for t in (a.topics or "").split(",") if t.strip())
     opts = JobOptions(
         name=a.name,

@@ -77,14 +77,21 @@ class SparkSettings(BaseModel):
     # --health-port, e.g. {cache_sync = "http://127.0.0.1:9411"}.
     job_endpoints: dict[str, str] = Field(default_factory=dict)
     starting_offsets: str = "earliest"
-    # Where the jobs parse each record: `jvm` (Spark SQL's from_json) or `python` (orjson
-    # in the task that applies it, one parse per record: spark_jobs/parse.py).
+    # Where the jobs parse each record with `read = spark`: `jvm` (Spark SQL's from_json) or
+    # `python` (orjson in the task that applies it, one parse per record: spark_jobs/parse.py).
     parse: ParsePath = ParsePath.JVM
-    # How the jobs read Kafka: `spark` (Spark's Kafka source; every record crosses the JVM)
-    # or `direct` (each task reads its offset range itself with librdkafka and parses it in
-    # Python, whatever `parse` says; a task per Kafka partition, so not with
-    # `min_partitions`: spark_jobs/kafka_direct.py).
-    read: ReadPath = ReadPath.SPARK
+    # How the jobs read Kafka: `direct` (each task reads its offset range itself with
+    # librdkafka and parses it in Python, whatever `parse` says; a task per Kafka partition:
+    # spark_jobs/kafka_direct.py) or `spark` (Spark's Kafka source; every record crosses the
+    # JVM). With `min_partitions` (which splits partitions) and no `read` given: `spark`.
+    read: ReadPath = ReadPath.DIRECT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _min_partitions_reads_with_spark(cls, data: object) -> object:
+        if isinstance(data, dict) and "read" not in data and data.get("min_partitions"):
+            return {**data, "read": ReadPath.SPARK}
+        return data
 
     @model_validator(mode="after")
     def _direct_is_a_task_per_partition(self) -> SparkSettings:

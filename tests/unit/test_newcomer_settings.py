@@ -160,3 +160,11 @@ def test_the_direct_read_with_min_partitions_is_refused_in_one_line(
     code, out, _ = _show()
     assert code == SETTINGS_WRONG, out
     assert "spark.read = direct does not" in " ".join(out.split())
+
+
+def test_the_jobs_read_directly_unless_min_partitions_asks_spark_to_split() -> None:
+    from pgcdc.core.spark_settings import ReadPath, SparkSettings
+
+    assert SparkSettings().read is ReadPath.DIRECT
+    assert SparkSettings(min_partitions=4).read is ReadPath.SPARK
+    assert SparkSettings(read="spark").read is ReadPath.SPARK

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from pgcdc.core.contract import CACHE_JOB, table_topic_pattern
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.spark_settings import ReadPath
 from spark_jobs.options import parse_args
 
 pytestmark = pytest.mark.unit
@@ -74,6 +76,7 @@ def test_the_source_waits_little_for_a_fetch_unless_the_settings_say_otherwise(
     from spark_jobs.source import source_options
 
     settings, opts = parse_args(CACHE_JOB, ["--topics=a.public.t", "--min-partitions=6"])
+    assert settings.spark.read is ReadPath.SPARK  # Spark's source splits the partitions
     got = source_options(settings, opts)
     # The broker holds a fetch at the log's end this long: it bounds a small batch's time.
     assert got["kafka.fetch.max.wait.ms"] == "10"
@@ -134,3 +137,13 @@ def test_the_shared_jobs_followers() -> None:
     _settings, opts = parse_args("sync", ["--followers", "cache"], known)
     assert opts.followers == ("cache",) and opts.checkpoint.endswith("/sync")
     assert parse_args(CACHE_JOB, [])[1].followers == ()
+
+
+def test_min_partitions_on_the_command_line_reads_with_spark_unless_direct_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings, opts = parse_args(CACHE_JOB, [])
+    assert settings.spark.read is ReadPath.DIRECT and opts.min_partitions is None
+    monkeypatch.setenv("CDC_SPARK__READ", "direct")
+    with pytest.raises(ConfigError, match=r"spark\.read = direct does not"):
+        parse_args(CACHE_JOB, ["--min-partitions=4"])

@@ -43,7 +43,13 @@ def test_the_direct_read_by_variable_conf_or_file_gets_c1_and_a_small_heap(tmp_p
 
 def test_the_variable_wins_as_in_the_settings_and_the_spark_read_keeps_c2() -> None:
     s = _submit()
-    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {})) is None
+    # The default read is direct, unless the job splits partitions (Spark's source then).
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, {})) == s.DIRECT_JAVA_OPTIONS
+    split = {"CDC_SPARK__MIN_PARTITIONS": "4"}
+    assert _java_options(s.build_argv(JOB, JARS, EXE, None, split)) is None
+    assert _java_options(s.build_argv([*JOB, "--min-partitions", "4"], JARS, EXE, None, {})) is (
+        None
+    )
     assert _java_options(s.build_argv(JOB, JARS, EXE, None, {"CDC_SPARK__READ": "spark"})) is None
     by_conf = ["--conf", "spark.cdc.spark.read=direct", *JOB]
     # CDC_* variables win over --conf spark.cdc.* (spark_jobs.source.settings_env_from_conf).

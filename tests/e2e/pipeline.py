@@ -43,11 +43,14 @@ CDC = [sys.executable, "-m", "cdc"]
 
 def spark_paths() -> dict[str, str]:
     """How the tests' jobs read and parse (``spark.read``, ``spark.parse``): the test run's
-    ``CDC_SPARK__READ`` and ``CDC_SPARK__PARSE`` (default ``spark`` and ``jvm``), so the
-    same tests prove every path."""
+    ``CDC_SPARK__READ`` and ``CDC_SPARK__PARSE`` (default: the settings' defaults, ``direct``
+    and ``jvm``), so the same tests prove every path."""
+    from pgcdc.core.spark_settings import SparkSettings
+
+    default = SparkSettings(checkpoint_dir="unused")
     return {
-        "read": os.environ.get("CDC_SPARK__READ", "spark"),
-        "parse": os.environ.get("CDC_SPARK__PARSE", "jvm"),
+        "read": os.environ.get("CDC_SPARK__READ", default.read.value),
+        "parse": os.environ.get("CDC_SPARK__PARSE", default.parse.value),
     }
 
 

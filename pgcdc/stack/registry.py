@@ -14,7 +14,7 @@ checked against Maven Central's SHA-1 and unpacked into the cache once. It runs 
 - Confluent's default compatibility rule, BACKWARD (Apicurio's own default is none);
 - a small JVM: 512 MB heap at most, the serial collector, the quick compiler only. It
   answered 2.7 s after the start on this 2-core machine, having used 3.3 s of CPU, and kept
-  about 260 MB resident (``docs/avro.md``).
+  about 260 MB resident, 310 MB after the registry tests (``docs/avro.md``).
 
 No authentication by default, as Confluent's registry. With ``users`` (tests) it asks for
 HTTP basic auth from Quarkus' embedded users and answers 401 to anyone else.

@@ -22,6 +22,8 @@ from pgcdc.core.settings import SchemaSettings
 log = logging.getLogger(__name__)
 # What the library raises: the registry's answers, and HTTP/TLS/socket failures.
 REGISTRY_ERRORS = (SchemaRegistryError, HTTPError, OSError)
+# Confluent's answer (and Apicurio's) to a schema its compatibility rule refuses.
+INCOMPATIBLE = 409
 
 
 def client_config(settings: SchemaSettings) -> dict[str, Any]:
@@ -57,7 +59,10 @@ class SchemaRegistryClient:
         try:
             schema_id = self.client.register_schema(subject, Schema(text, "AVRO"))
         except REGISTRY_ERRORS as e:
-            raise self._failure(f"register a schema under {subject}", e) from e
+            failure = self._failure(f"register a schema under {subject}", e)
+            if isinstance(e, SchemaRegistryError) and e.http_status_code == INCOMPATIBLE:
+                failure = SchemaError(f"{failure}; {self._way_past(subject)}")
+            raise failure from e
         self._ids[(subject, text)] = schema_id
         log.info("registered schema", extra={"subject": subject, "schema_id": schema_id})
         return schema_id
@@ -71,6 +76,15 @@ class SchemaRegistryClient:
         if found.schema_str is None:
             raise SchemaError(f"schema registry {self.url}: schema id {schema_id} has no text")
         return json.loads(found.schema_str)
+
+    def _way_past(self, subject: str) -> str:
+        """What lets a change the subject's compatibility rule refuses through."""
+        return (
+            "the subject's compatibility rule refuses this schema change (docs/avro.md); to "
+            f"let it through, relax the rule for the subject (PUT {self.url}/config/{subject} "
+            'with {"compatibility": "NONE"}) and run the reader again: nothing from this '
+            "change on was acknowledged"
+        )
 
     def _failure(self, what: str, e: Exception) -> SchemaError | ConnectionFailed:
         # 4xx: the registry refused (incompatible schema, bad credentials): a schema error.

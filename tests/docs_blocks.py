@@ -22,7 +22,8 @@ Rules every shell block follows, run or not (:func:`lint`): programs as a fresh 
 ``cdc``), nothing the project does not install (``kcat``: use ``cdc topic tail`` / ``cdc topic
 send``), and a fence with a language (an unlabelled block could hide a shell block). A run block
 may not hold placeholders (``…``) nor commands that cannot run beside the other tests (``make``,
-``scripts/stack down``, a cluster's ``up``).
+``scripts/stack down``, a cluster's ``up``; the schema registry's, ``scripts/stack up
+--registry`` or ``up registry``, may run).
 
 How a run block runs: each page gets a scratch database, slot, topic, key and index prefixes,
 dead-letter and signal topics, checkpoint and Avro schema folders of its own, shared by the
@@ -74,7 +75,8 @@ NOT_IN_A_RUN_BLOCK = (
     (re.compile(r"^make\b"), "`make` targets are long runs of their own"),
     (re.compile(r"^scripts/stack\s+down\b"), "`scripts/stack down` stops the shared servers"),
     (
-        re.compile(r"^scripts/stack\s+up\s+\S"),
+        # The schema registry may: the tests start that one anyway (one server, no cluster).
+        re.compile(r"^scripts/stack\s+up\s+(?!(--registry|registry)\s*(#.*)?$)\S"),
         "`scripts/stack up <service>` starts more servers (clusters, secured ones)",
     ),
     (re.compile(r"spark_cluster\s+up\b"), "a Spark standalone cluster (three JVMs)"),

@@ -34,6 +34,13 @@ SECURE_PORTS: dict[str, int] = {
 KAFKA_SECURE_CONTROLLER_PORT = 19095
 SECURE_SERVICES: tuple[str, ...] = tuple(SECURE_PORTS)
 
+# Servers started only when asked for (``scripts/stack up --registry`` or ``up registry``),
+# because only some users need them: the schema registry for Avro (Apicurio Registry, with
+# Confluent's API under ``/apis/ccompat/v7``); its health checks answer on the management port.
+OPTIONAL_PORTS: dict[str, int] = {"registry": 18081}
+REGISTRY_MANAGEMENT_PORT = 18082
+OPTIONAL_SERVICES: tuple[str, ...] = tuple(OPTIONAL_PORTS)
+
 # Clusters started only on demand (``scripts/stack up kafka-cluster redis-cluster``, tests,
 # benchmarks), beside the single servers above, never instead of them. Node i (1-based) of
 # each cluster uses the i-th port of its tuple.
@@ -56,6 +63,8 @@ ALL_PORTS: tuple[int, ...] = (
     OPENSEARCH_TRANSPORT_PORT,
     *SECURE_PORTS.values(),
     KAFKA_SECURE_CONTROLLER_PORT,
+    *OPTIONAL_PORTS.values(),
+    REGISTRY_MANAGEMENT_PORT,
     *KAFKA_CLUSTER_PORTS,
     *KAFKA_CLUSTER_CONTROLLER_PORTS,
     *REDIS_CLUSTER_PORTS,
@@ -80,6 +89,8 @@ KAFKA_CLUSTER_BOOTSTRAP = ",".join(f"{HOST}:{p}" for p in KAFKA_CLUSTER_PORTS)
 REDIS_CLUSTER_URL = f"redis://{HOST}:{REDIS_CLUSTER_PORTS[0]}/0?cluster=true"
 SPARK_MASTER_URL = f"spark://{HOST}:{SPARK_MASTER_PORT}"
 OPENSEARCH_URL = f"http://{HOST}:{PORTS['opensearch']}"
+# Confluent's schema registry API of the stack's registry: what ``schema.registry_url`` takes.
+REGISTRY_URL = f"http://{HOST}:{OPTIONAL_PORTS['registry']}/apis/ccompat/v7"
 
 
 def env_vars() -> dict[str, str]:
@@ -90,3 +101,9 @@ def env_vars() -> dict[str, str]:
         "CDC_REDIS__URL": REDIS_URL,
         "CDC_SEARCH__URL": OPENSEARCH_URL,
     }
+
+
+def registry_env_vars() -> dict[str, str]:
+    """The ``CDC_*`` variables that make the reader write, and the jobs read, Avro framed
+    through the stack's schema registry."""
+    return {"CDC_SCHEMA__VALUE_FORMAT": "avro", "CDC_SCHEMA__REGISTRY_URL": REGISTRY_URL}

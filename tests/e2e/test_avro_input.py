@@ -1,10 +1,10 @@
 """The sync jobs on Avro topics: the followers equal the database, as with JSON.
 
 Two readers write the same kind of workload as Avro, one schemaless (its writer schemas in
-``schema.avro_schema_dir``) and one framed through a schema registry (a real one with
-``PGCDC_TEST_REGISTRY_URL``, else the stand-in of ``tests.integration.registry``). The search
-job reads the first, the cache job the second, so each follower and each Avro form is run
-once. A record that is no Avro event of its topic is dead-lettered with the reason.
+``schema.avro_schema_dir``) and one framed through a schema registry (the stack's Apicurio
+Registry, or yours with ``PGCDC_TEST_REGISTRY_URL``: ``tests.integration.registry.support``).
+The search job reads the first, the cache job the second, so each follower and each Avro form
+is run once. A record that is no Avro event of its topic is dead-lettered with the reason.
 """
 
 from __future__ import annotations
@@ -30,14 +30,18 @@ from tests.e2e.pipeline import (
 )
 from tests.e2e.test_followers import SCHEMA, TABLES, run_workload
 from tests.integration.real_databases.support import cleanup
-from tests.integration.registry.standin import registry_env, registry_for_tests
+from tests.integration.registry.support import (
+    forget_subjects,
+    registry_env,
+    registry_for_tests,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def registry() -> Iterator[tuple[str, str]]:
-    with registry_for_tests("avro:avro-secret") as found:
+    with registry_for_tests() as found:
         yield found
 
 
@@ -124,3 +128,4 @@ def test_the_cache_follower_on_registry_framed_avro(
         _assert_follower_holds_the_tables(p, cache_state, "Redis")
     finally:
         cleanup(p)
+        forget_subjects(*registry, p.name)

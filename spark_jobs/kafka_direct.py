@@ -22,6 +22,11 @@ What Spark's Kafka source does with ``failOnDataLoss=false`` is done here too: a
 whose log start passed the next offset (retention, or a topic deleted and made again)
 goes on from its log start, and says so; a new partition or topic is read from its start;
 a topic that is gone is dropped from the offsets.
+
+Planning asks the brokers for the marks before each batch. A broker that restarts (or a
+leader election) makes those requests fail for a while: the planning asks again, with a
+backoff, for up to ``spark.kafka_unavailable_s``, one WARNING line saying so, and only then
+fails the query with one line (a job started again resumes from its checkpoint).
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ _PREFETCH_KB = 16 * 1024  # queued.max.messages.kbytes (a larger record still co
 _REFETCH_MS = 10  # fetch.queue.backoff.ms
 _CONSUME = 500  # records a consume() call
 _STALL_S = 120.0  # a range that yields nothing for this long fails its task (Spark retries)
+_ASK_S = 10.0  # how long one request for the marks waits for the brokers
+_ASK_AGAIN_S = (0.5, 5.0)  # the backoff between asks, first and at most
 
 
 @dataclass(frozen=True)
@@ -250,11 +257,14 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         subscription: Subscription,
         starting: str,
         max_rows: int | None,
+        unavailable_s: float = 300.0,
     ) -> None:
         self.kafka = kafka
         self.subscription = subscription
         self.starting = starting
         self.max_rows = max_rows
+        self.unavailable_s = unavailable_s  # how long the marks are asked for again
+        self.ask_s = _ASK_S  # how long one request for them waits
         self.target: Offsets | None = None  # --available-now: where the run ends
         self.latest: Offsets | None = None  # the high marks at the last planning
         self._admin: Any = None
@@ -265,14 +275,52 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     def marks(self) -> Marks:
-        """The subscribed partitions' log start and high marks, from the brokers."""
+        """The subscribed partitions' log start and high marks, from the brokers; asked
+        again while they do not answer (a restart, a leader election), for up to
+        ``unavailable_s`` (the module's docstring)."""
+        from confluent_kafka import KafkaException
+
+        started = time.monotonic()
+        pause, said = _ASK_AGAIN_S[0], False
+        while True:
+            try:
+                got = self._marks_once()
+            except (KafkaException, TimeoutError) as e:
+                waited = time.monotonic() - started
+                reason = str(e.args[0]) if e.args else type(e).__name__
+                if waited + pause > self.unavailable_s:
+                    raise RuntimeError(
+                        f"Kafka ({self.kafka.bootstrap_servers}) did not answer the direct "
+                        f"read's requests for its offsets for {waited:.0f} s "
+                        f"(spark.kafka_unavailable_s): {reason}; start the job again once "
+                        "it answers (it resumes from its checkpoint)"
+                    ) from e
+                if not said:
+                    log.warning(
+                        "Kafka does not answer the direct read's requests for its offsets "
+                        "(%s): asking again for up to %.0f s (spark.kafka_unavailable_s)",
+                        reason,
+                        self.unavailable_s,
+                    )
+                    said = True
+                time.sleep(pause)
+                pause = min(pause * 2, _ASK_AGAIN_S[1])
+                continue
+            if said:
+                log.info(
+                    "Kafka answers the direct read's requests for its offsets again, after %.0f s",
+                    time.monotonic() - started,
+                )
+            return got
+
+    def _marks_once(self) -> Marks:
         from confluent_kafka import TopicPartition
         from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
         if self._admin is None:
             conf: dict[str, Any] = dict(client_config(self.kafka))
             self._admin = AdminClient(conf)
-        meta = self._admin.list_topics(timeout=30)
+        meta = self._admin.list_topics(timeout=self.ask_s)
         parts = [
             TopicPartition(t, p)
             for t, tm in meta.topics.items()
@@ -287,8 +335,8 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         high = self._admin.list_offsets(dict.fromkeys(parts, latest))
         out: Marks = {}
         for tp in parts:
-            lo = low[tp].result(30).offset
-            hi = high[tp].result(30).offset
+            lo = low[tp].result(self.ask_s).offset
+            hi = high[tp].result(self.ask_s).offset
             out.setdefault(tp.topic, {})[str(tp.partition)] = (lo, hi)
         return out
 
@@ -347,6 +395,7 @@ def direct_source(
     subscription: Subscription,
     starting: str,
     max_rows: int | None,
+    unavailable_s: float = 300.0,
 ) -> type[DataSource]:
     """A data source class for one job (register it, then ``readStream.format(SOURCE_NAME)``):
     the class carries the job's Kafka settings, so they reach the driver's source process
@@ -361,6 +410,6 @@ def direct_source(
             return RANGE_SCHEMA
 
         def streamReader(self, schema: Any) -> DirectReader:
-            return DirectReader(kafka, subscription, starting, max_rows)
+            return DirectReader(kafka, subscription, starting, max_rows, unavailable_s)
 
     return CdcKafkaDirect

@@ -193,7 +193,11 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
     which the tasks read themselves."""
     if settings.spark.read is ReadPath.DIRECT:
         source = direct_source(
-            settings.kafka, subscription(opts), opts.starting_offsets, opts.max_offsets_per_trigger
+            settings.kafka,
+            subscription(opts),
+            opts.starting_offsets,
+            opts.max_offsets_per_trigger,
+            settings.spark.kafka_unavailable_s,
         )
         register_source(spark, source)
         return spark.readStream.format(SOURCE_NAME).load()

@@ -60,6 +60,10 @@ class SparkSettings(BaseModel):
     # How long a job keeps running a batch again while its follower is unreachable (the
     # sink's own retries exhausted) before it stops with one line; a restart resumes there.
     follower_retry_s: float = Field(default=600.0, ge=0)
+    # With `read = direct`: how long the job asks Kafka again for the offsets it plans a
+    # batch from while the brokers do not answer (a restart, a leader election) before it
+    # stops with one line; a job started again resumes from its checkpoint.
+    kafka_unavailable_s: float = Field(default=300.0, gt=0)
     # The shared job (spark_jobs/sync.py, several followers): how long one follower may stay
     # unreachable within a batch while another follower applies it before the job goes on
     # without it; it is then *behind* and catches up from Kafka when it answers again.

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+from pathlib import Path
+
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pgcdc.core.settings import KafkaSettings
 from spark_jobs.kafka_direct import DirectReader, Range, Subscription, read_range
-from tests.conftest import Endpoints
+from tests.conftest import Endpoints, wait_until
+from tests.integration.proxied_kafka import proxied_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -59,3 +64,41 @@ def test_records_gone_before_the_range_start_at_the_log_start(
     }
     assert f"{topic}[0]: offsets 2..5 are gone (log start 6)" in caplog.text
     assert reader.initialOffset() == {topic: {"0": 6, "1": 0}}
+
+
+def test_the_marks_are_asked_again_across_a_broker_restart_within_a_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker restart made the planning's requests fail ("No leaders found") and the job
+    stop (make soak found it): they are asked again, said once, until the broker answers;
+    past spark.kafka_unavailable_s the planning fails with one line."""
+    caplog.set_level(logging.INFO, logger="spark_jobs.kafka_direct")
+    with proxied_kafka(tmp_path / "kafka") as kafka:
+        topic = "direct.public.items"
+        _topic(Endpoints("", kafka.bootstrap, "", "", "proxied"), topic, 10)
+        reader = DirectReader(
+            KafkaSettings(bootstrap_servers=kafka.bootstrap),
+            Subscription((), r"direct\..*"),
+            "earliest",
+            None,
+            unavailable_s=120,
+        )
+        reader.ask_s = 2.0
+        before = reader.marks()
+        assert before == {topic: {"0": (0, 5), "1": (0, 5)}}
+        kafka.broker.stop()
+        got: dict[str, object] = {}
+        asking = threading.Thread(target=lambda: got.update(marks=reader.marks()))
+        asking.start()
+        wait_until(lambda: "asking again for up to 120 s" in caplog.text, timeout=60)
+        kafka.broker.start()
+        kafka.broker.wait_ready()
+        asking.join(120)
+        assert got == {"marks": before}
+        assert "answers the direct read's requests for its offsets again" in caplog.text
+        assert caplog.text.count("does not answer the direct read's requests") == 1
+
+        kafka.proxy.cut()
+        reader.unavailable_s = 3.0
+        with pytest.raises(RuntimeError, match=r"did not answer the direct read's requests"):
+            reader.marks()

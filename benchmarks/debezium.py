@@ -12,12 +12,9 @@ database and broker as our reader, with the Kafka sink and pgoutput.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import shutil
 import socket
-import subprocess
 import tarfile
 import urllib.request
 from pathlib import Path
@@ -25,6 +22,7 @@ from pathlib import Path
 from benchmarks.env import ROOT, BenchEnv
 from benchmarks.proc import Measured
 from pgcdc.core import ports
+from pgcdc.stack.common import file_sha1, java_major
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +68,6 @@ class DebeziumUnavailable(Exception):
     """Debezium Server cannot run here; the message says exactly why."""
 
 
-def _sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def ensure_distribution(cache: Path = CACHE) -> Path:
     """The unpacked ``debezium-server`` folder; downloads and verifies it once."""
     home = cache / "debezium-server"
@@ -96,7 +86,7 @@ def ensure_distribution(cache: Path = CACHE) -> Path:
             want = r.read().decode().split()[0].strip()
     except OSError as e:
         raise DebeziumUnavailable(f"cannot download {URL}: {e}") from e
-    got = _sha1(tgz)
+    got = file_sha1(tgz)
     if got != want:
         tgz.unlink()
         raise DebeziumUnavailable(f"{ARTIFACT}: SHA-1 {got} does not match Maven's {want}")
@@ -105,21 +95,6 @@ def ensure_distribution(cache: Path = CACHE) -> Path:
     if not (home / f"debezium-server-dist-{VERSION}-runner.jar").exists():
         raise DebeziumUnavailable(f"{ARTIFACT} has no debezium-server/*-runner.jar")
     return home
-
-
-def java_major(java: Path) -> int:
-    """The feature version of a ``java`` binary (0 when it does not run)."""
-    try:
-        out = subprocess.run(
-            [str(java), "-version"], capture_output=True, text=True, timeout=30, check=False
-        ).stderr
-    except OSError:
-        return 0
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-    if not m:
-        return 0
-    major = int(m.group(1))
-    return int(m.group(2) or 0) if major == 1 else major
 
 
 def find_java() -> Path:

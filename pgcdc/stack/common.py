@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
@@ -367,6 +368,15 @@ def java_major(java: Path) -> int:
         return 0
     major = int(m.group(1))
     return int(m.group(2) or 0) if major == 1 else major
+
+
+def file_sha1(path: Path) -> str:
+    """The SHA-1 of a file, as Maven Central's ``.sha1`` files give it."""
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def java_home_at_least(major: int, *, needed_by: str) -> Path:

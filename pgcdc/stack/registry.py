@@ -23,7 +23,6 @@ HTTP basic auth from Quarkus' embedded users and answers 401 to anyone else.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import tarfile
 import tempfile
@@ -96,7 +95,7 @@ class Registry(Service):
                 want = r.read().decode().split()[0].strip()
         except OSError as e:
             raise common.StackError(f"cannot fetch {URL}.sha1: {e}") from e
-        got = _sha1(archive)
+        got = common.file_sha1(archive)
         if got != want:
             archive.unlink()
             raise common.StackError(
@@ -171,11 +170,3 @@ class Registry(Service):
             return isinstance(self._get(f"{self.url}/subjects"), list)
         except (OSError, ValueError, urllib.error.HTTPError):
             return False
-
-
-def _sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -13,7 +13,6 @@ free port's REST API.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import subprocess
@@ -63,14 +62,6 @@ def ensure_runtime() -> Path:
     return maven_jars(f"connect-runtime-{KAFKA_VERSION}", POM)
 
 
-def _sha1(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def ensure_jdbc_plugin() -> Path:
     """The plugin.path folder holding Debezium's JDBC sink connector, fetched once."""
     home = common.paths().cache / f"debezium-connector-jdbc-{JDBC_VERSION}"
@@ -81,7 +72,7 @@ def ensure_jdbc_plugin() -> Path:
     common.download(JDBC_URL, tgz)
     with urllib.request.urlopen(JDBC_URL + ".sha1", timeout=30) as r:
         want = r.read().decode().split()[0].strip()
-    if _sha1(tgz) != want:
+    if common.file_sha1(tgz) != want:
         tgz.unlink()
         raise RuntimeError(f"{tgz.name}: SHA-1 does not match Maven Central's {want}")
     with tarfile.open(tgz) as tar:

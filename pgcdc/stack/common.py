@@ -372,7 +372,12 @@ def java_major(java: Path) -> int:
 
 def file_sha1(path: Path) -> str:
     """The SHA-1 of a file, as Maven Central's ``.sha1`` files give it."""
-    h = hashlib.sha1()
+    return file_digest(path, "sha1")
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """A file's digest by ``algorithm`` (a :mod:`hashlib` name), in hex, read in 1 MiB blocks."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
-import hashlib
 import lzma
 import os
 import pwd
@@ -317,19 +316,11 @@ def _release_sha256(inrelease: str, member: str) -> str:
     raise common.StackError(f"InRelease lists no SHA-256 for {member}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _fetch_verified(url: str, dest: Path, sha256: str) -> None:
     common.run(
         ["curl", "-fsSL", "--retry", "4", "--retry-delay", "2", "-o", dest, url], timeout=900
     )
-    got = _sha256(dest)
+    got = common.file_digest(dest, "sha256")
     if got != sha256:
         raise common.StackError(f"{url}: SHA-256 {got} is not the index's {sha256}")
 

@@ -43,4 +43,4 @@ class Heartbeats:
         """On the way out, and delivered: without it a short run (``--until current``)
         could leave the followers' watermark behind its changes."""
         self.publish(last_ack)
-        self._publisher.flush(timeout_s=30)
+        self._publisher.settle(timeout_s=30)

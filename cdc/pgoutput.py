@@ -155,6 +155,10 @@ class Truncate:
     xid: int | None = None
 
 
+# The messages that carry rows: a long transaction may be split between them.
+DATA_MESSAGES = (Insert, Update, Delete, Truncate)
+
+
 @dataclass(frozen=True, slots=True)
 class LogicalMessage:
     """A ``pg_logical_emit_message`` call (sent only with the ``messages`` option)."""

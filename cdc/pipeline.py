@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from cdc.catalog import SchemaCatalog
+from cdc.committed import Committed, check_slot, transactional_id
 from cdc.connection import connect, current_database, current_wal_lsn, in_recovery
 from cdc.incremental import SnapshotsState, join_tables, load_snapshots, save_snapshots
 from cdc.incremental.engine import IncrementalSnapshots
@@ -200,14 +201,21 @@ class Pipeline:
         check_wal_level(admin)
         database = current_database(admin)
         kafka = self.settings.kafka
-        publisher = Publisher(kafka, stop=self.stop)
+        slot = self.settings.postgres.slot_name
+        source = Source(system_identifier(admin), database, slot)
+        tid = transactional_id(source.system_identifier, database, slot)
+        publisher = Publisher(
+            kafka, stop=self.stop, transactional_id=tid if kafka.exactly_once else None
+        )
         publisher.probe(timeout_s=5.0)
         if self.metrics is not None:
             publisher.latency_observer = self.metrics.on_delivery
         store = StateStore(kafka, kafka.topic_prefix, kafka.replication_factor)
         store.ensure_topic()
-        slot = self.settings.postgres.slot_name
-        source = Source(system_identifier(admin), database, slot)
+        if kafka.exactly_once:
+            # Before the state is read: an older producer of the slot is fenced and its open
+            # transaction aborted, so the committed position read next is final.
+            publisher.start_transactions(database, slot)
         records = store.latest()
         self._claim_prefix(store, records, source)
         found = records.get(store.key(database, slot))
@@ -354,6 +362,8 @@ class Pipeline:
                 warn_unsnapshotted(run.admin, kafka, kafka.topic_prefix, run.tables)
             snapshots = self._incremental(run, plan)
 
+            committed = self._committed(run, plan, start)
+
             def checkpoint(lsn: Lsn | None) -> None:
                 run.save_state(
                     Phase.STREAMING,
@@ -375,6 +385,7 @@ class Pipeline:
                 captured=set(run.tables),
                 last_commit=last_commit_at_start(plan.action, run.state, start),
                 snapshots=snapshots,
+                committed=committed,
             )
             # Logical messages carry the incremental snapshots' watermarks and signals.
             repl.start(
@@ -401,6 +412,41 @@ class Pipeline:
                 # close; drop_slot waits for that rather than failing with "in use".
                 drop_slot(run.admin, run.slot, SLOT_RELEASE_TIMEOUT_S)
                 run.store.reset(run.database, run.slot)
+
+    def _committed(self, run: _Run, plan: StartPlan, start: Lsn) -> Committed | None:
+        """What a transactional reader of the slot committed to Kafka (cdc.committed): a
+        resumed slot's, checked against the slot. A new slot's, or one left by a run that
+        was not transactional, is stale and forgotten."""
+        found = run.store.load_committed(run.database, run.slot)
+        eos = run.publisher.transactional_id
+        if eos is None or plan.action is not Action.STREAM:
+            if found is not None:
+                run.store.forget_committed(run.database, run.slot)
+            if eos is not None:
+                log.info(
+                    "exactly-once: a new slot; Kafka transactions from %s on",
+                    start,
+                    extra={"slot": run.slot, "transactional_id": eos},
+                )
+            return None
+        if found is None:
+            log.info(
+                "exactly-once: no committed position yet; from the slot's %s on, each change "
+                "is committed once (what came before may have been written twice)",
+                start,
+                extra={"slot": run.slot, "transactional_id": eos},
+            )
+            return None
+        check_slot(run.slot, start, found, eos)
+        log.info(
+            "exactly-once: Kafka holds the changes %s; the slot resumes at %s, and what Kafka "
+            "holds is not written again",
+            found.describe(),
+            start,
+            extra={"slot": run.slot, "transactional_id": eos},
+        )
+        run.publisher.committed = found
+        return found
 
     def _incremental(self, run: _Run, plan: StartPlan) -> IncrementalSnapshots:
         """The incremental snapshots of this run: what was queued before (a new slot's queue

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
 
+from cdc.committed import Committed
 from cdc.dead_letters import RefusedRecord, fail_message, is_permanent, letter
 from cdc.interrupt import StopRequested
 from cdc.kafka_clients import (
@@ -45,8 +46,14 @@ from cdc.kafka_clients import (
     read_topic,
 )
 from cdc.kafka_outage import watch_for
-from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers
-from pgcdc.core.errors import KafkaUnavailable, PublishError, TopicGone
+from pgcdc.core.contract import HEADER_COMMIT_LSN, Headers, state_topic
+from pgcdc.core.errors import (
+    Fenced,
+    KafkaUnavailable,
+    PublishError,
+    TopicGone,
+    TransactionAborted,
+)
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.settings import KafkaSettings, UnproducibleRecords
 
@@ -87,6 +94,16 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "message.timeout.ms": 120_000,
     }
     return conf | client_conf(settings) | settings.producer
+
+
+def _fatal(err: KafkaError) -> bool:
+    """A transactional producer's end: fenced by a newer one, or a fatal state."""
+    return bool(err.fatal()) or err.code() in (
+        KafkaError._FATAL,
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    )
 
 
 # Delivery errors of a topic deleted under the producer.
@@ -155,12 +172,44 @@ class AckQueue:
 class Publisher:
     """Kafka side of the reader: topics, records, delivery tracking."""
 
-    def __init__(self, settings: KafkaSettings, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        stop: threading.Event | None = None,
+        *,
+        transactional_id: str | None = None,
+    ) -> None:
+        """``transactional_id``: a transactional producer (``kafka.exactly_once``), whose
+        records are visible to ``read_committed`` consumers once :meth:`commit` returns."""
         self.settings = settings
         # Set by Ctrl-C or SIGTERM: a wait for room in the queue or for acknowledgments
         # gives way to it (StopRequested) instead of holding the stop.
         self.stop = stop
-        self._producer = Producer(producer_config(settings))
+        conf = producer_config(settings)
+        self.transactional_id = transactional_id
+        if transactional_id is not None:
+            ours: dict[str, Any] = {
+                "transactional.id": transactional_id,
+                "transaction.timeout.ms": 300_000,
+            }
+            conf = ours | conf
+            # librdkafka refuses a record timeout longer than the transaction's.
+            conf["message.timeout.ms"] = min(
+                int(conf["message.timeout.ms"]), int(conf["transaction.timeout.ms"])
+            )
+        self._producer = Producer(conf)
+        self._message_timeout_ms = int(conf["message.timeout.ms"])
+        # A transactional producer: the Kafka transaction open now, since when, the last
+        # position committed, and whether records may commit on their own (a snapshot's
+        # rows) or only where the streamer says (between PostgreSQL transactions).
+        self._begin_needed = transactional_id is not None
+        self._txn_opened = 0.0
+        self._commit_every_s = settings.transaction_ms / 1000
+        self._split_after_s = int(conf.get("transaction.timeout.ms", 60_000)) / 2000
+        self.committed: Committed | None = None
+        self.commits = 0  # Kafka transactions committed by this run
+        self.auto_commit = True
+        self._committed_key = b""
         self._admin = admin_client(settings)
         self._known_topics: set[str] = set()
         self._acks = AckQueue()
@@ -264,6 +313,8 @@ class Publisher:
         ``partition``: where to put it (default: the producer's partitioner decides)."""
         if self._failure is not None or self._refused:
             self.raise_if_failed()
+        if self._begin_needed:
+            self._begin()
         txn.pending += 1
         try:
             if partition is not None:  # rare: the caller chose the partition
@@ -283,6 +334,7 @@ class Publisher:
         if self.produced & 0x3FF == 0:
             self._producer.poll(0)
             self.raise_if_failed()
+            self._commit_if_free()
 
     def send_many(
         self,
@@ -297,6 +349,8 @@ class Publisher:
         produce = self._producer.produce
         on_delivery = txn.on_delivery
         for key, value, headers in records:
+            if self._begin_needed:
+                self._begin()
             txn.pending += 1
             try:
                 try:
@@ -309,6 +363,7 @@ class Publisher:
             if self.produced & 0x3FF == 0:
                 self._producer.poll(0)
                 self.raise_if_failed()
+                self._commit_if_free()
 
     def _not_produced(
         self,
@@ -322,6 +377,9 @@ class Publisher:
         """produce() refused a record (already counted pending in ``txn``): a permanent
         refusal is dead-lettered when the settings say so; anything else raises."""
         err = e.args[0]
+        if self.transactional_id is not None and _fatal(err):
+            txn.pending -= 1
+            raise self._fenced(err) from e
         if err.code() in _TOPIC_GONE:
             txn.pending -= 1
             raise TopicGone(f"topic {topic} was deleted under the reader ({err.str()})") from e
@@ -347,6 +405,8 @@ class Publisher:
         partition: int | None = None,
     ) -> None:
         """Queue one record, serving delivery reports while the queue is full."""
+        if self._begin_needed:
+            self._begin()
         while True:
             try:
                 if partition is None:
@@ -392,7 +452,14 @@ class Publisher:
         headers = msg.headers() or [(HEADER_COMMIT_LSN, str(txn.commit_lsn.value).encode())]
         refused = RefusedRecord.of(topic, msg.key(), msg.value(), headers, err.str())
         letterable = topic != self.settings.dead_letter_topic and is_permanent(err.code())
-        if letterable and self._dead_letter:
+        if letterable and self.transactional_id is not None:
+            # The broker's refusal made the Kafka transaction abortable: no letter can
+            # take the record's place in it.
+            self._failure = PublishError(
+                f"{self._fail_message(refused)} (with kafka.exactly_once a record the broker "
+                "refuses stops the reader: its Kafka transaction can only be aborted)"
+            )
+        elif letterable and self._dead_letter:
             txn.pending += 1
             self._refused.append((refused, txn))
         elif letterable:
@@ -404,7 +471,7 @@ class Publisher:
                 "slot and snapshots the table again into the new topic"
             )
         elif err.code() == KafkaError._MSG_TIMED_OUT:
-            timeout_ms = producer_config(self.settings)["message.timeout.ms"]
+            timeout_ms = self._message_timeout_ms
             self._failure = KafkaUnavailable(
                 f"Kafka did not accept a record for {topic} within message.timeout.ms "
                 f"({timeout_ms} ms; {err.str()}: {self._reason() or 'no reason given'}): "
@@ -455,7 +522,11 @@ class Publisher:
 
     def _raise_failure(self) -> NoReturn:
         assert self._failure is not None
-        if self._failure.retryable:
+        if self.transactional_id is not None:
+            # Nothing of the open transaction may become visible: abort it (which also
+            # empties the queue); the next run resumes from the committed position.
+            self._abort()
+        elif self._failure.retryable:
             # The next run produces all of it again: nothing of this one may land after.
             self._producer.purge()
         raise self._failure
@@ -498,14 +569,137 @@ class Publisher:
         return left > 0
 
     def acked_lsn(self) -> Lsn | None:
-        """End LSN of the last transaction that is, with all before it, fully in Kafka."""
+        """End LSN of the last transaction that is, with all before it, fully in Kafka
+        (a transactional producer's: committed)."""
+        if self.transactional_id is not None:
+            # Records delivered in a transaction not yet committed are not held.
+            return self.committed.end_lsn if self.committed is not None else None
         # After a failed delivery nothing more may be acknowledged.
         return self._acks.advance() if self._failure is None else self._acks.acked
 
     def idle(self) -> bool:
         """True when no transaction is waiting for acknowledgment."""
+        if self.transactional_id is not None:
+            return not self.txn_open and len(self._acks) == 0
         self.acked_lsn()
         return len(self._acks) == 0
+
+    # --- Kafka transactions (kafka.exactly_once) ----------------------------------------
+
+    @property
+    def txn_open(self) -> bool:
+        """A Kafka transaction is open (records in it are not yet visible)."""
+        return self.transactional_id is not None and not self._begin_needed
+
+    def start_transactions(self, database: str, slot: str, timeout_s: float = 60.0) -> None:
+        """Take the transactional id over: an older producer with it is fenced and its open
+        transaction aborted, so what ``read_committed`` reads next is final."""
+        assert self.transactional_id is not None
+        self._committed_key = f"{database}/{slot}#committed".encode()
+        try:
+            self._producer.init_transactions(timeout_s)
+        except KafkaException as e:
+            err = e.args[0]
+            if _fatal(err):
+                raise self._fenced(err) from e
+            raise KafkaUnavailable(
+                f"Kafka did not start transactions for transactional.id "
+                f"{self.transactional_id} within {timeout_s:.0f}s ({err.str()}): "
+                "kafka.exactly_once needs brokers that run the transaction coordinator "
+                "(transaction.state.log.replication.factor ≤ the number of brokers)"
+            ) from e
+
+    def _begin(self) -> None:
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise (
+                self._fenced(e.args[0])
+                if _fatal(e.args[0])
+                else PublishError(f"cannot begin a Kafka transaction: {e.args[0].str()}")
+            ) from e
+        self._begin_needed = False
+        self._txn_opened = time.monotonic()
+
+    def commit_due(self) -> bool:
+        """The open transaction is older than ``kafka.transaction_ms``."""
+        return self.txn_open and time.monotonic() - self._txn_opened >= self._commit_every_s
+
+    def split_due(self) -> bool:
+        """The open transaction is half as old as ``transaction.timeout.ms`` allows: a
+        PostgreSQL transaction still streaming must be split or the broker aborts it."""
+        return self.txn_open and time.monotonic() - self._txn_opened >= self._split_after_s
+
+    def _commit_if_free(self) -> None:
+        # A snapshot's rows (auto_commit): commit on the time bound, wherever they stand.
+        if self.auto_commit and self.commit_due():
+            self.commit()
+
+    def commit(self, position: Committed | None = None, timeout_s: float = 60.0) -> None:
+        """Commit the open Kafka transaction, with ``position`` written into the state topic
+        inside it; once this returns its records are visible and ``acked_lsn`` is the
+        position's. Nothing open and no position: nothing to do."""
+        if self.transactional_id is None:
+            return
+        if position is not None:
+            if self._begin_needed:
+                self._begin()
+            try:
+                self._producer.produce(
+                    state_topic(self.settings.topic_prefix),
+                    key=self._committed_key,
+                    value=position.to_json(),
+                )
+            except KafkaException as e:
+                if _fatal(e.args[0]):
+                    raise self._fenced(e.args[0]) from e
+                raise PublishError(f"cannot write the committed position: {e.args[0].str()}") from e
+        if not self.txn_open:
+            return
+        self.raise_if_failed()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as e:
+                err = e.args[0]
+                if _fatal(err):
+                    raise self._fenced(err) from e
+                if err.retriable() and time.monotonic() < deadline:
+                    self._waiting()
+                    continue
+                self._failure = self._failure or TransactionAborted(
+                    f"Kafka did not commit a transaction ({err.str()}): it is aborted, and "
+                    "the next run resumes from the committed position "
+                    f"({self.committed.describe() if self.committed else 'the slot'})"
+                )
+                self._raise_failure()
+        self._begin_needed = True
+        self.commits += 1
+        self._producer.poll(0)  # the delivery reports of its records
+        self.raise_if_failed()
+        self._acks.advance()
+        if position is not None:
+            self.committed = position
+
+    def _abort(self) -> None:
+        if not self.txn_open:
+            return
+        try:
+            self._producer.abort_transaction(30)
+        except KafkaException as e:
+            # The next run's init_transactions aborts it in any case.
+            log.warning("could not abort the Kafka transaction: %s", e.args[0].str())
+        self._begin_needed = True
+
+    def _fenced(self, err: KafkaError) -> PublishError:
+        return Fenced(
+            f"this reader is fenced ({err.str()}): another reader started with "
+            f"transactional.id {self.transactional_id} (the same slot), or its producer "
+            "failed for good. It confirms nothing more; the other reader carries on (or start "
+            "this one again once it is the only one)"
+        )
 
     def flush(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:
         """Wait until everything queued is acknowledged (or fail); with ``stop``, give way to
@@ -546,8 +740,15 @@ class Publisher:
                 "records queued; nothing unacknowledged is confirmed to PostgreSQL)"
             )
 
+    def settle(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:
+        """:meth:`flush`, then commit the open Kafka transaction (a transactional producer's
+        records are visible only then)."""
+        self.flush(timeout_s, stop=stop)
+        self.commit(timeout_s=timeout_s)
+
     def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
-        """A record outside any transaction (heartbeats); failures are only logged."""
+        """A record outside any PostgreSQL transaction (heartbeats; a transactional
+        producer's goes into the open Kafka transaction); failures are only logged."""
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
@@ -555,7 +756,13 @@ class Publisher:
             else:
                 self.delivered += 1  # an idle reader's outage ends with its heartbeat
 
+        if self._begin_needed:
+            self._begin()
         try:
             self._producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
         except BufferError:
             log.debug("producer queue full; heartbeat skipped")
+        except KafkaException as e:
+            if self.transactional_id is not None and _fatal(e.args[0]):
+                raise self._fenced(e.args[0]) from e
+            log.warning("heartbeat not produced: %s", e.args[0].str(), extra={"topic": topic})

@@ -547,5 +547,5 @@ class Snapshotter:
         finally:
             progress.close()
         self._publisher.close_txn(txn, position)
-        self._publisher.flush(timeout_s=300, stop=self._stop)
+        self._publisher.settle(timeout_s=300, stop=self._stop)
         return sum(p.rows for p in plans)

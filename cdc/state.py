@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
+from cdc.committed import Committed, committed_key
 from cdc.kafka_clients import admin_client, client_conf, create_topics, read_topic
 from pgcdc.core.contract import state_topic
 from pgcdc.core.errors import PublishError
@@ -135,6 +136,16 @@ class StateStore:
     def save_verify(self, database: str, slot: str, record: VerifyPass) -> None:
         self.save_record(state_key(database, slot), record.to_json(), wait=True)
 
+    def load_committed(self, database: str, slot: str) -> Committed | None:
+        """What a transactional reader of the slot committed last (:mod:`cdc.committed`),
+        as ``read_committed`` sees it."""
+        data = self.load_record(committed_key(database, slot))
+        return Committed.from_json(data) if data else None
+
+    def forget_committed(self, database: str, slot: str) -> None:
+        """Forget it: a run that is not transactional, or a new slot, makes it stale."""
+        self._write(committed_key(database, slot), None, wait=True)
+
     def ensure_topic(self) -> None:
         """Create the compacted state topic if it is missing; one made before records could
         grow past Kafka's 1 MB default is given the larger limit."""
@@ -231,6 +242,7 @@ class StateStore:
         self._write(self.snapshots_key(database, slot), None, wait=False)
         self._write(f"{database}/{slot}#keys".encode(), None, wait=False)
         self._write(f"{database}/{slot}#left".encode(), None, wait=False)
+        self._write(committed_key(database, slot), None, wait=False)
         again = ReaderState(slot, database, Phase.SNAPSHOT) if keep_slot else None
         self._write(self.key(database, slot), again.to_json() if again else None, wait=True)
 

@@ -334,6 +334,13 @@ def gather_status(
                 "last_commit_lsn": (str(state.last_commit_lsn) if state.last_commit_lsn else None),
             }
         )
+        if out["state"] is not None:
+            # kafka.exactly_once: the mode, and what Kafka holds committed (cdc.committed).
+            committed = store.load_committed(database, name) if database else None
+            out["state"]["delivery"] = (
+                "exactly once" if settings.kafka.exactly_once else "at least once"
+            )
+            out["state"]["committed"] = committed.describe() if committed else None
         # Incremental snapshots queued or running (cdc.incremental), in their order.
         if database:
             snapshots = load_snapshots(store, database, name)

@@ -57,6 +57,8 @@ def _slot_table(slot: Mapping[str, Any], state: Mapping[str, Any] | None) -> Tab
             ("phase", _text(state.get("phase"))),
             ("acked LSN", _text(state.get("acked_lsn"))),
             ("last commit acked", _text(state.get("last_commit_lsn"))),
+            ("delivery", _text(state.get("delivery"))),
+            ("committed in Kafka", _text(state.get("committed"))),
         ]
     for what, value in rows:
         table.add_row(what, value)

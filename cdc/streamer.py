@@ -24,11 +24,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import psycopg
 
 from cdc import pgoutput
 from cdc.catalog import SchemaCatalog
+from cdc.committed import Committed, Position
 from cdc.connection import current_wal_lsn
 from cdc.heartbeat import Heartbeats
 from cdc.incremental.engine import IncrementalSnapshots
@@ -87,13 +89,16 @@ class Streamer:
         captured: set[tuple[str, str]] | None = None,
         last_commit: Lsn | None = None,
         snapshots: IncrementalSnapshots | None = None,
+        committed: Committed | None = None,
     ) -> None:
         """``target``: stop once everything up to it is acknowledged (``--until current``)
         and no incremental snapshot is left. ``captured``: the tables captured at start;
         another one showing up while streaming was added to the publication since: it is
         handed to ``snapshots`` (:mod:`cdc.incremental.engine`), which reads its earlier rows.
         ``last_commit``: where the last commit before the start position ends (the first
-        transaction's ``source.sequence[0]``), when known."""
+        transaction's ``source.sequence[0]``), when known. ``committed``: what a
+        transactional publisher (``kafka.exactly_once``) committed last; records at or below
+        its version are not produced again (:mod:`cdc.committed`)."""
         self._repl = repl
         self._publisher = publisher
         self._encoder = encoder
@@ -148,6 +153,12 @@ class Streamer:
         self._state_due = self._ask_due = 0.0
         self.last_ack: Lsn | None = None
         self.events = 0
+        # A transactional publisher: Kafka transactions commit between PostgreSQL ones
+        # (or split a long one), each with the position it holds (cdc.committed).
+        self._eos = publisher.transactional_id is not None
+        self._committed = committed
+        self._position: Position | None = None  # set by run(), from its start
+        self._splits = 0
         # While the publisher waits on Kafka (an outage), the session stays alive and an
         # outage line says how much WAL the slot holds back.
         publisher.while_waiting = self._keep_session
@@ -162,14 +173,24 @@ class Streamer:
         self._state_due = time.monotonic() + STATE_INTERVAL_S
         if self._heartbeats:
             self._heartbeats.ensure_topic()
+        # Kafka transactions commit only where this loop says (between transactions).
+        self._publisher.auto_commit = False
+        if self._eos:
+            self._position = Position(self._committed, start)
         while not self._stop.is_set():
             # After a transaction's records are queued, look whether more has arrived;
             # when nothing has, hurry them to Kafka rather than let them wait linger.ms.
             msg = self._repl.read(0.0 if self._unsent else READ_TIMEOUT_S)
             if isinstance(msg, XLogData):
                 self._handle(msg)
+                if self._eos and self._txn is None and self._publisher.commit_due():
+                    self._commit()
             else:
-                if msg is None and self._unsent:
+                if msg is None and self._eos and self._txn is None:
+                    # Nothing more now: what is open becomes visible at once.
+                    self._unsent = False
+                    self._commit()
+                elif msg is None and self._unsent:
                     self._unsent = self._publisher.hurry()
                 elif msg is None and self._target is not None and self._txn is None:
                     # Idle before the target: ask where decoding stands (--until current).
@@ -243,9 +264,36 @@ class Streamer:
             due.append(self._lag_due)
         self._next_duty = min(due)
 
+    def _commit(self, idle: Lsn | None = None) -> None:
+        """Commit the open Kafka transaction with the position it completes; ``idle``: a
+        keepalive's position with nothing in flight, held from now on too."""
+        position = self._position
+        assert position is not None
+        moved = idle is not None and position.idle(idle)
+        if moved or self._publisher.txn_open:
+            self._publisher.commit(replace(position.held, updated_at=time.time()))
+
+    def _split(self) -> None:
+        """A PostgreSQL transaction streams longer than a Kafka transaction may stay open:
+        commit what it sent so far, with its version, so a restart sends only the rest."""
+        assert self._position is not None
+        commit_lsn = Lsn(int(self._commit_lsn_header))
+        self._position.split(commit_lsn, self._order - 1)
+        self._splits += 1
+        log.info(
+            "a PostgreSQL transaction is split across Kafka transactions: read_committed "
+            "consumers see its first %d records before the rest (transaction.timeout.ms "
+            "bounds how long one Kafka transaction stays open)",
+            self._order,
+            extra={"slot": self._slot, "lsn": str(commit_lsn)},
+        )
+        self._commit()
+
     def _finish(self) -> None:
         """Wait for Kafka, acknowledge what it holds, tell the followers how far that is."""
         self._publisher.flush(timeout_s=60)
+        if self._eos and self._txn is None:
+            self._commit()
         self._acknowledge(force=True)
         if self._heartbeats:
             self._heartbeats.final(self.last_ack)
@@ -256,6 +304,10 @@ class Streamer:
         while self._commits and acked is not None and self._commits[0] <= acked:
             self.acked_commit = self._commits.popleft()
         idle = self._idle_lsn if self._publisher.idle() and self._txn is None else None
+        if self._eos and idle is not None:
+            # Confirmed to PostgreSQL only once Kafka holds it as the position.
+            self._commit(idle)
+            idle = None
         candidate = self.last_ack
         for lsn in (acked, idle):
             if lsn is not None and (candidate is None or lsn > candidate):
@@ -293,6 +345,14 @@ class Streamer:
 
     def _handle(self, frame: XLogData) -> None:
         msg = pgoutput.decode(frame.payload, self._proto)
+        if (
+            self._eos
+            and self._txn is not None
+            and self._order > 0
+            and isinstance(msg, pgoutput.DATA_MESSAGES)
+            and self._publisher.split_due()
+        ):
+            self._split()
         if isinstance(msg, pgoutput.Insert):
             self._change(frame, msg.relation_id, "c", None, msg.new)
         elif isinstance(msg, pgoutput.Update):
@@ -311,6 +371,8 @@ class Streamer:
                 self._publisher.close_txn(self._txn, msg.end_lsn)
                 self._unsent = self._unsent or self._order > 0
             self._txn = None
+            if self._position is not None:
+                self._position.transaction_ended(Lsn(int(self._commit_lsn_header)), msg.end_lsn)
             if self._snapshots is not None:
                 self._snapshots.committed(self._xid)
             # Debezium's source.sequence[0]: where the last commit record ends.
@@ -403,12 +465,20 @@ class Streamer:
         ``order`` (a truncate's records share one, see :meth:`_truncate`)."""
         if self._txn is None:
             raise SlotError("a change arrived outside a transaction")
-        headers = version_headers(self._commit_lsn_header, self._order if order is None else order)
+        at = self._order if order is None else order
+        if order is None:
+            self._order += 1
+        position = self._position
+        if (
+            position is not None
+            and position.replaying
+            and position.skips(int(self._commit_lsn_header), at)
+        ):
+            return  # Kafka holds it, committed by an earlier run (cdc.committed)
+        headers = version_headers(self._commit_lsn_header, at)
         if extra_headers:
             headers = [*headers, *extra_headers]
         self._publisher.send(self._txn, topic, key, value, headers)
-        if order is None:
-            self._order += 1
 
     def _count(self, op: str) -> None:
         self.events += 1

@@ -314,7 +314,7 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return got
 
     def _marks_once(self) -> Marks:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import IsolationLevel, TopicPartition
         from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
         if self._admin is None:
@@ -331,8 +331,11 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return {}
         earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        low = self._admin.list_offsets(dict.fromkeys(parts, earliest))
-        high = self._admin.list_offsets(dict.fromkeys(parts, latest))
+        # The last stable offset: a transactional reader's records (kafka.exactly_once) are
+        # planned once committed, as the tasks' consumers (read_committed) read them.
+        committed = IsolationLevel.READ_COMMITTED
+        low = self._admin.list_offsets(dict.fromkeys(parts, earliest), isolation_level=committed)
+        high = self._admin.list_offsets(dict.fromkeys(parts, latest), isolation_level=committed)
         out: Marks = {}
         for tp in parts:
             lo = low[tp].result(self.ask_s).offset

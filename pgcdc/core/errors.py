@@ -47,6 +47,19 @@ class TopicGone(PublishError):
     retryable = True
 
 
+class TransactionAborted(PublishError):
+    """A Kafka transaction of a transactional reader (``kafka.exactly_once``) was aborted:
+    none of its records is visible to ``read_committed`` consumers and nothing in it was
+    confirmed to PostgreSQL. Worth a new run: it resumes from the committed position."""
+
+    retryable = True
+
+
+class Fenced(PublishError):
+    """Another reader took this reader's ``transactional.id`` (the same slot) over: this
+    one stops, confirming nothing more."""
+
+
 class KafkaUnavailable(ConnectionFailed, PublishError):
     """Kafka did not answer: no broker reachable, or a record not acknowledged within the
     producer's ``message.timeout.ms`` (an outage longer than that). Worth a new run:

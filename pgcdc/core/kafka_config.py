@@ -115,6 +115,10 @@ def spark_source_options(kafka: KafkaSettings) -> dict[str, str]:
         opts["kafka.ssl.keystore.key"] = Path(key).read_text()
         if kafka.ssl_key_password is not None:
             opts["kafka.ssl.key.password"] = kafka.ssl_key_password.get_secret_value()
+    if kafka.exactly_once:
+        # Java consumers read uncommitted records by default; a transactional reader's
+        # records count once their Kafka transaction commits.
+        opts["kafka.isolation.level"] = "read_committed"
     return opts | {f"kafka.{k}": v for k, v in kafka.spark_client.items()}
 
 

@@ -323,6 +323,14 @@ class KafkaSettings(BaseModel):
     signal_topic: str | None = None
     # A record Kafka refuses for good: stop (fail) or write it to dead_letter_topic.
     unproducible_records: UnproducibleRecords = UnproducibleRecords.FAIL
+    # Each change committed to Kafka once (docs/exactly-once.md): a transactional producer
+    # (transactional.id from the server, database and slot) whose transactions hold whole
+    # PostgreSQL transactions and the reader's position in the state topic; a restart skips
+    # what Kafka already holds. Consumers must read with isolation.level=read_committed.
+    exactly_once: bool = False
+    # How long a Kafka transaction stays open at most before it is committed (at the end of
+    # a PostgreSQL transaction): commit→visible latency for read_committed consumers.
+    transaction_ms: int = Field(default=100, ge=1, le=60_000)
     # Extra librdkafka producer settings, merged over ours.
     producer: dict[str, str] = Field(default_factory=dict)
     # How every client (the reader's producer, admin and consumers, the state store,

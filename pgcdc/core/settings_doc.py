@@ -175,6 +175,9 @@ DEBEZIUM = {
     "kafka.heartbeat_interval_s": "`heartbeat.interval.ms`",
     "kafka.dead_letter_topic": "`errors.deadletterqueue.topic.name` (Connect)",
     "kafka.unproducible_records": "`errors.tolerance` (Connect)",
+    "kafka.exactly_once": "`exactly.once.source.support` (Connect worker, distributed mode; "
+    "Debezium Server: none)",
+    "kafka.transaction_ms": "`offset.flush.interval.ms` with `transaction.boundary=interval`",
     "kafka.producer": "`producer.override.*`",
     "kafka.security_protocol": "`security.protocol` (Connect worker, also `producer.*`)",
     "kafka.sasl_mechanism": "`sasl.mechanism`",

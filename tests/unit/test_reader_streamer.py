@@ -131,6 +131,8 @@ class ListPublisher:
         self.topics: list[str] = []
         self._acks = AckQueue()
         self.hurried_after: list[int] = []  # records sent when each hurry() came
+        self.transactional_id: str | None = None  # at least once (kafka.exactly_once off)
+        self.auto_commit = True
 
     def ensure_topics(self, topics: Sequence[str], partitions: int | None = None) -> None:
         self.topics.extend(topics)
@@ -170,6 +172,9 @@ class ListPublisher:
     def hurry(self, timeout_s: float = 0.005) -> bool:
         self.hurried_after.append(len(self.records))
         return False  # everything is acknowledged at once here
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        self.flush(timeout_s)
 
     def produce_plain(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         self.plain.append((topic, key, value))

@@ -203,6 +203,10 @@ def read_environment(environ: Mapping[str, str], root: type[BaseModel], layers: 
             value = _json(variable, raw, layers)
             if value is None:
                 continue
+        elif len(path) == 2 and _is_section(_item(annotation)):
+            value = _json_list(variable, raw, layers)  # a list of tables: [{...}, ...]
+            if value is None:
+                continue
         node = env
         for part in path[:-1]:
             child = node.get(part)
@@ -232,6 +236,21 @@ def _json(variable: str, raw: str, layers: Layers) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         layers.problems.append(f"{variable} must be a JSON object ({{...}}), not {raw[:40]!r}")
+        return None
+    return value
+
+
+def _json_list(variable: str, raw: str, layers: Layers) -> list[Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        layers.problems.append(
+            f"{variable} is not valid JSON ({e}): a list of tables is written as a JSON "
+            'list, e.g. [{"name": "a"}, {"name": "b"}]'
+        )
+        return None
+    if not isinstance(value, list):
+        layers.problems.append(f"{variable} must be a JSON list ([...]), not {raw[:40]!r}")
         return None
     return value
 

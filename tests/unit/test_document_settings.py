@@ -112,8 +112,17 @@ def test_the_environment_takes_the_same_documents_as_json(tmp_path: Path) -> Non
     raw = tomllib.loads(_documented_example())["search"]["documents"]
     from_env = load_settings(environ={"CDC_SEARCH__DOCUMENTS": json.dumps(raw)})
     assert from_env.search.documents == _load(tmp_path, _documented_example()).search.documents
-    with pytest.raises(ConfigError, match=r"CDC_SEARCH__DOCUMENTS.*not a JSON list"):
+    with pytest.raises(ConfigError, match=r"^CDC_SEARCH__DOCUMENTS is not valid JSON"):
         load_settings(environ={"CDC_SEARCH__DOCUMENTS": "[{"})
+    with pytest.raises(ConfigError, match=r"^CDC_SEARCH__DOCUMENTS must be a JSON list"):
+        load_settings(environ={"CDC_SEARCH__DOCUMENTS": json.dumps(raw[0])})
+    raw[0]["lookups"][0]["references"] = ""
+    with pytest.raises(ConfigError) as e:
+        load_settings(environ={"CDC_SEARCH__DOCUMENTS": json.dumps(raw)})
+    assert str(e.value) == (
+        'invalid setting search.documents["products"].lookups["category"].references = \'\' '
+        "(from CDC_SEARCH__DOCUMENTS): references must name a column"
+    )
 
 
 def test_the_spec_from_the_settings_drives_the_join(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ DSN, the followers' URLs, passwords) is shown with its password replaced by ``**
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from cdc.connection import parse_dsn
 from pgcdc.core.errors import ConfigError
@@ -106,6 +107,13 @@ def _secret_leaves(model: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         name = f"{prefix}{key}"
         if hasattr(type(value), "model_fields"):
             yield from _secret_leaves(value, name + ".")
+        elif isinstance(value, tuple) and value and isinstance(value[0], BaseModel):
+            # A list of tables ([[search.documents]]): a row each, as the JSON the
+            # environment takes (secrets are never kept in one).
+            for i, item in enumerate(value):
+                label = getattr(item, "name", None)
+                at = json.dumps(label) if isinstance(label, str) else str(i)
+                yield f"{name}[{at}]", json.dumps(item.model_dump(mode="json"))
         elif isinstance(value, Mapping) and value:
             for sub, v in _flatten(value):
                 masked = MASK if _looks_secret(sub) else v
@@ -142,7 +150,7 @@ def effective_rows(
     def source(name: str) -> str:
         for layer in ("flag", "env", "file"):
             keys = layers[layer]
-            if any(k == name or name.startswith(k + ".") for k in keys):
+            if any(k == name or name.startswith((k + ".", k + "[")) for k in keys):
                 return layer
         return "default"
 

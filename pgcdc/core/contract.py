@@ -186,6 +186,15 @@ def table_index(index_prefix: str, table_id_: str) -> str:
     return fit_name(f"{index_prefix.lower()}-{encoded}", MAX_INDEX_NAME_BYTES)
 
 
+def document_index(index_prefix: str, name: str) -> str:
+    """The OpenSearch index of the declared document ``name`` (``[[search.documents]]``):
+    ``<index_prefix>-<name>``, e.g. ``cdc-products``. A document's name is lower-case
+    letters, digits and ``_`` (checked by the settings), so it never holds the dot of every
+    table's index (``cdc-public.products``) nor the ``-`` of the watermark index or of an
+    index's next version (``-v2``): the names cannot meet."""
+    return fit_name(f"{index_prefix.lower()}-{name}", MAX_INDEX_NAME_BYTES)
+
+
 def table_topic_pattern(prefix: str) -> str:
     """A regular expression (Java's, matched against the whole name) for every table topic
     of ``prefix``: ``<prefix>.<schema>.<table>``, nothing else."""

@@ -32,6 +32,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pgcdc.core import client_security, ports
 from pgcdc.core.client_security import SaslMechanism, SecurityProtocol
 from pgcdc.core.contract import DEFAULT_DEAD_LETTER_TOPIC
+from pgcdc.core.document_settings import DocumentSettings, check_documents, documents_from_text
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.key_columns import KeyColumns, parse_message_key_columns
 from pgcdc.core.qualified_names import split_list, split_qualified
@@ -488,6 +489,22 @@ class SearchSettings(BaseModel):
     # follower's user needs the indices:admin/aliases privilege. False: those changes are
     # refused and dead-lettered, and cdc status says so until the index is built by hand.
     evolve_indices: bool = True
+    # Joined documents, [[search.documents]] in the file (CDC_SEARCH__DOCUMENTS: a JSON
+    # list): each a root table with lookups and nested lists, written to the index
+    # <index_prefix>-<name> (docs/documents.md). Read and checked; no job maintains them yet.
+    documents: tuple[DocumentSettings, ...] = ()
+
+    @field_validator("documents", mode="before")
+    @classmethod
+    def _documents_json(cls, v: Any) -> Any:
+        return documents_from_text(v)
+
+    @field_validator("documents")
+    @classmethod
+    def _documents_apart(
+        cls, v: tuple[DocumentSettings, ...], info: ValidationInfo
+    ) -> tuple[DocumentSettings, ...]:
+        return check_documents(v, str(info.data.get("index_prefix", "")))
 
     @model_validator(mode="after")
     def _auth_complete(self) -> SearchSettings:

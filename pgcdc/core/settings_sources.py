@@ -34,6 +34,9 @@ OTHER_PREFIXES = ("CDC_TEST_",)
 SETTINGS_DOC = "docs/settings.md"
 
 Path = tuple[str, ...]
+# Where pydantic found a problem: names, and the index of an element of a list
+# ([[search.documents]] and the lists inside them).
+Loc = tuple[str | int, ...]
 
 
 @dataclass
@@ -44,7 +47,7 @@ class Layers:
     file_text: str = ""
     file: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
-    env_names: dict[Path, str] = field(default_factory=dict)  # path -> variable
+    env_names: dict[Loc, str] = field(default_factory=dict)  # path -> variable
     flags: dict[str, Any] = field(default_factory=dict)
     flag_names: dict[str, str] = field(default_factory=dict)  # "a.b" -> "--flag"
     problems: list[str] = field(default_factory=list)  # found while reading
@@ -80,15 +83,30 @@ def is_secret(annotation: Any) -> bool:
     return _unwrap(annotation) is SecretStr
 
 
-def _field(root: type[BaseModel], path: Path) -> Any | None:
-    """The annotation at ``path`` (None when no such setting)."""
-    fields = _model_fields(root)
-    annotation = fields.get(path[0]) if path else None
-    for part in path[1:]:
-        if annotation is None or not _is_section(annotation):
-            return annotation if annotation is not None and _is_table(annotation) else None
-        annotation = _model_fields(_unwrap(annotation)).get(part)
-    return annotation
+def _item(annotation: Any) -> Any | None:
+    """The element type of a ``tuple[X, ...]`` or ``list[X]`` setting (None otherwise)."""
+    a = _unwrap(annotation)
+    if typing.get_origin(a) in (tuple, list):
+        args = [x for x in typing.get_args(a) if x is not Ellipsis]
+        return args[0] if len(args) == 1 else None
+    return None
+
+
+def _field(root: type[BaseModel], path: Loc) -> Any | None:
+    """The annotation at ``path`` (None when no such setting); a key of a table setting
+    has the table's annotation."""
+    annotation: Any = root
+    for part in path:
+        a = _unwrap(annotation)
+        if isinstance(part, int):
+            annotation = _item(a)
+        elif _is_section(a):
+            annotation = _model_fields(a).get(part)
+        else:
+            return annotation if _is_table(a) else None
+        if annotation is None:
+            return None
+    return annotation if path else None
 
 
 def variable_names(root: type[BaseModel]) -> list[str]:
@@ -185,6 +203,10 @@ def read_environment(environ: Mapping[str, str], root: type[BaseModel], layers: 
             value = _json(variable, raw, layers)
             if value is None:
                 continue
+        elif len(path) == 2 and _is_section(_item(annotation)):
+            value = _json_list(variable, raw, layers)  # a list of tables: [{...}, ...]
+            if value is None:
+                continue
         node = env
         for part in path[:-1]:
             child = node.get(part)
@@ -218,26 +240,60 @@ def _json(variable: str, raw: str, layers: Layers) -> dict[str, Any] | None:
     return value
 
 
-def _has(values: Mapping[str, Any], path: Path) -> bool:
+def _json_list(variable: str, raw: str, layers: Layers) -> list[Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        layers.problems.append(
+            f"{variable} is not valid JSON ({e}): a list of tables is written as a JSON "
+            'list, e.g. [{"name": "a"}, {"name": "b"}]'
+        )
+        return None
+    if not isinstance(value, list):
+        layers.problems.append(f"{variable} must be a JSON list ([...]), not {raw[:40]!r}")
+        return None
+    return value
+
+
+def _at(values: Any, path: Loc) -> tuple[bool, Any]:
+    """(found, the value at ``path`` in nested raw values)."""
     node: Any = values
     for part in path:
-        if not isinstance(node, Mapping) or part not in node:
-            return False
+        if isinstance(part, int):
+            if not isinstance(node, list | tuple) or not 0 <= part < len(node):
+                return False, None
+        elif not isinstance(node, Mapping) or part not in node:
+            return False, None
         node = node[part]
-    return True
+    return True, node
 
 
-def toml_line(text: str, path: Path) -> int | None:
+def _has(values: Mapping[str, Any], path: Loc) -> bool:
+    return _at(values, path)[0]
+
+
+def toml_line(text: str, path: Loc) -> int | None:
     """The line of ``text`` (a TOML file) that sets ``path``, as far as a plain reading of
-    its tables and keys tells (dotted and quoted keys included)."""
-    table: Path = ()
+    its tables, arrays of tables (``[[search.documents]]``, the n-th is index n) and keys
+    tells (dotted and quoted keys included); for a table of an array, its header's line."""
+    table: Loc = ()
+    counts: dict[Loc, int] = {}  # an array of tables -> its last element's index
     for no, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if stripped.startswith("["):
-            inner = stripped.strip("[]").split("]")[0]
-            table = _key_parts(inner)
-            if table and path[: len(table)] == table and len(path) == len(table):
-                return no
+            array = stripped.startswith("[[")
+            inner = stripped.lstrip("[").split("]")[0]
+            table = ()
+            parts = _key_parts(inner)
+            for i, part in enumerate(parts):
+                table += (part,)
+                if table in counts and (i < len(parts) - 1):
+                    table += (counts[table],)  # inside the array's last element
+            if array:
+                counts[table] = counts.get(table, -1) + 1
+                table += (counts[table],)
+            if path == table or (array and path == table[:-1]):
+                return no  # the table itself, or the first table of the array
             continue
         key, sep, _ = stripped.partition("=")
         if not sep or stripped.startswith("#"):
@@ -252,11 +308,11 @@ def _key_parts(key: str) -> Path:
     return tuple(p.strip().strip("\"'") for p in key.strip().split(".") if p.strip())
 
 
-def _source(path: Path, layers: Layers) -> str:
+def _source(path: Loc, layers: Layers) -> str:
     """Where the value at ``path`` came from, for a person."""
-    dotted = ".".join(path)
+    dotted = ".".join(str(p) for p in path)
     for i in range(len(path), 0, -1):
-        flag = layers.flag_names.get(".".join(path[:i]))
+        flag = layers.flag_names.get(".".join(str(p) for p in path[:i]))
         if flag is not None and _has(layers.flags, path[:i]):
             return flag
     if _has(layers.flags, path):
@@ -286,9 +342,40 @@ def _sources_under(path: Path, layers: Layers) -> list[str]:
     return out
 
 
-def _secret_key(path: Path) -> bool:
+def _secret_key(path: Loc) -> bool:
     """A key of a table setting that may hold a secret (``kafka.client`` ``sasl.password``)."""
-    return any(w in part.lower() for part in path for w in ("password", "secret", "token", "jaas"))
+    return any(
+        w in str(part).lower() for part in path for w in ("password", "secret", "token", "jaas")
+    )
+
+
+def _raw(path: Loc, layers: Layers) -> Any:
+    """The raw value at ``path`` in the layer it comes from (a list is taken whole from one)."""
+    for values in (layers.flags, layers.env, layers.file):
+        found, value = _at(values, path)
+        if found:
+            return value
+    return None
+
+
+def _place(path: Loc, layers: Layers) -> str:
+    """``path`` for a person, an element of a list by its name where it has one:
+    ``search.documents["products"].lookups["category"].references``."""
+    out = ""
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            element = _raw(path[: i + 1], layers)
+            name = element.get("name") if isinstance(element, Mapping) else None
+            out += f"[{json.dumps(name)}]" if isinstance(name, str) and name else f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _parent_model(root: type[BaseModel], path: Loc) -> type[BaseModel] | None:
+    """The model that holds the last part of ``path`` (None: a table's key, or nothing)."""
+    parent = _unwrap(_field(root, path[:-1])) if len(path) > 1 else root
+    return parent if _is_section(parent) else None
 
 
 def _shown(value: Any) -> str:
@@ -299,23 +386,42 @@ def _shown(value: Any) -> str:
 def describe(error: Mapping[str, Any], root: type[BaseModel], layers: Layers) -> str:
     """One line for one pydantic error: the setting, its value (unless secret), where it came
     from, and what is wrong (for an unknown name, the closest one)."""
-    path: Path = tuple(str(p) for p in error["loc"])
-    dotted = ".".join(path)
+    path: Loc = tuple(error["loc"])
+    dotted = _place(path, layers)
     annotation = _field(root, path)
+    in_list = any(isinstance(p, int) for p in path)
     if error["type"] == "extra_forbidden":
         where = _source(path, layers)
+        parent = _parent_model(root, path)
+        if in_list and parent is not None:  # a key of a list's element: name its keys
+            keys = list(_model_fields(parent))
+            guess = closest(str(path[-1]), keys)
+            hint = f": did you mean {guess}?" if guess else ""
+            return f"{dotted} (from {where}) is not a setting{hint} (keys: {', '.join(keys)})"
         guess = closest(dotted, setting_names(root))
         hint = f": did you mean {guess}?" if guess else ""
         return f"{dotted} (from {where}) is not a setting{hint} ({SETTINGS_DOC} lists them all)"
+    if error["type"] == "missing" and len(path) > 1:
+        parent = _parent_model(root, path)
+        info = parent.model_fields.get(str(path[-1])) if parent is not None else None
+        meaning = f": {info.description}" if info is not None and info.description else ""
+        return f"missing setting {dotted} (in {_source(path[:-1], layers)}){meaning}"
     msg = str(error["msg"]).removeprefix("Value error, ")
     if annotation is not None and _is_section(annotation) and len(path) == 1:
         # A check across a section's settings (e.g. kafka's security): name all it read.
-        where = ", ".join(_sources_under(path, layers)) or "default"
+        where = ", ".join(_sources_under((str(path[0]),), layers)) or "default"
         return f"invalid settings in [{dotted}] (from {where}): {msg}"
     where = _source(path, layers)
-    hidden = annotation is None or is_secret(annotation) or _secret_key(path)
+    secret = annotation is not None and (is_secret(annotation) or _secret_key(path))
+    # A table in a list, or the list, is not quoted either: the message says what is wrong.
+    hidden = (
+        annotation is None
+        or secret
+        or (in_list and _is_section(annotation))
+        or _is_section(_item(annotation))  # a list of tables
+    )
     value = "" if hidden else f" = {_shown(error['input'])}"
-    if hidden and annotation is not None:
+    if secret:
         where += ", value not shown"
     return f"invalid setting {dotted}{value} (from {where}): {msg}"
 

@@ -11,6 +11,7 @@ from cdc.cli import app
 from cdc.config_check import CheckResult
 from cdc.config_show import parse_assignments
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.settings import load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -66,6 +67,33 @@ def test_every_source_and_masked_secrets(tmp_path: Path, clean_env: pytest.Monke
     assert rows["redis.url"] == ("rediss://app:***@cache:6380/0", "env")
     assert rows["kafka.sasl_password"] == ("***", "env")
     assert rows["kafka.sasl_username"] == ("app", "env")
+
+
+def test_declared_documents_are_shown_one_a_row_as_the_environment_takes_them(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "cdc.toml"
+    config.write_text(
+        '[[search.documents]]\nname = "products"\ntable = "public.products"\nkey = "id"\n'
+        'fields = ["id"]\n[[search.documents.nested]]\nname = "stock"\n'
+        'table = "public.stock_levels"\nforeign_key = "product_id"\nfields = ["quantity"]\n'
+        'aggregates = { total = "sum(quantity)" }\n'
+        '[[search.documents]]\nname = "orders"\ntable = "public.orders"\nkey = "id"\n'
+        'fields = ["id"]\n'
+    )
+    result = CliRunner().invoke(app, ["config", "show", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.stdout)
+    assert rows['search.documents["orders"]'] == (
+        '{"name": "orders", "table": "public.orders", "key": "id", "fields": ["id"], '
+        '"lookups": [], "nested": []}',
+        "file",
+    )
+    shown, source = rows['search.documents["products"]']
+    assert source == "file"
+    env = {"CDC_SEARCH__DOCUMENTS": f"[{shown}]"}
+    (again,) = load_settings(environ=env).search.documents
+    assert again == load_settings(config, environ={}).search.documents[0]
 
 
 def test_a_key_value_dsn_is_masked(clean_env: pytest.MonkeyPatch) -> None:

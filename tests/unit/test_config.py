@@ -165,3 +165,38 @@ def test_a_name_that_is_not_schema_dot_name_is_refused_naming_the_setting(
     assert message.startswith(f"invalid setting {setting} = ")
     assert f"(from {variable}): " in message
     assert message.endswith(reason.format(what=what)), message
+
+
+def test_toml_lines_of_arrays_of_tables() -> None:
+    """Where a problem inside an array of tables was set: its n-th table (index n), and
+    the tables of arrays inside it, as pydantic's error locations name them."""
+    from pgcdc.core.settings_sources import toml_line
+
+    text = """\
+[search]
+index_prefix = "shop"
+
+[[search.documents]]
+name = "a"
+[[search.documents.lookups]]
+name = "a1"
+fields = ["x"]
+[[search.documents.lookups]]
+name = "a2"
+
+[[search.documents]]
+name = "b"
+[[search.documents.lookups]]
+name = "b1"
+nested = [{ name = "inline" }]
+"""
+    assert toml_line(text, ("search", "index_prefix")) == 2
+    assert toml_line(text, ("search", "documents")) == 4
+    assert toml_line(text, ("search", "documents", 0)) == 4
+    assert toml_line(text, ("search", "documents", 0, "lookups", 0)) == 6
+    assert toml_line(text, ("search", "documents", 0, "lookups", 0, "fields")) == 8
+    assert toml_line(text, ("search", "documents", 0, "lookups", 1, "name")) == 10
+    assert toml_line(text, ("search", "documents", 1)) == 12
+    assert toml_line(text, ("search", "documents", 1, "lookups", 0, "name")) == 15
+    assert toml_line(text, ("search", "documents", 1, "lookups", 0, "nested", 0, "x")) == 16
+    assert toml_line(text, ("search", "documents", 1, "lookups", 1)) is None

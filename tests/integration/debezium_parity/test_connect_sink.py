@@ -23,22 +23,27 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from fastavro.schema import parse_schema, to_parsing_canonical_form
 from psycopg import sql
 
 from tests.conftest import Endpoints, unique
 from tests.integration.debezium_parity.connect_sink import (
+    AVRO_CONVERTER_CLASS,
     CONNECTOR_CLASS,
     ConnectStandalone,
+    ensure_avro_converter,
     wait_for,
 )
 from tests.integration.debezium_parity.peers import read_topics
 from tests.integration.reader_support import ReaderEnv
+from tests.integration.registry.support import forget_subjects, registry_env, registry_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.debezium]
 
@@ -182,30 +187,42 @@ def _jdbc_url(dsn: str) -> str:
     return f"jdbc:postgresql://{info['host']}:{info.get('port', 5432)}/{info['dbname']}"
 
 
-def test_debeziums_jdbc_sink_with_connects_defaults_replicates_our_topics(
-    endpoints: Endpoints, pg_database: str, topic_prefix: str, target: str, tmp_path: Path
+def _replicate(
+    endpoints: Endpoints,
+    source: str,
+    prefix: str,
+    target: str,
+    workdir: Path,
+    reader_settings: dict[str, str] | None = None,
+    connector_settings: dict[str, str] | None = None,
+    plugins: tuple[Path, ...] = (),
 ) -> None:
-    with psycopg.connect(pg_database, autocommit=True) as conn:
+    """The workload through our reader (with ``reader_settings``), then Debezium's JDBC sink
+    (with ``connector_settings`` beside Connect's defaults) until the target equals the
+    source with the task still running."""
+    with psycopg.connect(source, autocommit=True) as conn:
         for ddl in DDL.values():
             conn.execute(ddl)
         for statement in ROWS:
             conn.execute(statement)
-    reader = ReaderEnv(pg_database, endpoints.kafka_bootstrap, topic_prefix, unique("slot"))
+    reader = ReaderEnv(
+        source, endpoints.kafka_bootstrap, prefix, unique("slot"), extra=reader_settings
+    )
     reader.catch_up()  # the snapshot
-    with psycopg.connect(pg_database, autocommit=True) as conn:
+    with psycopg.connect(source, autocommit=True) as conn:
         for statement in CHANGES:
             conn.execute(statement)
     reader.catch_up()  # the stream, key changes included
-    _assert_mixed_key_headers_are_json_strings(endpoints.kafka_bootstrap, topic_prefix)
+    _assert_mixed_key_headers_are_json_strings(endpoints.kafka_bootstrap, prefix)
     info = psycopg.conninfo.conninfo_to_dict(target)
     worker = ConnectStandalone(
-        tmp_path / "connect",
+        workdir,
         endpoints.kafka_bootstrap,
         {
-            "name": f"jdbc-{topic_prefix}",
+            "name": f"jdbc-{prefix}",
             "connector.class": CONNECTOR_CLASS,
             "tasks.max": "1",
-            "topics.regex": f"{topic_prefix}\\.public\\..*",
+            "topics.regex": f"{prefix}\\.public\\..*",
             "connection.url": _jdbc_url(target),
             "connection.username": str(info["user"]),
             "connection.password": str(info["password"]),
@@ -214,13 +231,15 @@ def test_debeziums_jdbc_sink_with_connects_defaults_replicates_our_topics(
             "primary.key.mode": "record_key",
             "schema.evolution": "none",
             "collection.name.format": "${source.table}",
+            **(connector_settings or {}),
         },
+        plugins,
     )
     worker.start()
     try:
         wait_for(worker.running, 180, "the connector's task to run", worker)
         wait_for(
-            lambda: not _differences(pg_database, target),
+            lambda: not _differences(source, target),
             180,
             "the target database to equal the source",
             worker,
@@ -233,3 +252,64 @@ def test_debeziums_jdbc_sink_with_connects_defaults_replicates_our_topics(
     compared = {t: len(_rows(target, t)) for t in DDL}
     print(f"\nJDBC sink: every column of {compared} rows equal to the source")
     assert all(compared.values())
+
+
+def test_debeziums_jdbc_sink_with_connects_defaults_replicates_our_topics(
+    endpoints: Endpoints, pg_database: str, topic_prefix: str, target: str, tmp_path: Path
+) -> None:
+    _replicate(endpoints, pg_database, topic_prefix, target, tmp_path / "connect")
+
+
+def test_debeziums_jdbc_sink_reads_our_avro_topics_through_apicurios_converter(
+    endpoints: Endpoints, pg_database: str, topic_prefix: str, target: str, tmp_path: Path
+) -> None:
+    """The same workload written as registry-framed Avro (keys and values), read by Kafka
+    Connect through Apicurio Registry's Avro converter (2.6, Maven Central) from the same
+    registry, through Apicurio's own API (v2): the ids in the records are the ids the
+    registry's Confluent API hands out, Apicurio 3's content ids."""
+    with registry_for_tests() as (url, user_info):
+        if "/apis/ccompat/" not in url:
+            pytest.skip(f"Apicurio's converter needs an Apicurio Registry; {url} is not one")
+        native = url.split("/apis/ccompat/", 1)[0] + "/apis/registry/v2"
+        converter: dict[str, str] = {}
+        for side in ("key", "value"):
+            converter |= {
+                f"{side}.converter": AVRO_CONVERTER_CLASS,
+                f"{side}.converter.apicurio.registry.url": native,
+                f"{side}.converter.apicurio.registry.as-confluent": "true",
+                f"{side}.converter.apicurio.registry.use-id": "contentId",
+            }
+        try:
+            _replicate(
+                endpoints,
+                pg_database,
+                topic_prefix,
+                target,
+                tmp_path / "connect",
+                reader_settings=registry_env(url, user_info),
+                connector_settings=converter,
+                plugins=(ensure_avro_converter(),),
+            )
+            _assert_framed_with_content_ids(endpoints.kafka_bootstrap, topic_prefix, url, native)
+        finally:
+            forget_subjects(url, user_info, topic_prefix)
+
+
+def _assert_framed_with_content_ids(bootstrap: str, prefix: str, url: str, native: str) -> None:
+    """What the converter read: every key and value of a topic with a mixed-type key is
+    Confluent-framed (magic byte 0, a 4-byte id), and each id is a content id of Apicurio's
+    own API with the schema the Confluent API gives for it."""
+    records = read_topics(bootstrap, [f"{prefix}.public.accounts"])
+    framed = [b for r in records for b in (r.key, r.value) if b is not None]
+    assert framed and all(b[0] == 0 and len(b) > 5 for b in framed)
+    for schema_id in sorted({int.from_bytes(b[1:5], "big") for b in framed}):
+        with urllib.request.urlopen(f"{url}/schemas/ids/{schema_id}", timeout=10) as r:
+            confluent = _canonical(json.loads(r.read())["schema"])
+        with urllib.request.urlopen(f"{native}/ids/contentIds/{schema_id}", timeout=10) as r:
+            assert _canonical(r.read().decode()) == confluent, schema_id
+
+
+def _canonical(schema_text: str) -> str:
+    """Avro's Parsing Canonical Form (the registry's two APIs lay the same schema out
+    differently)."""
+    return str(to_parsing_canonical_form(parse_schema(json.loads(schema_text))))

@@ -3,8 +3,9 @@
 Kafka Connect is the oracle (``HeaderCheck.java``, Connect's own jars at the stack's Kafka
 version): for keys of one to three fields drawn from every kind a key column can have
 (integers, texts with quotes, commas, braces, backslashes, blanks, non-BMP characters, texts
-that Connect's parser takes for dates and times, uuids, dates before and after 1970, times,
-timestamps, decimals small and huge, floats, booleans, bytes, an array) and field names the
+that Connect's parser takes for dates and times, uuids, Connect's dates before and after 1970,
+times and timestamps, Debezium's dates and timestamps, decimals small, huge and of variable
+scale, floats, booleans, bytes, an array) and field names the
 parser takes for dates, each header ``schema.header_format=simple`` writes must be read back by
 ``SimpleHeaderConverter`` into a value Debezium's JDBC sink can put into its struct of headers.
 Where we keep Connect's own form it must be Connect's bytes exactly; where we write it as a
@@ -82,6 +83,27 @@ FIELDS: list[tuple[str, dict[str, Any], Any]] = [
     ("date-epoch", DATE, 0),
     ("date-before-1970", DATE, -400),
     ("time", TIME, 45_296_789),
+    # Debezium's own temporal types (time.precision.mode=adaptive, the default): integers.
+    ("debezium-date", {"type": "int32", "name": "io.debezium.time.Date", "version": 1}, 19_813),
+    (
+        "micro-timestamp",
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp", "version": 1},
+        1_700_000_000_123_456,
+    ),
+    # numeric without a scale: a struct inside the key's struct.
+    (
+        "variable-scale-decimal",
+        {
+            "type": "struct",
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "version": 1,
+            "fields": [
+                {"type": "int32", "optional": False, "field": "scale"},
+                {"type": "bytes", "optional": False, "field": "value"},
+            ],
+        },
+        {"scale": 2, "value": "MDk="},
+    ),
     ("timestamp", TIMESTAMP, 1_700_000_000_123),
     ("decimal", *_decimal(Decimal("123.45"))),
     ("decimal-whole", *_decimal(Decimal("42"))),
@@ -185,7 +207,12 @@ def test_connects_default_header_converter_reads_every_key_shape_back() -> None:
     # default converter cannot read back into a sink's struct.
     assert connect_fails > 100, connect_fails
     labels = [c.label for c in cases]
-    for mixed in ("a:text+b:int32", "a:uuid+b:date", "a:text-quote+b:int16"):
+    for mixed in (
+        "a:text+b:int32",
+        "a:uuid+b:date",
+        "a:uuid+b:debezium-date",
+        "a:text-quote+b:int16",
+    ):
         ours, theirs, _, _ = results[labels.index(mixed)]
         assert "No schema defined for value of map field" in theirs, (mixed, theirs)
         assert ours == "OK", mixed

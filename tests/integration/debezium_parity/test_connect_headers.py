@@ -141,6 +141,7 @@ def _cases() -> list[Case]:
     cases += [_case(("a", "b", "c"), p) for p in itertools.combinations(range(n), 3)][::7]
     # Field names the parser takes for a date or a time, beside a plain one.
     cases += [_case(("2024-01-01", "id"), (i, i)) for i in range(n)]
+    cases += [_case(("2024-01-01",), (i,)) for i in range(n)]
     cases += [_case(("id", "12:00:00.000Z"), (1, 2)), _case(("day-of-op", "n"), (0, 1))]
     return cases
 

@@ -1,8 +1,8 @@
 """A Kafka Connect sink with Connect's default settings reads our topics: Debezium's JDBC sink.
 
-Our reader captures six tables (integer, text, numeric, boolean, date, time, timestamp,
+Our reader captures nine tables (integer, text, numeric, boolean, date, time, timestamp,
 timestamptz, uuid, json, jsonb, bytea, float and array columns; single and composite keys,
-one with a date) through a snapshot and a stream of inserts, updates, deletes and
+one with a date, three of mixed types) through a snapshot and a stream of inserts, updates, deletes and
 primary-key changes. Debezium's JDBC sink connector (Maven Central), in a standalone Kafka
 Connect worker (Maven Central, the stack's Kafka version) configured with Connect's defaults
 (JsonConverter with schemas, no header.converter: SimpleHeaderConverter), applies the topics
@@ -17,6 +17,10 @@ schema kills its task. Three tables have keys of mixed types, the shapes where C
 form of the header (what Debezium in Kafka Connect writes) is such a header: a text and an
 int (texts with quotes, commas, colons, braces and a date's text among them), a uuid and a
 date, a text and a numeric; their key changes must carry the JSON-string form and be applied.
+
+The second test runs the same workload as registry-framed Avro (keys and values) and has
+Connect read it through Apicurio Registry's Avro converter (docs/avro.md, "Kafka Connect on
+these topics").
 """
 
 from __future__ import annotations

@@ -12,13 +12,28 @@ Server writes its headers with JsonConverter instead (``{"schema": …, "payload
 ``SimpleHeaderConverter`` reads as a map of ``schema`` and ``payload``: Debezium's JDBC sink
 then fails at the first key change. :func:`simple_header` renders the first form from a key's
 Connect schema and value; the second is the record key itself.
+
+Connect's form is not always readable by Connect. ``SimpleHeaderConverter`` reads it back
+with ``Values.parseString``, which has no struct: ``{…}`` becomes a map, and a map's value
+schema is the one its values share (integers widen to one another, nothing else merges).
+Values of different kinds (a text and an integer, a uuid and a date, a text that the parser
+takes for a date beside one it does not) leave a map without a value schema, and every
+sink that puts the header into a struct (Debezium's JDBC sink does, for every record) fails
+with ``No schema defined for value of map field``. Debezium in Kafka Connect writes exactly
+that form and meets exactly that failure. So ``simple`` keeps Connect's bytes for keys
+whose fields the parser reads as one kind (:func:`reads_back_as_map`), and writes any other
+key's Connect form as a JSON string (``"{\\"region\\":\\"us\\",\\"seq\\":1001}"``), which the
+parser reads as that string, whatever it holds: a reader decodes it once to get Connect's
+form.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import math
+import re
 import struct
 from decimal import Decimal
 from typing import Any
@@ -33,9 +48,88 @@ MILLIS_PER_DAY = 86_400_000
 
 
 def simple_header(schema: ConnectSchema, value: Any) -> bytes:
+    """A key struct ``value`` of ``schema`` as ``schema.header_format=simple`` writes it:
+    :func:`connect_text` when Connect's header converter reads that back as a map of one
+    value schema, else that text as a JSON string (the module docstring says why)."""
+    text = connect_text(schema, value)
+    if schema.get("type") != "struct" or reads_back_as_map(schema, value):
+        return text.encode("utf-8")
+    return json.dumps(text, ensure_ascii=False).encode("utf-8")
+
+
+def connect_text(schema: ConnectSchema, value: Any) -> str:
     """``value`` (a Connect value of ``schema``, bytes for BYTES) as Kafka Connect's
-    ``SimpleHeaderConverter`` writes it."""
-    return _render(schema, value, embedded=False).encode("utf-8")
+    ``SimpleHeaderConverter`` writes it (``Values.convertToString``)."""
+    return _render(schema, value, embedded=False)
+
+
+def reads_back_as_map(schema: ConnectSchema, value: Any) -> bool:
+    """Whether ``Values.parseString`` reads the :func:`connect_text` of a key struct back as
+    a map with a key and a value schema (so a sink can put it in a struct).
+
+    Conservative: true for one field whose value is not an array or a map, and for several
+    fields that are all integers, all booleans or all texts the parser keeps as texts (field
+    names included); false for anything else, which is then written as a JSON string."""
+    fields = [
+        (f["field"], _render(f, value.get(f["field"]), True)) for f in schema.get("fields") or []
+    ]
+    if len(fields) == 1:
+        return not fields[0][1].startswith(("[", "{")) and fields[0][1] != "null"
+    if not fields or not all(_kind(_text(name, True)) == "text" for name, _ in fields):
+        return False
+    kinds = {_kind(rendered) for _, rendered in fields}
+    return len(kinds) == 1 and kinds <= {"int", "bool", "text"}
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
+# Values.ValueParser.parseAsTemporal tries a quoted text as a date, a time or a timestamp when
+# its length (in UTF-16 units, after "\\:" becomes ":") is that of one of Connect's ISO 8601
+# patterns: yyyy-MM-dd, HH:mm:ss.SSS'Z' and yyyy-MM-dd'T'HH:mm:ss.SSS'Z'. The pattern is
+# parsed leniently and from the text's start ("1-2-345678" is a date), so any text of those
+# lengths counts as one the parser may take for a date.
+TEMPORAL_LENGTHS = (10, 13, 24)
+_DELIMITERS = frozenset(':,{}[]"')
+
+
+def _kind(rendered: str) -> str:
+    """How ``Values.parseString`` reads one rendered field inside a map: "int" (INT8…INT64,
+    which widen to one another), "bool", "text" (a quoted text it keeps as STRING), or
+    "other" (anything else, including texts it may read as a date)."""
+    if _INTEGER.fullmatch(rendered) and LONG_MIN <= int(rendered) <= LONG_MAX:
+        return "int"
+    if rendered in ("true", "false"):
+        return "bool"
+    if rendered.startswith('"') and rendered.endswith('"') and len(rendered) >= 2:
+        content = "".join(t for t in _tokens(rendered[1:-1]) if not _java_blank(t))
+        units = sum(2 if ord(c) > 0xFFFF else 1 for c in content.replace("\\:", ":"))
+        return "other" if units in TEMPORAL_LENGTHS else "text"
+    return "other"
+
+
+def _java_blank(token: str) -> bool:
+    """``Utils.isBlank``: empty after Java's ``trim`` (which drops chars up to U+0020)."""
+    return all(ord(c) <= 0x20 for c in token)
+
+
+def _tokens(text: str) -> list[str]:
+    """``Values.Parser``'s tokens: runs of text, and each unescaped delimiter alone (a
+    backslash escapes the next character). Inside quotes the parser drops blank tokens."""
+    out: list[str] = []
+    start, escaped = 0, False
+    for i, c in enumerate(text):
+        if c == "\\":
+            escaped = not escaped
+            continue
+        if c in _DELIMITERS and not escaped:
+            if start < i:
+                out.append(text[start:i])
+            out.append(c)
+            start = i + 1
+        escaped = False
+    if start < len(text):
+        out.append(text[start:])
+    return out
 
 
 def _escape(text: str) -> str:

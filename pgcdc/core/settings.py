@@ -410,10 +410,11 @@ class SchemaSettings(BaseModel):
     # is dropped, design guarantee 6), or left out of the events as Debezium's default does.
     include_unknown_datatypes: bool = True
     provide_transaction_metadata: bool = False
-    # The __debezium.newkey/__debezium.oldkey headers of a key change: "simple" as Debezium in
-    # Kafka Connect writes them with Connect's default header converter (SimpleHeaderConverter
-    # reads them back; a sink connector with default settings needs that), or "json" as
-    # Debezium Server writes them (the key's JsonConverter bytes, the same as the record key).
+    # The __debezium.newkey/__debezium.oldkey headers of a key change: "simple" for Kafka
+    # Connect's default header converter (SimpleHeaderConverter must read them back; a sink
+    # connector with default settings needs that): as Debezium in Kafka Connect writes them
+    # where the converter reads that back, as a JSON string of it where not (keys of mixed
+    # types); or "json" as Debezium Server writes them (the key's JsonConverter bytes).
     header_format: HeaderFormat = HeaderFormat.SIMPLE
     registry_url: str | None = None
     # The registry's basic auth as "user:password" (Confluent's basic.auth.user.info), and

@@ -99,13 +99,14 @@ def _line(r: Record) -> str:
     return f"{r.topic}\t{b64(r.key)}\t{b64(r.value)}\t{headers}"
 
 
-def compiled(lib: Path, javac: Path, timeout_s: float) -> Path:
-    """ConnectCheck compiled once per version of its source (beside the jars)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+def compiled(lib: Path, javac: Path, timeout_s: float, source: Path = SOURCE) -> Path:
+    """A checker (ConnectCheck by default) compiled once per version of its source (beside
+    the jars)."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     classes = lib.parent / f"classes-{digest}"
-    if not (classes / "ConnectCheck.class").exists():
+    if not (classes / f"{source.stem}.class").exists():
         tmp = Path(tempfile.mkdtemp(prefix="classes-", dir=lib.parent))
-        common.run([javac, "-d", tmp, "-cp", f"{lib}/*", SOURCE], timeout=timeout_s)
+        common.run([javac, "-d", tmp, "-cp", f"{lib}/*", source], timeout=timeout_s)
         try:
             tmp.rename(classes)
         except OSError:  # compiled meanwhile by another run: keep that one

@@ -207,9 +207,13 @@ class LatencySamples:
 class LatencyConsumer:
     """Consumes new records of ``topics`` in a thread and computes commit→Kafka latency."""
 
-    def __init__(self, bootstrap: str, topics: Sequence[str]) -> None:
+    def __init__(self, bootstrap: str, topics: Sequence[str], *, on_receipt: bool = False) -> None:
+        """``on_receipt``: latency to when the consumer (``read_committed``) gets a record,
+        not to the broker's append time: a transactional writer's records are appended
+        before they are visible."""
         self.bootstrap = bootstrap
         self.topics = list(topics)
+        self.on_receipt = on_receipt
         self.samples = LatencySamples()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -251,7 +255,8 @@ class LatencyConsumer:
                         self.samples.unparsed += 1
                         continue
                     appended = int(m.timestamp()[1])
-                    self.samples.points.append((appended, appended - ts / 1000.0))
+                    seen = time.time() * 1000.0 if self.on_receipt else appended
+                    self.samples.points.append((appended, seen - ts / 1000.0))
         except BaseException as e:  # surfaced by stop()
             self.error = e
             self._ready.set()

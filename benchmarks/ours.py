@@ -19,8 +19,17 @@ class OursReader:
 
     name = "ours"
 
-    def __init__(self, env: BenchEnv, tables: list[str], *, role: str = "ours") -> None:
+    def __init__(
+        self,
+        env: BenchEnv,
+        tables: list[str],
+        *,
+        role: str = "ours",
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        """``settings``: ``CDC_*`` variables of this reader (e.g. kafka.exactly_once)."""
         self.env = env
+        self.settings = settings or {}
         self.tables = tables
         self.role = role
         names = env.names_for(role)
@@ -55,7 +64,7 @@ class OursReader:
         env = dict(os.environ)
         env["CDC_POSTGRES__DSN"] = self.env.dsn
         env["CDC_KAFKA__BOOTSTRAP_SERVERS"] = self.env.bootstrap
-        return env
+        return env | self.settings
 
     def launch(
         self, *, until_current: bool, snapshot_mode: str = "no_data", drop_slot: bool = False

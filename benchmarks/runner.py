@@ -32,6 +32,7 @@ from benchmarks.catchup import catchup_phase, create_stream_slots
 from benchmarks.context import BIG, SMALL, STREAM, Bench
 from benchmarks.debezium import DebeziumServer
 from benchmarks.envelope import measure_envelope
+from benchmarks.exactly_once import exactly_once
 from benchmarks.follower_run import followers, start_followers
 from benchmarks.followers_backlog import backlog
 from benchmarks.incremental import incremental_large, incremental_snapshot
@@ -178,6 +179,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "backlog": backlog,
     "index_rebuild": index_rebuild,
     "verify": verify_speed,
+    "exactly_once": exactly_once,
     "incremental": incremental_snapshot,
     # Not in the full run (15-20 min, gigabytes): --only incremental_large.
     "incremental_large": incremental_large,
@@ -236,3 +238,4 @@ def run_all(b: Bench) -> None:
         backlog(b)
     index_rebuild(b)
     verify_speed(b)
+    exactly_once(b)

@@ -16,6 +16,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from benchmarks.workload import Change, Workload
 
 ROOT = Path(__file__).resolve().parents[2]
+# On PYTHONPATH with PGCDC_KILL_AT set, a reader kills itself at a point of its Kafka
+# transactions (eos_kill/sitecustomize.py).
+KILLER = Path(__file__).resolve().parent / "eos_kill"
 
 __all__ = [
     "Change",

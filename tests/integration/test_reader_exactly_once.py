@@ -35,6 +35,7 @@ import pytest
 from tests.conftest import Endpoints, unique
 from tests.integration.proxied_kafka import proxied_kafka
 from tests.integration.reader_support import (
+    KILLER,
     ReaderEnv,
     Record,
     Workload,
@@ -48,7 +49,6 @@ from tests.integration.reader_support import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-KILLER = Path(__file__).parent / "eos_kill"
 SPLIT = "is split across Kafka transactions"
 ROWS = 2_000
 BULK = 200_000

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ import pytest
 from fastavro.schema import parse_schema, to_parsing_canonical_form
 from psycopg import sql
 
-from tests.conftest import Endpoints, unique
+from tests.conftest import Endpoints, unique, wait_until
 from tests.integration.debezium_parity.connect_sink import (
     AVRO_CONVERTER_CLASS,
     CONNECTOR_CLASS,
@@ -46,7 +47,7 @@ from tests.integration.debezium_parity.connect_sink import (
     wait_for,
 )
 from tests.integration.debezium_parity.peers import read_topics
-from tests.integration.reader_support import ReaderEnv
+from tests.integration.reader_support import KILLER, ReaderEnv
 from tests.integration.registry.support import forget_subjects, registry_env, registry_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.debezium]
@@ -200,10 +201,12 @@ def _replicate(
     reader_settings: dict[str, str] | None = None,
     connector_settings: dict[str, str] | None = None,
     plugins: tuple[Path, ...] = (),
+    stream: Callable[[ReaderEnv, list[str]], None] | None = None,
 ) -> None:
     """The workload through our reader (with ``reader_settings``), then Debezium's JDBC sink
     (with ``connector_settings`` beside Connect's defaults) until the target equals the
-    source with the task still running."""
+    source with the task still running. ``stream``: how the changes after the snapshot are
+    made and read (default: all of them, then one catch-up)."""
     with psycopg.connect(source, autocommit=True) as conn:
         for ddl in DDL.values():
             conn.execute(ddl)
@@ -213,9 +216,12 @@ def _replicate(
         source, endpoints.kafka_bootstrap, prefix, unique("slot"), extra=reader_settings
     )
     reader.catch_up()  # the snapshot
-    with psycopg.connect(source, autocommit=True) as conn:
-        for statement in CHANGES:
-            conn.execute(statement)
+    if stream is not None:
+        stream(reader, CHANGES)
+    else:
+        with psycopg.connect(source, autocommit=True) as conn:
+            for statement in CHANGES:
+                conn.execute(statement)
     reader.catch_up()  # the stream, key changes included
     _assert_mixed_key_headers_are_json_strings(endpoints.kafka_bootstrap, prefix)
     info = psycopg.conninfo.conninfo_to_dict(target)
@@ -262,6 +268,55 @@ def test_debeziums_jdbc_sink_with_connects_defaults_replicates_our_topics(
     endpoints: Endpoints, pg_database: str, topic_prefix: str, target: str, tmp_path: Path
 ) -> None:
     _replicate(endpoints, pg_database, topic_prefix, target, tmp_path / "connect")
+
+
+def test_debeziums_jdbc_sink_reads_committed_records_of_a_transactional_reader_after_kills(
+    endpoints: Endpoints, pg_database: str, topic_prefix: str, target: str, tmp_path: Path
+) -> None:
+    """``kafka.exactly_once`` (docs/exactly-once.md): the changes are streamed by readers
+    killed at injected points of their Kafka transactions (after a commit, before the slot
+    is confirmed; before a commit), so the topics hold aborted transactions and commit
+    markers; the sink reads them with ``consumer.override.isolation.level=read_committed``
+    and the target must equal the source."""
+
+    def through_kills(reader: ReaderEnv, changes: list[str]) -> None:
+        half = len(changes) // 2
+        for n, (point, part) in enumerate(
+            (("after_commit:3", changes[:half]), ("before_commit:3", changes[half:]))
+        ):
+            log = tmp_path / f"reader{n}.log"
+            proc = reader.start(log_path=log, PGCDC_KILL_AT=point, PYTHONPATH=str(KILLER))
+            with psycopg.connect(reader.dsn, autocommit=True) as conn:
+                for statement in part:
+                    conn.execute(statement)
+            proc.wait(120)
+            text = log.read_text(errors="replace")
+            assert proc.returncode == -signal.SIGKILL, text[-3000:]
+            assert f"injected kill: {point.partition(':')[0]}" in text, text[-3000:]
+            wait_until(
+                lambda: not _slot_active(reader),
+                timeout=30,
+                what="the killed reader's slot to be released",
+            )
+
+    _replicate(
+        endpoints,
+        pg_database,
+        topic_prefix,
+        target,
+        tmp_path / "connect",
+        reader_settings={"CDC_KAFKA__EXACTLY_ONCE": "true"},
+        connector_settings={"consumer.override.isolation.level": "read_committed"},
+        stream=through_kills,
+    )
+
+
+def _slot_active(reader: ReaderEnv) -> bool:
+    with psycopg.connect(reader.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (reader.slot,)
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def test_debeziums_jdbc_sink_reads_our_avro_topics_through_apicurios_converter(

@@ -1,11 +1,13 @@
 """``kafka.exactly_once``: each change committed to Kafka once, whatever stops the reader.
 
 One run of kills against a broker of the test's own (behind a proxy, so it can be restarted
-without touching the shared stack), with a marked workload writing all along:
+without touching the shared stack), with a marked workload writing all along and an
+incremental snapshot of its table running in small chunks:
 
 - ``kill -9`` at seeded random moments while the reader streams;
 - kills injected at named points of its Kafka transactions (``tests/integration/eos_kill``):
   before a commit, after a commit and before the slot is confirmed, in the middle of an abort;
+- rows, a TRUNCATE and rows again in another table, the reader killed after them;
 - a 200,000-row transaction streamed longer than a Kafka transaction may stay open, so it is
   split, and the reader killed after a split;
 - the broker restarted under the reader;
@@ -56,6 +58,8 @@ BULK = 200_000
 EOS = {
     "CDC_KAFKA__EXACTLY_ONCE": "true",
     "CDC_KAFKA__PRODUCER": '{"transaction.timeout.ms": "4000"}',
+    # An incremental snapshot of items runs through the kills, a chunk at a time.
+    "CDC_POSTGRES__INCREMENTAL_CHUNK_ROWS": "200",
 }
 
 
@@ -116,8 +120,9 @@ def _streamed(records: list[Record]) -> list[Record]:
 
 
 def _duplicates(records: list[Record]) -> int:
-    """Change records whose version (commit LSN, order) another record of the topic has."""
-    seen = Counter((r.commit_lsn, r.order) for r in _streamed(records))
+    """Change records that another record of the topic repeats: the same version (commit
+    LSN, order), key and kind (a TRUNCATE's deletes share one order, a key each)."""
+    seen = Counter((r.commit_lsn, r.order, r.key, r.value is None) for r in _streamed(records))
     return sum(n - 1 for n in seen.values() if n > 1)
 
 
@@ -126,6 +131,7 @@ def _setup(dsn: str, seed: int) -> Workload:
     wl.setup(ROWS)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE bulk (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE trunc (id int PRIMARY KEY, v text)")
     return wl
 
 
@@ -160,13 +166,16 @@ def test_each_change_reaches_kafka_once_through_kills_a_split_a_restart_and_fenc
             unique("slot"),
             extra=EOS | {"PYTHONPATH": str(KILLER)},
         )
-        items, bulk = f"{prefix}.public.items", f"{prefix}.public.bulk"
+        items = f"{prefix}.public.items"
         wl = _setup(pg_database, seed)
         reader.catch_up()  # the initial snapshot, whole: exactly-once is about the stream
         readers = Readers(reader, tmp_path)
         wl.start()
         try:
+            asked = reader.run("snapshot", "public.items")
+            assert asked.returncode == 0, asked.stderr[-3000:]
             _random_kills(readers, kafka.bootstrap, items, rng, kills=3)
+            _truncate_then_kill(readers, kafka.bootstrap, f"{prefix}.public.trunc")
 
             for point in ("before_commit", "after_commit", "mid_abort"):
                 proc, log = readers.start_when_free(PGCDC_KILL_AT=f"{point}:{rng.randint(3, 12)}")
@@ -210,16 +219,36 @@ def test_each_change_reaches_kafka_once_through_kills_a_split_a_restart_and_fenc
             _fence(readers, proc, log)
         finally:
             log_ = wl.stop()
-        reader.catch_up()
-        for topic, table in ((items, "items"), (bulk, "bulk")):
+        reader.catch_up()  # the incremental snapshot's last chunks too
+        for table in ("items", "bulk", "trunc"):
+            topic = f"{prefix}.public.{table}"
             records = read_topic(kafka.bootstrap, topic)
             assert_topic_equals_table(records, pg_database, table)
             assert_key_order(records)
             assert _duplicates(records) == 0, f"{topic}: changes written twice"
             if table == "items":
                 assert_no_change_missing(records, log_)
-            else:
+                snapshot_rows = sum(1 for r in records if r.payload and r.payload["op"] == "r")
+                assert snapshot_rows > ROWS, "the incremental snapshot wrote no chunk"
+            elif table == "bulk":
                 assert len(_streamed(records)) == BULK
+            else:
+                assert any(r.value is None for r in _streamed(records)), "no truncate's delete"
+
+
+def _truncate_then_kill(readers: Readers, bootstrap: str, topic: str) -> None:
+    """Rows, a TRUNCATE (a delete and a tombstone of each key, one order for all), rows
+    again, streamed; the reader killed once all of it is in the topic."""
+    proc, log = readers.start_when_free()
+    _wait("streaming", readers.streaming, proc, log)
+    base = end_offset(bootstrap, topic)
+    with psycopg.connect(readers.reader.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO trunc SELECT g, 'a' FROM generate_series(1, 300) g")
+        conn.execute("TRUNCATE trunc")
+        conn.execute("INSERT INTO trunc SELECT g, 'b' FROM generate_series(200, 400) g")
+    # 300 inserts, 300 deletes and 300 tombstones, 201 inserts (and commit markers).
+    _wait("the truncate's records", lambda: end_offset(bootstrap, topic) >= base + 1101, proc, log)
+    _kill(proc)
 
 
 def _insert_bulk(dsn: str) -> None:

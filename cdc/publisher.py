@@ -115,7 +115,7 @@ _TOPIC_GONE = frozenset(
 class TxnTracker:
     """Records of one transaction still waiting for Kafka's acknowledgment."""
 
-    __slots__ = ("_publisher", "closed", "commit_lsn", "end_lsn", "pending")
+    __slots__ = ("_publisher", "closed", "commit_lsn", "committed", "end_lsn", "pending")
 
     def __init__(self, publisher: Publisher, commit_lsn: Lsn) -> None:
         self._publisher = publisher
@@ -123,6 +123,7 @@ class TxnTracker:
         self.end_lsn: Lsn | None = None
         self.pending = 0
         self.closed = False
+        self.committed = False  # a transactional producer committed its Kafka transaction
 
     def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self.pending -= 1
@@ -160,6 +161,10 @@ class AckQueue:
             if txn.end_lsn is not None:
                 self.acked = txn.end_lsn
         return self.acked
+
+    def closed(self) -> list[TxnTracker]:
+        """The transactions whose Commit was seen, in order."""
+        return [t for t in self._txns if t.closed]
 
     def newest(self) -> Lsn | None:
         """Commit LSN of the last transaction begun and not yet acknowledged."""
@@ -577,6 +582,11 @@ class Publisher:
         # After a failed delivery nothing more may be acknowledged.
         return self._acks.advance() if self._failure is None else self._acks.acked
 
+    def holds(self, txn: TxnTracker) -> bool:
+        """Kafka holds every record of ``txn`` (a transactional producer's: committed)."""
+        done = txn.closed and txn.pending == 0
+        return done and (txn.committed or self.transactional_id is None)
+
     def idle(self) -> bool:
         """True when no transaction is waiting for acknowledgment."""
         if self.transactional_id is not None:
@@ -657,6 +667,8 @@ class Publisher:
         if not self.txn_open:
             return
         self.raise_if_failed()
+        # Every record of these is in the transaction: committed with it.
+        closing = self._acks.closed()
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -677,6 +689,8 @@ class Publisher:
                 self._raise_failure()
         self._begin_needed = True
         self.commits += 1
+        for txn in closing:
+            txn.committed = True
         self._producer.poll(0)  # the delivery reports of its records
         self.raise_if_failed()
         self._acks.advance()

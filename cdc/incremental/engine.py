@@ -235,7 +235,7 @@ class IncrementalSnapshots:
             self._publisher.poll(0)
             while self._acking:
                 chunk, txn = self._acking[0]
-                if not (txn.closed and txn.pending == 0):
+                if not self._publisher.holds(txn):
                     break
                 self._acking.popleft()
                 self._finish(chunk)

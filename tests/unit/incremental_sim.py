@@ -186,6 +186,9 @@ class Kafka:
             version = (int(h[HEADER_COMMIT_LSN]), int(h[HEADER_ORDER]))
             self.records.append(Record(key, json.loads(value), version, chunk=True))
 
+    def holds(self, txn: Any) -> bool:
+        return bool(txn.closed and txn.pending == 0)
+
     def close_txn(self, txn: Any, end_lsn: Lsn) -> None:
         txn.closed = True
 

@@ -120,6 +120,9 @@ class ChunkSink:
         assert topic == TOPIC
         self.keys += [key for key, _, _ in records]
 
+    def holds(self, txn: Txn) -> bool:
+        return bool(txn.closed and txn.pending == 0)
+
     def close_txn(self, txn: Txn, end_lsn: Lsn) -> None:
         txn.closed = True
 

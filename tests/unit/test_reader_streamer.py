@@ -152,6 +152,9 @@ class ListPublisher:
     ) -> None:
         self.records.append((topic, key, value, dict(headers)))
 
+    def holds(self, txn: TxnTracker) -> bool:
+        return bool(txn.closed and txn.pending == 0)
+
     def close_txn(self, txn: TxnTracker, end_lsn: Lsn) -> None:
         txn.end_lsn = end_lsn
         txn.closed = True

@@ -27,9 +27,11 @@ from typing import Any
 from benchmarks import workload
 from benchmarks.context import Bench
 from benchmarks.env import BenchEnv, run_alone
-from benchmarks.kafka import LatencyConsumer, end_offsets
+from benchmarks.kafka import end_offsets
 from benchmarks.ours import OursReader
+from benchmarks.probes import wait_slot_held
 from benchmarks.results import Figure
+from benchmarks.streaming import offered_latency
 
 log = logging.getLogger("bench.exactly_once")
 
@@ -60,13 +62,15 @@ def _span(bootstrap: str, start: dict[tuple[str, int], int]) -> tuple[int, int, 
     )
     try:
         c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
-        first, last, count, done = 0, 0, 0, set()
+        first, last, count = 0, 0, 0
+        done: set[int] = set()
         deadline = time.monotonic() + 600
         while len(done) < len(start) and time.monotonic() < deadline:
             for m in c.consume(10_000, 1.0):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        done.add(m.partition())
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition() or 0)
                     continue
                 ts = m.timestamp()[1]
                 first = ts if not first else min(first, ts)
@@ -116,20 +120,12 @@ def latency(
     for mode, reader in readers.items():
         m = reader.launch(until_current=False)
         try:
-            consumer = LatencyConsumer(env.bootstrap, [reader.topic(TABLE)], on_receipt=True)
-            consumer.start()
-            time.sleep(2)  # the reader's start: its first transactions, its topic metadata
-            load = workload.OpenLoopLoad(
-                env.dsn, TABLE, rate, 1, seconds, id_base=ids, durable=True
-            )
+            wait_slot_held(env, reader.slot, m)
+            samples, res, _old = offered_latency(
+                env.dsn, env.bootstrap, reader.topic(TABLE), TABLE, rate, seconds, ids,
+                on_receipt=True,
+            )  # fmt: skip
             ids += int(rate * seconds * 2)
-            res = load.run()
-            if res.errors:
-                consumer.stop()
-                raise RuntimeError(f"load generator failed: {res.errors[0]}")
-            consumer.wait_for(res.changes, timeout_s=120)
-            samples = consumer.stop()
-            samples.points = [pt for pt in samples.points if pt[0] - pt[1] >= (load.t0 - 1) * 1000]
             s = samples.summary()
             out[mode] = {
                 "offered": rate,

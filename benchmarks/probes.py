@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from benchmarks.context import STREAM, Bench
+from benchmarks.env import BenchEnv
 from benchmarks.kafka import end_offsets, wait_for_marker
 from benchmarks.proc import Measured
 
@@ -16,8 +17,13 @@ log = logging.getLogger(__name__)
 
 def wait_slot_active(b: Bench, slot: str, m: Measured, timeout_s: float = 180) -> None:
     """Wait until a process holds ``slot`` (it exists and is active)."""
+    wait_slot_held(b.env, slot, m, timeout_s)
+
+
+def wait_slot_held(env: BenchEnv, slot: str, m: Measured, timeout_s: float = 180) -> None:
+    """:func:`wait_slot_active` on an environment of its own (a module run alone)."""
     deadline = time.time() + timeout_s
-    with b.env.connect() as conn:
+    with env.connect() as conn:
         while time.time() < deadline:
             row = conn.execute(
                 "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)

@@ -9,11 +9,12 @@ from typing import Any
 
 from benchmarks import workload
 from benchmarks.context import STREAM, Bench, require, system_of
-from benchmarks.kafka import CountWatcher, KafkaLagSampler, LatencyConsumer
+from benchmarks.kafka import CountWatcher, KafkaLagSampler, LatencyConsumer, LatencySamples
 from benchmarks.lag import LagSampler, time_trend, trend
 from benchmarks.probes import drain, ready_probe, wait_slot_active
 from benchmarks.proc import Measured
 from benchmarks.results import Figure, Series
+from benchmarks.workload import LoadResult
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +68,31 @@ def streaming(b: Bench, name: str) -> None:
         )  # fmt: skip
 
 
-def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float, rate: float) -> None:
+def offered_latency(
+    dsn: str,
+    bootstrap: str,
+    topic: str,
+    table: str,
+    rate: float,
+    seconds: float,
+    id_base: int,
+    *,
+    on_receipt: bool = False,
+) -> tuple[LatencySamples, LoadResult, int]:
     """Commit→Kafka latency at a fixed rate (changes/s, single-row transactions with
     durable commits, PostgreSQL's default): the event's source commit time against the
-    broker's append time."""
-    p = b.params
-    consumer = LatencyConsumer(b.env.bootstrap, [system.topic(STREAM)])
+    broker's append time (``on_receipt``: a consumer's receipt). Returns the samples of
+    events committed during the load, its result, and how many replayed events of earlier
+    phases were left out."""
+    consumer = LatencyConsumer(bootstrap, [topic], on_receipt=on_receipt)
     consumer.start()
     load = workload.OpenLoopLoad(
-        b.env.dsn,
-        STREAM,
+        dsn,
+        table,
         rate,
         1,
-        p.latency_s,
-        id_base=b.take_ids(int(rate * p.latency_s * 2)),
+        seconds,
+        id_base=id_base,
         # Durable commits: an asynchronous one reaches any logical reader only at the WAL
         # writer's next flush (up to wal_writer_delay, 200 ms), which measured as ~130 ms of
         # every reader's commit→Kafka p50 at 1,000/s.
@@ -95,10 +107,25 @@ def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float, rate:
     # Events committed before the load began are replays of earlier phases, not this run.
     old = [pt for pt in samples.points if pt[0] - pt[1] < (load.t0 - 1) * 1000]
     samples.points = [pt for pt in samples.points if pt[0] - pt[1] >= (load.t0 - 1) * 1000]
-    if old:
-        b.record.notes.append(f"{name}: {len(old):,} replayed events ignored in the latency run")
     if not samples.points:
         raise RuntimeError("no change events arrived")
+    return samples, res, len(old)
+
+
+def latency(b: Bench, name: str, system: Any, m: Measured, t_start: float, rate: float) -> None:
+    """Commit→Kafka latency at a fixed rate (:func:`offered_latency`)."""
+    p = b.params
+    samples, res, old = offered_latency(
+        b.env.dsn,
+        b.env.bootstrap,
+        system.topic(STREAM),
+        STREAM,
+        rate,
+        p.latency_s,
+        b.take_ids(int(rate * p.latency_s * 2)),
+    )
+    if old:
+        b.record.notes.append(f"{name}: {old:,} replayed events ignored in the latency run")
     s = samples.summary()
     detail = (f"offered {rate:,.0f}/s, achieved {res.achieved_rate:,.0f}/s, "
               f"1-row txns, {int(s['events']):,} events")  # fmt: skip

@@ -38,6 +38,7 @@ from tests.e2e.pipeline import (
     tail,
 )
 from tests.e2e.proxy import Proxy
+from tests.integration.reader_support import KILLER
 from tests.integration.real_databases.support import cleanup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -206,3 +207,54 @@ def test_a_follower_that_stays_down_falls_behind_then_catches_up(
             kill_group(job)
         kill_group(reader, signal.SIGTERM)
         proxy.close()
+
+
+def test_both_followers_from_a_transactional_readers_topics_by_either_read(
+    endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """``kafka.exactly_once`` (docs/exactly-once.md): readers killed after a commit (the slot
+    not yet confirmed) and before one leave aborted transactions and commit markers in the
+    topic; the shared job, by the direct read (planned to the last stable offset, read
+    committed) and by Spark's Kafka source (``kafka.isolation.level=read_committed``), each
+    into followers of its own, makes both followers equal the table."""
+    p = new_pipeline(endpoints, "eos", SCHEMA, tmp_path_factory.mktemp("ckpt-eos"))
+    p = replace(p, settings_env=(("CDC_KAFKA__EXACTLY_ONCE", "true"),))
+    try:
+        _write(p, 0)
+        for wave, point in enumerate(("after_commit:3", "before_commit:3"), start=1):
+            log = tmp_path / f"reader{wave}.log"
+            killing = replace(
+                p,
+                settings_env=(
+                    *p.settings_env,
+                    ("PGCDC_KILL_AT", point),
+                    ("PYTHONPATH", str(KILLER)),
+                ),
+            )
+            proc = start_reader(killing, log)
+            _write(p, wave, read=False)
+            assert proc.wait(120) == -signal.SIGKILL, tail(log)
+            assert f"injected kill: {point.partition(':')[0]}" in tail(log), tail(log)
+            wait_until(
+                lambda: not _slot_active(p), timeout=30, what="the killed reader's slot released"
+            )
+        run_reader_until_current(p)
+        for read in ("direct", "spark"):
+            q = p.with_follower(read)
+            q = replace(q, settings_env=(*q.settings_env, ("CDC_SPARK__READ", read)))
+            logs = tmp_path / read
+            logs.mkdir()
+            run_jobs_available_now(q, ("sync",), logs, *FOLLOWERS)
+            for state in (cache_state, search_state):
+                problems = diff(leader_state(p.dsn, TABLE), state(q, TABLE))
+                assert not problems, f"{read}: {state.__name__} differs:\n{problems}"
+    finally:
+        cleanup(p)
+
+
+def _slot_active(p: Pipeline) -> bool:
+    with psycopg.connect(p.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (p.name,)
+        ).fetchone()
+    return bool(row and row[0])

@@ -66,6 +66,13 @@ def test_defaults_are_plaintext_to_the_local_broker() -> None:
     assert secret_values(k) == []
 
 
+def test_a_transactional_reader_s_records_are_read_committed_by_spark() -> None:
+    """Java consumers read uncommitted records unless told (docs/exactly-once.md)."""
+    k = load_settings(overrides={"kafka": {"exactly_once": True}}).kafka
+    assert spark_source_options(k)["kafka.isolation.level"] == "read_committed"
+    assert "kafka.isolation.level" not in spark_source_options(load_settings().kafka)
+
+
 def test_sasl_ssl_scram_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, pem: dict[str, str]
 ) -> None:

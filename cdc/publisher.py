@@ -452,6 +452,9 @@ class Publisher:
         """
         if self._failure is not None:
             return
+        if self.transactional_id is not None and _fatal(err):
+            self._failure = self._fenced(err)
+            return
         topic = msg.topic() or "?"
         # A delivery report carries no headers: the transaction knows the commit LSN.
         headers = msg.headers() or [(HEADER_COMMIT_LSN, str(txn.commit_lsn.value).encode())]
@@ -698,14 +701,18 @@ class Publisher:
             self.committed = position
 
     def _abort(self) -> None:
+        """Abort the open Kafka transaction. A producer found fenced meanwhile raises
+        :class:`Fenced`: another reader took over, and this one must not start again."""
         if not self.txn_open:
             return
+        self._begin_needed = True
         try:
             self._producer.abort_transaction(30)
         except KafkaException as e:
+            if _fatal(e.args[0]):
+                raise self._fenced(e.args[0]) from e
             # The next run's init_transactions aborts it in any case.
             log.warning("could not abort the Kafka transaction: %s", e.args[0].str())
-        self._begin_needed = True
 
     def _fenced(self, err: KafkaError) -> PublishError:
         return Fenced(

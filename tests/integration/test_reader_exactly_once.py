@@ -259,9 +259,10 @@ def _insert_bulk(dsn: str) -> None:
 
 
 def _fence(readers: Readers, first: subprocess.Popen[bytes], first_log: Path) -> None:
-    """Stop ``first`` (SIGSTOP), start a second reader of the slot, free the slot as an
-    operator would (terminate the stopped reader's walsender), continue the first: one of the
-    two is fenced and stops with one line; the other streams on, and is stopped here."""
+    """Stop ``first`` (SIGSTOP: a reader that hangs), start a second reader of the slot (an
+    operator's move), which takes the transactional id over and waits for the slot; continue
+    the first: its next write to Kafka finds it fenced, and it stops with one line, so the
+    slot is released and the second streams on (it is stopped here)."""
     _wait("streaming", readers.streaming, first, first_log)
     first.send_signal(signal.SIGSTOP)
     second, second_log = readers.start()
@@ -272,24 +273,21 @@ def _fence(readers: Readers, first: subprocess.Popen[bytes], first_log: Path) ->
             second,
             second_log,
         )
-        with psycopg.connect(readers.reader.dsn, autocommit=True) as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                "WHERE slot_name = %s AND active_pid IS NOT NULL",
-                (readers.reader.slot,),
-            )
         first.send_signal(signal.SIGCONT)
+        _wait("the first reader to stop", lambda: first.poll() is not None, None, None, 60)
+        text = first_log.read_text(errors="replace")
+        assert first.returncode == 1, text[-3000:]
+        assert "this reader is fenced" in text, text[-3000:]
+        base = end_offset(readers.reader.bootstrap, f"{readers.reader.prefix}.public.items")
         _wait(
-            "one of the two readers to be fenced",
-            lambda: first.poll() is not None or second.poll() is not None,
-            None,
-            None,
-            120,
+            "the second reader to stream on",
+            lambda: (
+                end_offset(readers.reader.bootstrap, f"{readers.reader.prefix}.public.items")
+                > base + 50
+            ),
+            second,
+            second_log,
         )
-        ended, ended_log = (first, first_log) if first.poll() is not None else (second, second_log)
-        text = ended_log.read_text(errors="replace")
-        assert ended.returncode == 1, text[-3000:]
-        assert "fenced" in text, text[-3000:]
     finally:
         for proc in (first, second):
             if proc.poll() is None:

@@ -145,11 +145,13 @@ def test_state_in_named_volumes_limits_and_restart_policies(compose: dict[str, A
     assert mounts["postgres"] == ["postgres-data"] and mounts["kafka"] == ["kafka-data"]
     assert mounts["opensearch"] == ["opensearch-data"]
     assert mounts["sync"] == ["checkpoints"]
+    assert mounts["registry"] == ["registry-data"]  # its H2 file: schemas outlive a restart
     assert set(compose["volumes"]) == {
         "postgres-data",
         "kafka-data",
         "opensearch-data",
         "checkpoints",
+        "registry-data",
     }
     # The base image's service only exits (it is there to be built first): it never restarts.
     assert services["base"]["restart"] == "no" and services["base"]["command"] == ["true"]

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             if not docker.engine_answers():
                 print("no Docker engine answers: nothing to take down")
                 return 0
-            docker.compose("down", "-v", "--remove-orphans", timeout=600, stream=True)
+            # With every profile: down leaves a running profile's containers otherwise.
+            docker.compose(
+                "down", "-v", "--remove-orphans", profiles=PROFILE_IMAGES, timeout=600, stream=True
+            )
             print("removed the compose project's containers, network and volumes")
         elif args.cmd == "status":
             if not docker.engine_answers():

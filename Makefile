@@ -121,8 +121,9 @@ clean-stack:
 # The compose stack (docker-compose.yml) on the native stack's host ports: prepares what is
 # missing (the Docker engine, Compose v2, the Debian base image, the images), then
 # `docker compose up -d --wait`. Stop the native stack first (make clean-stack).
+# REGISTRY=1 adds the schema registry for Avro (compose's profile `registry`, docs/avro.md).
 docker-up:
-	scripts/docker up
+	scripts/docker up $(if $(filter 1,$(REGISTRY)),--registry)
 
 # `docker compose down -v`: the containers, the network and the volumes.
 docker-down:

@@ -36,16 +36,23 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ComposeStack:
-    """A compose project of docker-compose.yml and the host ports it publishes."""
+    """A compose project of docker-compose.yml, the host ports it publishes and the compose
+    profiles it runs (``registry``)."""
 
     project: str = docker.PROJECT
     ports: dict[str, int] = field(
         default_factory=lambda: {**PORTS, "kafka_controller": KAFKA_CONTROLLER_PORT}
     )
+    profiles: tuple[str, ...] = ()
 
     def compose(self, *args: str, timeout: float = 1800, check: bool = True) -> str:
         return docker.compose(
-            *args, project=self.project, ports=self.ports, timeout=timeout, check=check
+            *args,
+            project=self.project,
+            ports=self.ports,
+            profiles=self.profiles,
+            timeout=timeout,
+            check=check,
         ).stdout
 
     def names(self) -> DemoNames:

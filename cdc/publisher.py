@@ -382,9 +382,9 @@ class Publisher:
         """produce() refused a record (already counted pending in ``txn``): a permanent
         refusal is dead-lettered when the settings say so; anything else raises."""
         err = e.args[0]
-        if self.transactional_id is not None and _fatal(err):
+        if self.transactional_id is not None and (_fatal(err) or err.code() == KafkaError._STATE):
             txn.pending -= 1
-            raise self._fenced(err) from e
+            self._transaction_failed(err, f"cannot produce to {topic}")
         if err.code() in _TOPIC_GONE:
             txn.pending -= 1
             raise TopicGone(f"topic {topic} was deleted under the reader ({err.str()})") from e
@@ -626,11 +626,7 @@ class Publisher:
         try:
             self._producer.begin_transaction()
         except KafkaException as e:
-            raise (
-                self._fenced(e.args[0])
-                if _fatal(e.args[0])
-                else PublishError(f"cannot begin a Kafka transaction: {e.args[0].str()}")
-            ) from e
+            self._transaction_failed(e.args[0], "cannot begin a Kafka transaction")
         self._begin_needed = False
         self._txn_opened = time.monotonic()
 
@@ -664,9 +660,7 @@ class Publisher:
                     value=position.to_json(),
                 )
             except KafkaException as e:
-                if _fatal(e.args[0]):
-                    raise self._fenced(e.args[0]) from e
-                raise PublishError(f"cannot write the committed position: {e.args[0].str()}") from e
+                self._transaction_failed(e.args[0], "cannot write the committed position")
         if not self.txn_open:
             return
         self.raise_if_failed()
@@ -699,6 +693,20 @@ class Publisher:
         self._acks.advance()
         if position is not None:
             self.committed = position
+
+    def _transaction_failed(self, err: KafkaError, what: str) -> NoReturn:
+        """The open Kafka transaction cannot go on: fenced (:class:`Fenced`, for good), or
+        in an abortable state, aborted (:class:`TransactionAborted`, a new run resumes from
+        the committed position)."""
+        if _fatal(err):
+            self._failure = self._fenced(err)
+        elif self._failure is None:
+            self._failure = TransactionAborted(
+                f"{what} ({err.str()}): the Kafka transaction is aborted, and the next run "
+                "resumes from the committed position "
+                f"({self.committed.describe() if self.committed else 'the slot'})"
+            )
+        self._raise_failure()
 
     def _abort(self) -> None:
         """Abort the open Kafka transaction. A producer found fenced meanwhile raises
@@ -784,6 +792,6 @@ class Publisher:
         except BufferError:
             log.debug("producer queue full; heartbeat skipped")
         except KafkaException as e:
-            if self.transactional_id is not None and _fatal(e.args[0]):
-                raise self._fenced(e.args[0]) from e
+            if self.transactional_id is not None:
+                self._transaction_failed(e.args[0], f"cannot produce to {topic}")
             log.warning("heartbeat not produced: %s", e.args[0].str(), extra={"topic": topic})

@@ -194,7 +194,12 @@ def run(
     killed = None
     if kill_reader_after is not None:
         time.sleep(kill_reader_after)
-        out.killed_at = _lsns(names.dsn, names.slot)
+        # The kill is for a reader holding changes it has not acknowledged: wait (briefly)
+        # for a moment when the slot is behind the WAL, as it is whenever writes go on.
+        deadline = time.monotonic() + 30
+        while (at := _lsns(names.dsn, names.slot))[0] >= at[1] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out.killed_at = at
         pid = stack.kill("reader")
         killed = time.monotonic()
         say(

@@ -55,14 +55,16 @@ def test_snapshot_stream_boundary_with_concurrent_writers(reader: ReaderEnv) -> 
             assert nxt.key == r.key and nxt.value is None
 
 
-def _confirmed(dsn: str, slot: str) -> int:
+def _confirmed(dsn: str, slot: str) -> int | None:
+    """The slot's confirmed position; None while CREATE_REPLICATION_SLOT still waits for the
+    transactions open before it (the slot is active then, with no position yet)."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
             "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
         assert row is not None
-        return int(row[0])
+        return None if row[0] is None else int(row[0])
 
 
 @pytest.mark.slow
@@ -80,10 +82,11 @@ def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv, tmp_path
 
         def streaming() -> bool:
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            return _slot_active(reader)
+            return _slot_active(reader) and _confirmed(reader.dsn, reader.slot) is not None
 
         wait_until(streaming, timeout=60, what="the reader to stream")
         start = _confirmed(reader.dsn, reader.slot)
+        assert start is not None
         # Writes only to a table outside the publication.
         with psycopg.connect(reader.dsn, autocommit=True) as conn:
             for i in range(200):
@@ -93,7 +96,7 @@ def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv, tmp_path
             after_writes = int(row[0])
         assert after_writes > start
         wait_until(
-            lambda: _confirmed(reader.dsn, reader.slot) >= after_writes,
+            lambda: (_confirmed(reader.dsn, reader.slot) or 0) >= after_writes,
             timeout=90,
             what="confirmed_flush_lsn to pass uncaptured writes",
         )
@@ -104,7 +107,7 @@ def test_idle_and_uncaptured_writes_advance_the_slot(reader: ReaderEnv, tmp_path
             assert row is not None
             idle_target = int(row[0])
         wait_until(
-            lambda: _confirmed(reader.dsn, reader.slot) >= idle_target,
+            lambda: (_confirmed(reader.dsn, reader.slot) or 0) >= idle_target,
             timeout=90,
             what="confirmed_flush_lsn to advance while idle",
         )

@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
 log = logging.getLogger(__name__)
 
 
-def _consumer(bootstrap: str) -> Consumer:
+def _consumer(bootstrap: str, **more: Any) -> Consumer:
     return Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -29,6 +29,7 @@ def _consumer(bootstrap: str) -> Consumer:
             "enable.auto.commit": False,
             "enable.partition.eof": False,
             "fetch.max.bytes": 50 * 2**20,
+            **more,
         }
     )
 
@@ -227,7 +228,10 @@ class LatencyConsumer:
             raise RuntimeError("latency consumer did not get its partitions")
 
     def _run(self) -> None:
-        c = _consumer(self.bootstrap)
+        # On receipt: the broker answers a fetch at once (a fetch it holds waits for bytes
+        # up to the last stable offset, and may be held past the commit that makes them
+        # visible), so a record's receipt is when it is visible.
+        c = _consumer(self.bootstrap, **({"fetch.wait.max.ms": 5} if self.on_receipt else {}))
         try:
             tps = partitions(c, self.topics)
             if not tps:
@@ -238,8 +242,11 @@ class LatencyConsumer:
             for tp in tps:
                 c.position([tp])
             self._ready.set()
+            # consume() returns once its batch is full or its timeout ends: on receipt, a
+            # short timeout, so a record's receipt is not held for a batch to fill.
+            wait_s = 0.002 if self.on_receipt else 0.2
             while not self._stop.is_set():
-                msgs = c.consume(10_000, 0.2)
+                msgs = c.consume(10_000, wait_s)
                 for m in msgs:
                     err = m.error()
                     if err is not None:

@@ -27,9 +27,10 @@ from typing import Any
 from benchmarks import workload
 from benchmarks.context import Bench
 from benchmarks.env import BenchEnv, run_alone
-from benchmarks.kafka import end_offsets
+from benchmarks.kafka import end_offsets, wait_for_marker
 from benchmarks.ours import OursReader
 from benchmarks.probes import wait_slot_held
+from benchmarks.proc import Measured
 from benchmarks.results import Figure
 from benchmarks.streaming import offered_latency
 
@@ -112,6 +113,16 @@ def catch_up(env: BenchEnv, readers: dict[str, OursReader], changes: int) -> dic
     return out
 
 
+def _warm(env: BenchEnv, reader: OursReader, m: Measured) -> None:
+    """One change through to Kafka before the load: the reader's first transactions (its
+    topics' metadata, the transaction coordinator's first answers) are not the load's."""
+    start = end_offsets(env.bootstrap, [reader.topic(TABLE)])
+    marker = f"warm-{env.run_id}-{time.time_ns()}"
+    with env.connect() as conn:
+        conn.execute(f"UPDATE {TABLE} SET status = %s WHERE id = 1", (marker,))
+    wait_for_marker(env.bootstrap, start, marker.encode(), 60, alive=m.running)
+
+
 def latency(
     env: BenchEnv, readers: dict[str, OursReader], rate: float, seconds: float, ids: int
 ) -> dict[str, Any]:
@@ -121,6 +132,7 @@ def latency(
         m = reader.launch(until_current=False)
         try:
             wait_slot_held(env, reader.slot, m)
+            _warm(env, reader, m)
             samples, res, _old = offered_latency(
                 env.dsn, env.bootstrap, reader.topic(TABLE), TABLE, rate, seconds, ids,
                 on_receipt=True,

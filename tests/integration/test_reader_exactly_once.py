@@ -21,6 +21,7 @@ The same kills with the setting off show the duplicates it prevents.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -220,6 +221,9 @@ def test_each_change_reaches_kafka_once_through_kills_a_split_a_restart_and_fenc
         finally:
             log_ = wl.stop()
         reader.catch_up()  # the incremental snapshot's last chunks too
+        status = json.loads(reader.run("status", "--json").stdout)["state"]
+        assert status["delivery"] == "exactly once", status
+        assert status["committed"].startswith("up to "), status
         for table in ("items", "bulk", "trunc"):
             topic = f"{prefix}.public.{table}"
             records = read_topic(kafka.bootstrap, topic)

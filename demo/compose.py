@@ -126,9 +126,10 @@ def _lsns(dsn: str, slot: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _kafka_records(names: DemoNames) -> int:
-    """Records in the pipeline's table topics (end offsets summed), to show where rows are."""
-    from confluent_kafka import Consumer, TopicPartition
+def _kafka_records(names: DemoNames) -> str:
+    """Records in the pipeline's table topics (end offsets summed), to show where rows are;
+    ``?`` while a partition has no leader known yet (a topic just created)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer({"bootstrap.servers": names.kafka_bootstrap, "group.id": "demo-compose-peek"})
     try:
@@ -138,7 +139,9 @@ def _kafka_records(names: DemoNames) -> int:
             if name.startswith(f"{names.topic_prefix}.public."):
                 for p in topic.partitions:
                     total += c.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
-        return total
+        return f"{total:,}"
+    except KafkaException:
+        return "?"
     finally:
         c.close()
 
@@ -155,7 +158,7 @@ def wait_converged(names: DemoNames, timeout_s: float, say: Say) -> list[TableCh
         behind = [f"{c.table} {c.leader}/{c.redis}/{c.search}" for c in checks if not c.ok]
         say(
             f"  not yet equal (rows PostgreSQL/Redis/OpenSearch): {', '.join(behind)}; "
-            f"Kafka holds {_kafka_records(names):,} records"
+            f"Kafka holds {_kafka_records(names)} records"
         )
         time.sleep(3)
 

@@ -38,7 +38,7 @@ from tests.e2e.pipeline import (
     tail,
 )
 from tests.e2e.proxy import Proxy
-from tests.integration.reader_support import KILLER
+from tests.integration.reader_support import KILLER, slot_row
 from tests.integration.real_databases.support import cleanup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -253,8 +253,5 @@ def test_both_followers_from_a_transactional_readers_topics_by_either_read(
 
 
 def _slot_active(p: Pipeline) -> bool:
-    with psycopg.connect(p.dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (p.name,)
-        ).fetchone()
-    return bool(row and row[0])
+    row = slot_row(p.dsn, p.name)
+    return row is not None and row[0]

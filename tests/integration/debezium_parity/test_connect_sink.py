@@ -47,7 +47,7 @@ from tests.integration.debezium_parity.connect_sink import (
     wait_for,
 )
 from tests.integration.debezium_parity.peers import read_topics
-from tests.integration.reader_support import KILLER, ReaderEnv
+from tests.integration.reader_support import KILLER, ReaderEnv, slot_row
 from tests.integration.registry.support import forget_subjects, registry_env, registry_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.debezium]
@@ -312,11 +312,8 @@ def test_debeziums_jdbc_sink_reads_committed_records_of_a_transactional_reader_a
 
 
 def _slot_active(reader: ReaderEnv) -> bool:
-    with psycopg.connect(reader.dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (reader.slot,)
-        ).fetchone()
-    return bool(row and row[0])
+    row = slot_row(reader.dsn, reader.slot)
+    return row is not None and row[0]
 
 
 def test_debeziums_jdbc_sink_reads_our_avro_topics_through_apicurios_converter(

@@ -96,14 +96,20 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
     return conf | client_conf(settings) | settings.producer
 
 
-def _fatal(err: KafkaError) -> bool:
-    """A transactional producer's end: fenced by a newer one, or a fatal state."""
-    return bool(err.fatal()) or err.code() in (
-        KafkaError._FATAL,
+def _fenced(err: KafkaError) -> bool:
+    """A newer producer with the same transactional id took over: this one stops for good."""
+    return err.code() in (
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
     )
+
+
+def _fatal(err: KafkaError) -> bool:
+    """The producer cannot go on: fenced, or in a fatal state (e.g. the transaction
+    coordinator lost its transaction in a broker restart). Only a fence is for good: a new
+    run's new producer carries on from the committed position otherwise."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL or _fenced(err)
 
 
 # Delivery errors of a topic deleted under the producer.
@@ -452,8 +458,11 @@ class Publisher:
         """
         if self._failure is not None:
             return
+        if self.transactional_id is not None and _fenced(err):
+            self._failure = self._fenced_failure(err)
+            return
         if self.transactional_id is not None and _fatal(err):
-            self._failure = self._fenced(err)
+            self._failure = self._aborted(f"a record for {msg.topic()} failed", err)
             return
         topic = msg.topic() or "?"
         # A delivery report carries no headers: the transaction knows the commit LSN.
@@ -613,8 +622,8 @@ class Publisher:
             self._producer.init_transactions(timeout_s)
         except KafkaException as e:
             err = e.args[0]
-            if _fatal(err):
-                raise self._fenced(err) from e
+            if _fenced(err):
+                raise self._fenced_failure(err) from e
             raise KafkaUnavailable(
                 f"Kafka did not start transactions for transactional.id "
                 f"{self.transactional_id} within {timeout_s:.0f}s ({err.str()}): "
@@ -673,17 +682,10 @@ class Publisher:
                 break
             except KafkaException as e:
                 err = e.args[0]
-                if _fatal(err):
-                    raise self._fenced(err) from e
-                if err.retriable() and time.monotonic() < deadline:
+                if not _fatal(err) and err.retriable() and time.monotonic() < deadline:
                     self._waiting()
                     continue
-                self._failure = self._failure or TransactionAborted(
-                    f"Kafka did not commit a transaction ({err.str()}): it is aborted, and "
-                    "the next run resumes from the committed position "
-                    f"({self.committed.describe() if self.committed else 'the slot'})"
-                )
-                self._raise_failure()
+                self._transaction_failed(err, "Kafka did not commit a transaction")
         self._begin_needed = True
         self.commits += 1
         for txn in closing:
@@ -698,15 +700,18 @@ class Publisher:
         """The open Kafka transaction cannot go on: fenced (:class:`Fenced`, for good), or
         in an abortable state, aborted (:class:`TransactionAborted`, a new run resumes from
         the committed position)."""
-        if _fatal(err):
-            self._failure = self._fenced(err)
+        if _fenced(err):
+            self._failure = self._fenced_failure(err)
         elif self._failure is None:
-            self._failure = TransactionAborted(
-                f"{what} ({err.str()}): the Kafka transaction is aborted, and the next run "
-                "resumes from the committed position "
-                f"({self.committed.describe() if self.committed else 'the slot'})"
-            )
+            self._failure = self._aborted(what, err)
         self._raise_failure()
+
+    def _aborted(self, what: str, err: KafkaError) -> TransactionAborted:
+        return TransactionAborted(
+            f"{what} ({err.str()}): the Kafka transaction is aborted, and the next run "
+            "resumes from the committed position "
+            f"({self.committed.describe() if self.committed else 'the slot'})"
+        )
 
     def _abort(self) -> None:
         """Abort the open Kafka transaction. A producer found fenced meanwhile raises
@@ -717,17 +722,17 @@ class Publisher:
         try:
             self._producer.abort_transaction(30)
         except KafkaException as e:
-            if _fatal(e.args[0]):
-                raise self._fenced(e.args[0]) from e
+            if _fenced(e.args[0]):
+                raise self._fenced_failure(e.args[0]) from e
             # The next run's init_transactions aborts it in any case.
             log.warning("could not abort the Kafka transaction: %s", e.args[0].str())
 
-    def _fenced(self, err: KafkaError) -> PublishError:
+    def _fenced_failure(self, err: KafkaError) -> PublishError:
         return Fenced(
             f"this reader is fenced ({err.str()}): another reader started with "
-            f"transactional.id {self.transactional_id} (the same slot), or its producer "
-            "failed for good. It confirms nothing more; the other reader carries on (or start "
-            "this one again once it is the only one)"
+            f"transactional.id {self.transactional_id} (the same slot). It confirms nothing "
+            "more; the other reader carries on (or start this one again once it is the only "
+            "one)"
         )
 
     def flush(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:

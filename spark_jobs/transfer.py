@@ -30,6 +30,7 @@ Pure code over pyarrow; no Spark needed to test it.
 
 from __future__ import annotations
 
+import array
 import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -132,10 +133,21 @@ def _py(column: pa.Array, i: int) -> Any:
 
 def stats_batch(stats: Iterable[BatchStats]) -> pa.RecordBatch:
     """The task's answer to the driver: one row per :class:`BatchStats`, pickled."""
-    return pa.RecordBatch.from_pylist(
-        [{"stats": pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL)} for s in stats],
-        schema=_STATS_ARROW,
-    )
+    values = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in stats]
+    return pa.RecordBatch.from_arrays([binary_array(values)], schema=_STATS_ARROW)
+
+
+def binary_array(values: list[bytes]) -> pa.Array:
+    """``values`` as an Arrow binary array, made from its buffers: pyarrow's conversion of a
+    Python list (``pa.array``, ``from_pylist``) imports pandas to look for its types, which
+    costs each Python worker that never needs pandas 0.28 s of CPU and its memory."""
+    offsets = array.array("i", [0])
+    end = 0
+    for v in values:
+        end += len(v)
+        offsets.append(end)
+    data = pa.py_buffer(b"".join(values))
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), data])
 
 
 def stats_from_rows(rows: Iterable[Any]) -> list[BatchStats]:

@@ -93,13 +93,13 @@ def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read
             ("CDC_SPARK__CHECKPOINT_FILES", files),
         ),
     )
-    # The direct read in batches of 150: after the first, each batch's ranges come from
-    # the checkpoint's offsets log.
+    # The direct read in batches of 150, from offset 0: each batch's ranges come from the
+    # checkpoint's offsets log, the first's too (from "earliest": no Spark job collects them).
     limit = ("--max-offsets-per-trigger", "150") if read == "direct" else ()
     run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS, *limit)
     log = (tmp_path / "sync.log").read_text(errors="replace")
     assert f" read={read} " in log, log[-3000:]
-    logged = "batch 1: the offset ranges come from the checkpoint's offsets log" in log
+    logged = "batch 0: the offset ranges come from the checkpoint's offsets log" in log
     assert logged == (read == "direct"), log[-3000:]
     # FileContext's local file system writes a checksum file beside each file; the raw
     # local file system that filesystem uses does not, and the job held the checkpoint's lock.

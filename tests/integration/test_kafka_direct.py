@@ -50,6 +50,8 @@ def test_records_gone_before_the_range_start_at_the_log_start(
         fut.result(30)
     conf = {"bootstrap.servers": endpoints.kafka_bootstrap}
     assert [r.offset for r in read_range(conf, Range(topic, 0, 2, 9))] == [6, 7, 8]
+    # The first batch from "earliest" reads from offset 0 (ApplyBatch._logged_ranges).
+    assert [r.offset for r in read_range(conf, Range(topic, 0, 0, 9))] == [6, 7, 8]
     reader = DirectReader(
         KafkaSettings(bootstrap_servers=endpoints.kafka_bootstrap),
         Subscription((), rf"{topic_prefix}\..*"),

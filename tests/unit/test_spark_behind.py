@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,30 @@ class _Answers:
 
     def close(self) -> None:
         pass
+
+
+def test_the_direct_reads_ranges_come_from_the_offsets_log(tmp_path: Path) -> None:
+    """A batch's ranges: from the previous entry to its own; the first batch from
+    ``earliest``, from offset 0 (the task's consumer goes on from each log start); the first
+    from anywhere else, or an entry missing, collected by a Spark job (None)."""
+    log_dir = tmp_path / "offsets"
+    log_dir.mkdir()
+    (log_dir / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"hb":{"0":0},"t":{"0":400,"1":9}}')
+    (log_dir / "1").write_text(OFFSETS_1)
+    batch = _batch(tmp_path, "cache_sync")
+    assert [(r.topic, r.partition, r.start, r.end) for r in batch._logged_ranges(0) or []] == [
+        ("t", 0, 0, 400),
+        ("t", 1, 0, 9),
+    ]
+    assert [(r.topic, r.partition, r.start, r.end) for r in batch._logged_ranges(1) or []] == [
+        ("hb", 0, 0, 28),
+        ("t", 0, 400, 467),
+        ("t", 1, 9, 531),
+    ]
+    assert batch._logged_ranges(2) is None
+    batch.opts = replace(batch.opts, starting_offsets="latest")
+    assert batch._logged_ranges(0) is None
+    assert batch._logged_ranges(1) is not None
 
 
 def _batch(tmp_path: Path, *jobs: str) -> ApplyBatch:

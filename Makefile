@@ -24,6 +24,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # Real servers on 127.0.0.1 without Docker; state in .stack/, downloads cached in .cache/.
 stack: install
 	scripts/stack up
+	@# The archive of Spark's classes every job's driver JVM maps (pgcdc/stack/spark_cds.py):
+	@# written once (half a minute), it halves what a job's JVM spends starting.
+	$(PY) -m pgcdc.stack.spark_cds
 
 demo: stack
 	$(PY) scripts/demo.py

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests import spark_cds
+from pgcdc.stack import spark_cds
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "scripts" / "stack"
@@ -37,7 +37,7 @@ T = TypeVar("T")
 # (C2) costs more CPU than it saves: test_sync's three tests took 115 CPU seconds with it,
 # 80 without, on two cores the whole suite shares. What the jobs do is the same; users' jobs
 # keep their own flags (scripts/spark-submit's C1_ONLY says when). They also map the archive
-# of Spark's classes that scripts/test writes first (tests/spark_cds.py), when there is one.
+# of Spark's classes that scripts/test writes first (pgcdc/stack/spark_cds.py), when there is one.
 os.environ.setdefault(
     "SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 {spark_cds.jvm_options()}".strip()
 )

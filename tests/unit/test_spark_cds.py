@@ -1,4 +1,4 @@
-"""The tests' Spark JVMs map the archive of Spark's classes (tests/spark_cds.py), so the
+"""The tests' Spark JVMs map the archive of Spark's classes (pgcdc/stack/spark_cds.py), so the
 half of a short job's start that class loading takes is saved where the archive exists."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests import spark_cds
+from pgcdc.stack import spark_cds
 
 pytestmark = [pytest.mark.unit, pytest.mark.spark]
 

@@ -66,3 +66,22 @@ def test_the_users_own_java_options_are_left_alone() -> None:
     assert argv.count("--driver-java-options") == 1 and _java_options(argv) == "-Xss4m"
     conf = ["--conf", "spark.driver.extraJavaOptions=-Xss4m", *JOB]
     assert "--driver-java-options" not in s.build_argv(conf, JARS, EXE, None, env)
+
+
+def test_the_driver_maps_the_class_archive_unless_spark_submit_opts_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgcdc.stack import spark_cds
+
+    s = _submit()
+    archive = tmp_path / "spark.jsa"
+    monkeypatch.setattr(spark_cds, "archive", lambda: archive)
+    env: dict[str, str] = {}
+    s.with_class_archive(env)
+    assert env == {}  # none written yet: the JVM starts as before
+    archive.write_bytes(b"")
+    s.with_class_archive(env)
+    assert env["SPARK_SUBMIT_OPTS"] == f"-XX:SharedArchiveFile={archive} {spark_cds.QUIET}"
+    own = {"SPARK_SUBMIT_OPTS": " "}
+    s.with_class_archive(own)
+    assert own == {"SPARK_SUBMIT_OPTS": " "}

@@ -1,0 +1,149 @@
+"""Keep the declared joined documents (``[[search.documents]]``) in OpenSearch: one index
+per document, ``<search.index_prefix>-<name>``, maintained from the change topics of every
+table a document joins (docs/documents.md).
+
+scripts/spark-submit spark_jobs/documents_sync.py [--available-now] [--help]
+
+Spark's Kafka source reads the topics; each micro-batch is joined in the driver
+(:mod:`spark_jobs.documents`), whose state is kept beside the checkpoint
+(:mod:`spark_jobs.document_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pgcdc.core.contract import DOCUMENTS_JOB, table_topic
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.logs import configure_logging
+from pgcdc.core.qualified_names import split_qualified
+from pgcdc.core.settings import Settings, ValueFormat
+from pgcdc.core.spark_settings import ReadPath
+from sinks.search_documents import DocumentWriter
+from spark_jobs import behind
+from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
+from spark_jobs.document_specs import document_specs
+from spark_jobs.document_state import DocumentStateStore
+from spark_jobs.documents import DocumentsBatch, RecordChanges
+from spark_jobs.interrupt import await_stop
+from spark_jobs.interrupt import install as install_interrupt
+from spark_jobs.job import quiet_per_batch_loggers
+from spark_jobs.options import JobOptions, parse_args, parser
+from spark_jobs.progress import ProgressLog
+from spark_jobs.source import settings_env_from_conf, source_options, spark_session, submitted_conf
+
+log = logging.getLogger(__name__)
+
+# Records per batch when none is asked: a batch is collected into the driver whole.
+DEFAULT_MAX_OFFSETS = 50_000
+
+
+def document_topics(settings: Settings) -> tuple[str, ...]:
+    """The change topics of every table a declared document joins, each once."""
+    names = []
+    for doc in settings.search.documents:
+        names += [doc.table, *(lk.table for lk in doc.lookups), *(n.table for n in doc.nested)]
+    prefix = settings.kafka.topic_prefix
+    return tuple(dict.fromkeys(table_topic(prefix, *split_qualified(n)) for n in names))
+
+
+def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
+    """The command line's options, reading the documents' topics (no heartbeats: the job
+    keeps no watermark yet). ConfigError for what this job does not do."""
+    if not settings.search.documents:
+        raise ConfigError(
+            "no document is declared ([[search.documents]] in the config file, or "
+            "CDC_SEARCH__DOCUMENTS): docs/documents.md says how"
+        )
+    if settings.schema_.value_format is not ValueFormat.JSON:
+        raise ConfigError(
+            "spark_jobs/documents_sync.py reads JSON change events only (schema.value_format "
+            "= json) for now"
+        )
+    if opts.topics:
+        raise ConfigError("the documents' job reads the topics of the documents' tables only")
+    return replace(
+        opts,
+        topics=document_topics(settings),
+        topic_pattern=None,
+        heartbeat_topic=None,
+        max_offsets_per_trigger=opts.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS,
+        min_partitions=None,
+    )
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the documents' job; the exit status."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in given or "--help" in given:
+        parser(DOCUMENTS_JOB).parse_args(["--help"])  # prints the options, exits 0
+    settings_env_from_conf(submitted_conf())
+    try:
+        settings, opts = parse_args(DOCUMENTS_JOB, given)
+        opts = job_options(settings, opts)
+        checkpoint = behind.local_dir(opts.checkpoint)
+        specs = document_specs(settings.search)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, json_logs=settings.log_json)
+    quiet_per_batch_loggers(logging.getLogger().level)
+    try:
+        lock = checkpoint_lock(checkpoint)  # before the state's files are read or written
+    except CheckpointInUse as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    store = DocumentStateStore(checkpoint, specs)
+    try:
+        states = store.load()
+    except ConfigError as e:
+        lock.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if settings.spark.read is ReadPath.DIRECT:
+        log.info("the documents' job reads through Spark's Kafka source (spark.read=spark)")
+    spark = spark_session(settings, f"cdc-{opts.name}", opts.checkpoint)
+    spark.sparkContext.setLogLevel("WARN")
+    interrupt = install_interrupt(spark, opts.name)
+    writer = DocumentWriter.from_settings(settings.search)
+    batch = DocumentsBatch(
+        RecordChanges(settings.kafka.topic_prefix, specs.values()), states, store, writer
+    )
+    stream = (
+        spark.readStream.format("kafka").options(**source_options(settings, opts)).load()
+    ).select("topic", "partition", "offset", "key", "value", "headers")
+    query_writer = stream.writeStream.foreachBatch(batch).option(
+        "checkpointLocation", str(checkpoint)
+    )
+    query_writer = (
+        query_writer.trigger(availableNow=True)
+        if opts.available_now
+        else query_writer.trigger(processingTime=opts.trigger_interval)
+    )
+    query = query_writer.start()
+    log.info(
+        "started %s: documents=%s topics=%s checkpoint=%s",
+        opts.name,
+        ",".join(specs),
+        ",".join(opts.topics),
+        checkpoint,
+        extra={"job": opts.name},
+    )
+    try:
+        progress = ProgressLog(opts.name, direct=False) if opts.available_now else None
+        await_stop(query, interrupt, spark.sparkContext._jvm, progress)
+    finally:
+        lock.close()
+        writer.close()
+    exc = query.exception()
+    if exc is not None and not interrupt.stop.is_set():
+        log.error("%s stopped: %s", opts.name, exc, extra={"job": opts.name})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())

@@ -11,6 +11,7 @@ Spark's Kafka source reads the topics; each micro-batch is joined in the driver
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from sinks.search_documents import DocumentWriter
 from spark_jobs import behind
 from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
 from spark_jobs.document_specs import document_specs
-from spark_jobs.document_state import DocumentStateStore
+from spark_jobs.document_state import SNAPSHOT_EVERY, DocumentStateStore
 from spark_jobs.documents import DocumentsBatch, RecordChanges
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
@@ -75,13 +76,38 @@ def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
     )
 
 
+def split_snapshot_every(argv: Sequence[str]) -> tuple[int, list[str]]:
+    """``--snapshot-every N`` (batches between two snapshots of the state) taken out of the
+    job's arguments (the rest go to parse_args)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--snapshot-every", type=int, default=SNAPSHOT_EVERY)
+    known, rest = p.parse_known_args(list(argv))
+    if known.snapshot_every < 1:
+        raise ConfigError("--snapshot-every must be at least 1")
+    return known.snapshot_every, rest
+
+
+def documents_parser() -> argparse.ArgumentParser:
+    """The job's options: the sync jobs' and ``--snapshot-every``."""
+    p = parser(DOCUMENTS_JOB)
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=SNAPSHOT_EVERY,
+        help="batches between two snapshots of the documents' state (default %(default)s); "
+        "a start applies the deltas since the last one",
+    )
+    return p
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the documents' job; the exit status."""
     given = sys.argv[1:] if argv is None else list(argv)
     if "-h" in given or "--help" in given:
-        parser(DOCUMENTS_JOB).parse_args(["--help"])  # prints the options, exits 0
+        documents_parser().parse_args(["--help"])  # prints the options, exits 0
     settings_env_from_conf(submitted_conf())
     try:
+        snapshot_every, given = split_snapshot_every(given)
         settings, opts = parse_args(DOCUMENTS_JOB, given)
         opts = job_options(settings, opts)
         checkpoint = behind.local_dir(opts.checkpoint)
@@ -96,7 +122,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except CheckpointInUse as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    store = DocumentStateStore(checkpoint, specs)
+    store = DocumentStateStore(checkpoint, specs, snapshot_every)
     try:
         states = store.load()
     except ConfigError as e:

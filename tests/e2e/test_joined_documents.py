@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -254,7 +255,10 @@ def test_joined_documents_equal_postgres_join_across_a_kill_and_a_rebuild(
     work.load()
     log = tmp_path / "documents.log"
     reader = start_reader(p, tmp_path / "reader.log")
-    args = ("--max-offsets-per-trigger", "60", "--trigger-interval", "200 milliseconds")
+    args = (
+        *("--max-offsets-per-trigger", "60", "--trigger-interval", "200 milliseconds"),
+        *("--snapshot-every", "2"),  # the restart loads a snapshot and the deltas after it
+    )
     job = start_job(p, DOCUMENTS_JOB, *args, log=log)
     try:
         work.changes(200)
@@ -278,7 +282,10 @@ def test_joined_documents_equal_postgres_join_across_a_kill_and_a_rebuild(
         job = start_job(p, DOCUMENTS_JOB, *args, log=log)
         converge(p, job, log, timeout=180)
         text = log.read_text(errors="replace")
-        assert "documents' state loaded: snapshot" in text, tail(log)
+        loaded = re.search(
+            r"documents' state loaded: snapshot (\d+), deltas up to batch (\d+)", text
+        )
+        assert loaded and int(loaded[1]) >= 1, tail(log)
         assert behind, "the kill came after the job had caught up: it proved nothing"
     finally:
         kill_group(job)

@@ -64,8 +64,6 @@ def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
             "spark_jobs/documents_sync.py reads JSON change events only (schema.value_format "
             "= json) for now"
         )
-    if opts.topics:
-        raise ConfigError("the documents' job reads the topics of the documents' tables only")
     return replace(
         opts,
         topics=document_topics(settings),
@@ -74,6 +72,22 @@ def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
         max_offsets_per_trigger=opts.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS,
         min_partitions=None,
     )
+
+
+# The sync jobs' options this job does not take: refused, never silently ignored.
+NOT_TAKEN = ("--topics", "--topic-pattern", "--min-partitions", "--health-port")
+
+
+def refuse_not_taken(argv: Sequence[str]) -> None:
+    """ConfigError naming an option of the sync jobs that this job does not take."""
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name in NOT_TAKEN:
+            raise ConfigError(
+                f"{name}: the documents' job does not take it (it reads the topics of the "
+                "declared documents' tables, a task per Kafka partition, and serves no "
+                "health endpoint yet)"
+            )
 
 
 def split_snapshot_every(argv: Sequence[str]) -> tuple[int, list[str]]:
@@ -90,6 +104,11 @@ def split_snapshot_every(argv: Sequence[str]) -> tuple[int, list[str]]:
 def documents_parser() -> argparse.ArgumentParser:
     """The job's options: the sync jobs' and ``--snapshot-every``."""
     p = parser(DOCUMENTS_JOB)
+    p.description = (
+        "documents_sync: keep the declared joined documents ([[search.documents]]) in "
+        "OpenSearch from their tables' change topics (Structured Streaming). "
+        f"Not taken: {', '.join(NOT_TAKEN)}."
+    )
     p.add_argument(
         "--snapshot-every",
         type=int,
@@ -107,6 +126,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         documents_parser().parse_args(["--help"])  # prints the options, exits 0
     settings_env_from_conf(submitted_conf())
     try:
+        refuse_not_taken(given)
         snapshot_every, given = split_snapshot_every(given)
         settings, opts = parse_args(DOCUMENTS_JOB, given)
         opts = job_options(settings, opts)

@@ -4,8 +4,8 @@ PostgreSQL: the demo catalog's products with their category and their stock leve
 Real PostgreSQL, reader, Kafka, Spark and OpenSearch. A seeded random workload over the
 three tables (inserts, updates, deletes, a product moving category, a category deleted and
 re-created, a stock level moving product, a category arriving after the products that
-reference it) runs while the job runs; the job is killed (SIGKILL) mid-stream and started
-again from its checkpoint; the index must then equal, document by document, the join
+reference it, a TRUNCATE of each lookup and list table) runs while the job runs; the job is
+killed (SIGKILL) mid-stream and started again from its checkpoint; the index must then equal, document by document, the join
 PostgreSQL computes; and so must a fresh index rebuilt from offset 0 with a fresh
 checkpoint.
 """
@@ -97,6 +97,8 @@ END $$;
 
 WAREHOUSES = ("north", "south", "east", "west")
 CATEGORIES, PRODUCTS = 12, 120
+# At these steps of the workload, a table is truncated (the second while the job is down).
+TRUNCATES = {300: "stock_levels", 450: "categories"}
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +160,9 @@ class Workload:
 
     def _one(self) -> None:
         rng, run, s = self.rng, self.conn.execute, self.step
+        if s in TRUNCATES:  # the reader writes a delete and a tombstone per key
+            run(f"TRUNCATE {TRUNCATES[s]}")
+            return
         pid, cid = rng.randint(1, PRODUCTS + 10), rng.randint(1, CATEGORIES)
         what = rng.random()
         if what < 0.15:

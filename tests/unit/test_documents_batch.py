@@ -1,0 +1,129 @@
+"""A batch's records → the join's changes (spark_jobs.documents.RecordChanges): Connect
+JSON records as the reader writes them, decoded by the followers' parse and converter; a
+``numeric`` join value compares as the converter gives it in the key and in the row that
+references it; unchanged TOAST columns take the value the state holds; unused columns are
+not kept. No Spark, no servers."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+import pytest
+
+from pgcdc.core.contract import (
+    HEADER_UNCHANGED,
+    VersionOrder,
+    encode_unchanged_header,
+)
+from pgcdc.core.contract import (
+    UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER,
+)
+from spark_jobs.documents import RecordChanges, document_writes, used_columns
+from spark_jobs.join import DocumentSpec, JoinState, Lookup
+from spark_jobs.parse import KafkaRecord
+
+pytestmark = pytest.mark.unit
+
+PREFIX = "srv"
+SPEC = DocumentSpec(
+    root="public.products",
+    root_key="id",
+    fields=("id", "title", "code"),
+    lookups=(Lookup("category", "public.categories", on="code", key="code", fields=("name",)),),
+)
+DECIMAL: dict[str, Any] = {
+    "type": "bytes",
+    "name": "org.apache.kafka.connect.data.Decimal",
+    "parameters": {"scale": "2"},
+}
+COLUMNS: dict[str, list[dict[str, Any]]] = {
+    "public.products": [
+        {"field": "id", "type": "int32"},
+        {"field": "title", "type": "string"},
+        {"field": "code", **DECIMAL},
+        {"field": "description", "type": "string"},
+    ],
+    "public.categories": [{"field": "code", **DECIMAL}, {"field": "name", "type": "string"}],
+}
+KEYS = {"public.products": ["id"], "public.categories": ["code"]}
+
+
+def _decimal(cents: int) -> str:
+    """A Connect Decimal of scale 2, as JsonConverter writes it: base64 of the unscaled."""
+    return base64.b64encode(cents.to_bytes(2, "big", signed=True)).decode()
+
+
+def _headers(lsn: int) -> list[tuple[str, bytes | None]]:
+    return [
+        (k, v if isinstance(v, bytes | None) else v.encode())
+        for k, v in VersionOrder(lsn, 0).headers()
+    ]
+
+
+def _record(
+    table: str, offset: int, lsn: int, after: dict[str, Any] | None, unchanged: tuple[str, ...] = ()
+) -> KafkaRecord:
+    fields = COLUMNS[table]
+    key_fields = [f for f in fields if f["field"] in KEYS[table]]
+    row = after or {}
+    key: dict[str, Any] = {"schema": {"type": "struct", "fields": key_fields}, "payload": {}}
+    key["payload"] = {f["field"]: row.get(f["field"]) for f in key_fields}
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"field": "before", "type": "struct", "optional": True, "fields": fields},
+            {"field": "after", "type": "struct", "optional": True, "fields": fields},
+            {"field": "op", "type": "string"},
+        ],
+    }
+    value = orjson.dumps({"schema": schema, "payload": {"op": "u", "before": None, "after": row}})
+    headers = _headers(lsn)
+    if unchanged:
+        headers.append((HEADER_UNCHANGED, encode_unchanged_header(unchanged)))
+    return KafkaRecord(f"{PREFIX}.{table}", 0, offset, orjson.dumps(key), value, headers)
+
+
+def _tombstone(table: str, offset: int, lsn: int, key_payload: dict[str, Any]) -> KafkaRecord:
+    key_fields = [f for f in COLUMNS[table] if f["field"] in KEYS[table]]
+    key = {"schema": {"type": "struct", "fields": key_fields}, "payload": key_payload}
+    return KafkaRecord(f"{PREFIX}.{table}", 0, offset, orjson.dumps(key), None, _headers(lsn))
+
+
+def test_records_become_the_joins_changes() -> None:
+    states = {"cdc-products": JoinState(SPEC)}
+    changes = RecordChanges(PREFIX, [SPEC])
+    product = {"id": 1, "title": "lamp", "code": _decimal(123), "description": "x" * 50}
+    events, touched = changes.apply(
+        [
+            # The product first, its category after it (a late lookup row).
+            _record("public.products", 0, 100, product),
+            _record("public.categories", 0, 90, {"code": _decimal(123), "name": "lights"}),
+        ],
+        states,
+    )
+    assert touched == {"cdc-products": {1}} and len(events) == 2
+    state = states["cdc-products"]
+    # The decimal is the converter's text in the key and in the row that references it.
+    assert events[1].key == ("1.23",)  # type: ignore[union-attr]
+    assert state.document(1) == (
+        2,
+        {"id": 1, "title": "lamp", "code": "1.23", "category": {"name": "lights"}},
+    )
+    assert "description" not in state.rows["public.products"][(1,)].row  # type: ignore[operator]
+    # An update leaving the title out as unchanged TOAST: the state's value is kept.
+    later = {"id": 1, "title": PLACEHOLDER, "code": _decimal(123), "description": "y"}
+    events, _ = changes.apply([_record("public.products", 1, 110, later, ("title",))], states)
+    assert events[0].row == {"id": 1, "title": "lamp", "code": "1.23"}  # type: ignore[union-attr]
+    # The category's tombstone, keyed by its decimal: the lookup is gone.
+    changes.apply([_tombstone("public.categories", 1, 120, {"code": _decimal(123)})], states)
+    ((doc_id, version, doc),) = document_writes(state, {1})
+    assert (doc_id, version) == ("1", 4) and doc is not None and doc["category"] is None
+
+
+def test_only_the_columns_a_document_uses_are_kept() -> None:
+    assert used_columns([SPEC]) == {
+        "public.products": frozenset({"id", "title", "code"}),
+        "public.categories": frozenset({"code", "name"}),
+    }

@@ -133,8 +133,9 @@ class DocumentStateStore:
     def load(self) -> dict[str, JoinState]:
         """The states as of the last batch Spark committed: the newest snapshot at or below
         it, and the deltas after the snapshot up to it. ConfigError if the declaration
-        changed or a committed batch's delta is missing (the state cannot be trusted:
-        rebuild into a fresh index with a fresh checkpoint)."""
+        changed, a committed batch's delta is missing, or the files hold a batch beyond the
+        one after Spark's last commit (the state cannot be trusted: rebuild into a fresh
+        index with a fresh checkpoint)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink()  # a write cut by a kill: never renamed, never read
@@ -149,6 +150,17 @@ class DocumentStateStore:
         else:
             self._write(declared, _declared(self.specs))
         committed = last_committed(self.checkpoint)
+        # At most the batch after the last commit can have files (written, then killed
+        # before Spark's commit); a later one means Spark's checkpoint went back.
+        last = -1 if committed is None else committed
+        ahead = [n for kind in ("delta", "snapshot") for n in self._files(kind) if n > last + 1]
+        if ahead:
+            raise ConfigError(
+                f"the documents' state in {self.dir} holds batch {max(ahead)}, but Spark's "
+                f"checkpoint committed {'none' if committed is None else f'up to {committed}'}: "
+                "the state is not the checkpoint's; rebuild the documents into fresh indices "
+                "with a fresh checkpoint"
+            )
         states = {index: JoinState(spec) for index, spec in self.specs.items()}
         if committed is None:
             return states

@@ -168,3 +168,20 @@ def test_a_changed_declaration_or_a_lost_delta_stops_the_start(tmp_path: Path) -
     _commit_in_spark(tmp_path, 1)  # Spark committed a batch the state has no delta of
     with pytest.raises(ConfigError, match=r"delta-1\.json is missing"):
         DocumentStateStore(tmp_path, SPECS).load()
+
+
+def test_a_state_ahead_of_sparks_checkpoint_stops_the_start(tmp_path: Path) -> None:
+    """Files of the batch after the last commit are a kill's (allowed); of a later one,
+    Spark's checkpoint went back (its commits removed): refused."""
+    store = DocumentStateStore(tmp_path, SPECS)
+    states = store.load()
+    for batch_id in range(3):
+        store.commit(batch_id, [], states)
+    _commit_in_spark(tmp_path, 0)
+    _commit_in_spark(tmp_path, 1)  # batch 2 written, not committed: a kill
+    DocumentStateStore(tmp_path, SPECS).load()
+    (tmp_path / "commits" / "1").unlink()
+    with pytest.raises(
+        ConfigError, match="holds batch 2, but Spark's checkpoint committed up to 0"
+    ):
+        DocumentStateStore(tmp_path, SPECS).load()

@@ -51,9 +51,12 @@ def document_topics(settings: Settings) -> tuple[str, ...]:
     return tuple(dict.fromkeys(table_topic(prefix, *split_qualified(n)) for n in names))
 
 
-def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
+def job_options(settings: Settings, opts: JobOptions, asked_limit: bool = False) -> JobOptions:
     """The command line's options, reading the documents' topics (no heartbeats: the job
-    keeps no watermark yet). ConfigError for what this job does not do."""
+    keeps no watermark yet), batches of :data:`DEFAULT_MAX_OFFSETS` records unless a limit
+    was ``asked_limit`` (the sync jobs' default for ``--available-now`` is larger: their
+    batches are not gathered into the driver). ConfigError for what this job does not
+    do."""
     if not settings.search.documents:
         raise ConfigError(
             "no document is declared ([[search.documents]] in the config file, or "
@@ -69,7 +72,9 @@ def job_options(settings: Settings, opts: JobOptions) -> JobOptions:
         topics=document_topics(settings),
         topic_pattern=None,
         heartbeat_topic=None,
-        max_offsets_per_trigger=opts.max_offsets_per_trigger or DEFAULT_MAX_OFFSETS,
+        max_offsets_per_trigger=opts.max_offsets_per_trigger
+        if asked_limit
+        else DEFAULT_MAX_OFFSETS,
         min_partitions=None,
     )
 
@@ -129,7 +134,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         refuse_not_taken(given)
         snapshot_every, given = split_snapshot_every(given)
         settings, opts = parse_args(DOCUMENTS_JOB, given)
-        opts = job_options(settings, opts)
+        asked = settings.spark.max_offsets_per_trigger is not None or any(
+            a.split("=", 1)[0] == "--max-offsets-per-trigger" for a in given
+        )
+        opts = job_options(settings, opts, asked)
         checkpoint = behind.local_dir(opts.checkpoint)
         specs = document_specs(settings.search)
     except ConfigError as e:

@@ -20,8 +20,12 @@ from pgcdc.core.contract import (
 from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER,
 )
+from pgcdc.core.errors import ConfigError
+from pgcdc.core.settings import Settings
 from spark_jobs.documents import RecordChanges, document_writes, used_columns
+from spark_jobs.documents_sync import DEFAULT_MAX_OFFSETS, job_options
 from spark_jobs.join import DocumentSpec, JoinState, Lookup
+from spark_jobs.options import JobOptions
 from spark_jobs.parse import KafkaRecord
 
 pytestmark = pytest.mark.unit
@@ -127,3 +131,42 @@ def test_only_the_columns_a_document_uses_are_kept() -> None:
         "public.products": frozenset({"id", "title", "code"}),
         "public.categories": frozenset({"code", "name"}),
     }
+
+
+def test_the_job_reads_the_documents_topics_in_batches_it_can_hold() -> None:
+    doc = {"name": "products", "table": "public.products", "key": "id", "fields": ["id"]}
+    doc["lookups"] = [
+        {
+            "name": "category",
+            "table": 'public."Categories"',
+            "foreign_key": "category_id",
+            "references": "id",
+            "fields": ["name"],
+        }
+    ]
+    settings = Settings(
+        kafka={"topic_prefix": "srv"},  # type: ignore[arg-type]
+        search={"documents": [doc]},  # type: ignore[arg-type]
+        spark={"checkpoint_dir": "/tmp/unused"},  # type: ignore[arg-type]
+    )
+    given = JobOptions(
+        name="documents_sync",
+        heartbeat_topic="__cdc-heartbeat.srv",
+        topics=(),
+        topic_pattern="srv\\..*",
+        starting_offsets="earliest",
+        checkpoint="/tmp/unused/documents_sync",
+        available_now=True,
+        trigger_interval="1 second",
+        max_offsets_per_trigger=200_000,  # the sync jobs' default with --available-now
+    )
+    opts = job_options(settings, given)
+    assert opts.topics == ("srv.public.products", "srv.public.Categories")
+    assert (opts.topic_pattern, opts.heartbeat_topic) == (None, None)
+    assert opts.max_offsets_per_trigger == DEFAULT_MAX_OFFSETS
+    assert job_options(settings, given, asked_limit=True).max_offsets_per_trigger == 200_000
+    none = settings.model_copy(
+        update={"search": settings.search.model_copy(update={"documents": ()})}
+    )
+    with pytest.raises(ConfigError, match="no document is declared"):
+        job_options(none, given)

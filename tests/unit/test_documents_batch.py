@@ -134,7 +134,8 @@ def test_only_the_columns_a_document_uses_are_kept() -> None:
 
 
 def test_the_job_reads_the_documents_topics_in_batches_it_can_hold() -> None:
-    doc = {"name": "products", "table": "public.products", "key": "id", "fields": ["id"]}
+    doc: dict[str, Any] = {"name": "products", "table": "public.products", "key": "id"}
+    doc["fields"] = ["id"]
     doc["lookups"] = [
         {
             "name": "category",

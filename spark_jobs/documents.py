@@ -10,7 +10,8 @@ converter gives it on both sides (a ``numeric`` key is text in the key as in the
 references it). The row keeps only the columns the declared documents use, its unchanged
 TOAST columns filled from the row the state holds; then :func:`apply_to` feeds every
 document's :class:`~spark_jobs.join.JoinState`, record after record, each partition in
-offset order.
+offset order. A record no change can be read from is a dead letter (with the reason), and
+the rest of the batch is applied, as the table followers do.
 
 Order of a batch (:mod:`spark_jobs.document_state` says why it is safe): compute, write the
 documents, write the delta; Spark commits after.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -31,6 +32,7 @@ from sinks.base import key_id
 from sinks.search_documents import DocumentWrite, DocumentWriter
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.convert import RowConverter
+from spark_jobs.dead_letter import UnreadableRecord
 from spark_jobs.document_state import DocumentStateStore, Event, apply_to
 from spark_jobs.join import DocumentSpec, JoinChange, JoinState, Truncate
 from spark_jobs.parse import CHANGE, DEAD, HEARTBEAT, KEYLESS, TRUNCATE, KafkaRecord, RecordParser
@@ -87,14 +89,16 @@ class RecordChanges:
 
     def apply(
         self, records: Iterable[KafkaRecord], states: Mapping[str, JoinState]
-    ) -> tuple[list[Event], dict[str, set[Any]]]:
-        """Apply ``records`` (in order) to ``states``: the changes applied, and the ids of
-        the documents touched per index."""
+    ) -> tuple[list[Event], dict[str, set[Any]], list[UnreadableRecord]]:
+        """Apply ``records`` (in order) to ``states``: the changes applied, the ids of the
+        documents touched per index, and the records no change could be read from (for
+        the dead-letter topic, with the reason; the others are applied)."""
         parser = RecordParser(self.topic_prefix)
         schemas: dict[int, str] = {}
         build = ChangeBuilder(schemas)
         events: list[Event] = []
         touched: dict[str, set[Any]] = defaultdict(set)
+        dead: list[UnreadableRecord] = []
         for rec in records:
             row = parser(rec)
             if row["schema_id"] is not None and row["value_schema_json"] is not None:
@@ -102,11 +106,11 @@ class RecordChanges:
             table = row["table"]
             if table not in self.columns or row["kind"] in (HEARTBEAT, KEYLESS):
                 continue
-            where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
             version = (row["commit_lsn"], row["tx_order"])
             event: Event
             if row["kind"] == DEAD:
-                raise SinkError(f"{where}: cannot be joined: {row['parse_error']}")
+                dead.append(_unreadable(rec, table, row["parse_error"]))
+                continue
             if row["kind"] == TRUNCATE:
                 event = Truncate(table, version)
             else:
@@ -115,12 +119,13 @@ class RecordChanges:
                     change = build({**row, "history": None})
                     key = self._keys(rec.key)
                 except RecordError as e:
-                    raise SinkError(f"{where}: cannot be joined: {e}") from e
+                    dead.append(_unreadable(rec, table, str(e)))
+                    continue
                 event = JoinChange(table, key, version, self._row(table, key, change, states))
             events.append(event)
             for index, ids in apply_to(states, event).items():
                 touched[index] |= ids
-        return events, touched
+        return events, touched, dead
 
     def _row(
         self, table: str, key: tuple[Any, ...], change: Any, states: Mapping[str, JoinState]
@@ -137,6 +142,23 @@ class RecordChanges:
                     row.update({c: held.row[c] for c in missing if c in held.row})
                     break
         return row
+
+
+def _unreadable(rec: KafkaRecord, table: str, reason: str) -> UnreadableRecord:
+    """The dead letter of a record no change could be read from."""
+
+    def text(raw: bytes | None) -> str | None:
+        return None if raw is None else raw.decode(errors="replace")
+
+    return UnreadableRecord(
+        topic=rec.topic,
+        partition=rec.partition,
+        offset=rec.offset,
+        table=table,
+        key=text(rec.key),
+        value=text(rec.value),
+        reason=f"cannot be joined: {reason}",
+    )
 
 
 def document_writes(state: JoinState, ids: Iterable[Any]) -> list[DocumentWrite]:
@@ -170,8 +192,10 @@ class DocumentsBatch:
         states: dict[str, JoinState],
         store: DocumentStateStore,
         writer: DocumentWriter,
+        dead_letters: Callable[[list[UnreadableRecord]], object],
     ) -> None:
         self.changes = changes
+        self.dead_letters = dead_letters
         self.states = states
         self.store = store
         self.writer = writer
@@ -204,7 +228,17 @@ class DocumentsBatch:
                     extra={"batch_id": batch_id},
                 )
                 return
-            events, touched = self.changes.apply(records, self.states)
+            events, touched, dead = self.changes.apply(records, self.states)
+            if dead:  # before the delta: a batch run again sends them again, never none
+                self.dead_letters(dead)
+                log.warning(
+                    "batch %d: %d records cannot be joined, sent to the dead-letter topic "
+                    "(first: %s)",
+                    batch_id,
+                    len(dead),
+                    dead[0]["reason"],
+                    extra={"batch_id": batch_id},
+                )
             written = 0
             for index, ids in touched.items():
                 writes = document_writes(self.states[index], ids)
@@ -215,10 +249,11 @@ class DocumentsBatch:
             self._failed = e
             raise
         log.info(
-            "batch %d: records=%d changes=%d documents=%d in %.2fs",
+            "batch %d: records=%d changes=%d dead=%d documents=%d in %.2fs",
             batch_id,
             len(records),
             len(events),
+            len(dead),
             written,
             time.monotonic() - started,
             extra={"batch_id": batch_id},

@@ -24,7 +24,7 @@ from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ReadPath
 from sinks.search_documents import DocumentWriter
-from spark_jobs import behind
+from spark_jobs import behind, dead_letter
 from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
 from spark_jobs.document_specs import document_specs
 from spark_jobs.document_state import SNAPSHOT_EVERY, DocumentStateStore
@@ -164,7 +164,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     interrupt = install_interrupt(spark, opts.name)
     writer = DocumentWriter.from_settings(settings.search)
     batch = DocumentsBatch(
-        RecordChanges(settings.kafka.topic_prefix, specs.values()), states, store, writer
+        RecordChanges(settings.kafka.topic_prefix, specs.values()),
+        states,
+        store,
+        writer,
+        lambda dead: dead_letter.publish(settings, opts.name, dead),
     )
     stream = (
         spark.readStream.format("kafka").options(**source_options(settings, opts)).load()

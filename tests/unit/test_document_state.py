@@ -122,7 +122,13 @@ def test_a_batch_whose_delta_exists_is_applied_not_written_again(tmp_path: Path)
     assert (tmp_path / "documents-state" / "snapshot-2.json").exists()
     assert _view(loaded[INDEX]) != want  # batch 2 is not in it yet
     writer = _Writes()
-    job = DocumentsBatch(RecordChanges("p", SPECS.values()), loaded, restarted, writer)  # type: ignore[arg-type]
+    job = DocumentsBatch(
+        RecordChanges("p", SPECS.values()),
+        loaded,
+        restarted,
+        writer,  # type: ignore[arg-type]
+        writer.calls.append,  # type: ignore[arg-type]
+    )
     job.run([], 2)  # the records do not matter: the delta is there
     assert writer.calls == []
     assert _view(loaded[INDEX]) == want

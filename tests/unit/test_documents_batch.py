@@ -99,7 +99,7 @@ def test_records_become_the_joins_changes() -> None:
     states = {"cdc-products": JoinState(SPEC)}
     changes = RecordChanges(PREFIX, [SPEC])
     product = {"id": 1, "title": "lamp", "code": _decimal(123), "description": "x" * 50}
-    events, touched = changes.apply(
+    events, touched, dead = changes.apply(
         [
             # The product first, its category after it (a late lookup row).
             _record("public.products", 0, 100, product),
@@ -107,7 +107,7 @@ def test_records_become_the_joins_changes() -> None:
         ],
         states,
     )
-    assert touched == {"cdc-products": {1}} and len(events) == 2
+    assert touched == {"cdc-products": {1}} and len(events) == 2 and dead == []
     state = states["cdc-products"]
     # The decimal is the converter's text in the key and in the row that references it.
     assert events[1].key == ("1.23",)  # type: ignore[union-attr]
@@ -118,12 +118,27 @@ def test_records_become_the_joins_changes() -> None:
     assert "description" not in state.rows["public.products"][(1,)].row  # type: ignore[operator]
     # An update leaving the title out as unchanged TOAST: the state's value is kept.
     later = {"id": 1, "title": PLACEHOLDER, "code": _decimal(123), "description": "y"}
-    events, _ = changes.apply([_record("public.products", 1, 110, later, ("title",))], states)
+    events, _, _ = changes.apply([_record("public.products", 1, 110, later, ("title",))], states)
     assert events[0].row == {"id": 1, "title": "lamp", "code": "1.23"}  # type: ignore[union-attr]
     # The category's tombstone, keyed by its decimal: the lookup is gone.
     changes.apply([_tombstone("public.categories", 1, 120, {"code": _decimal(123)})], states)
     ((doc_id, version, doc),) = document_writes(state, {1})
     assert (doc_id, version) == ("1", 4) and doc is not None and doc["category"] is None
+
+
+def test_records_no_change_can_be_read_from_are_dead_letters_and_the_rest_applied() -> None:
+    states = {"cdc-products": JoinState(SPEC)}
+    good = _record("public.products", 2, 100, {"id": 2, "title": "a", "code": None})
+    not_json = good._replace(offset=3, value=b"{not json")
+    no_key = good._replace(offset=4, key=b"[1]")
+    events, touched, dead = RecordChanges(PREFIX, [SPEC]).apply([not_json, no_key, good], states)
+    assert len(events) == 1 and touched == {"cdc-products": {2}}
+    assert [(d["offset"], d["table"], d["value"]) for d in dead] == [
+        (3, "public.products", "{not json"),
+        (4, "public.products", good.value.decode()),  # type: ignore[union-attr]
+    ]
+    assert "not a Debezium event" in dead[0]["reason"]
+    assert "not a JSON object of key columns" in dead[1]["reason"]
 
 
 def test_only_the_columns_a_document_uses_are_kept() -> None:

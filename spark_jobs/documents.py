@@ -35,7 +35,16 @@ from spark_jobs.convert import RowConverter
 from spark_jobs.dead_letter import UnreadableRecord
 from spark_jobs.document_state import DocumentStateStore, Event, apply_to
 from spark_jobs.join import DocumentSpec, JoinChange, JoinState, Truncate
-from spark_jobs.parse import CHANGE, DEAD, HEARTBEAT, KEYLESS, TRUNCATE, KafkaRecord, RecordParser
+from spark_jobs.parse import (
+    CHANGE,
+    DEAD,
+    HEARTBEAT,
+    KEYLESS,
+    TRUNCATE,
+    KafkaRecord,
+    RecordParser,
+    Transcode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +91,18 @@ class RecordChanges:
     """A batch's records → the join's changes, each applied as it is made (a TOAST fill
     reads the state the change before it left)."""
 
-    def __init__(self, topic_prefix: str, specs: Iterable[DocumentSpec]) -> None:
+    def __init__(
+        self,
+        topic_prefix: str,
+        specs: Iterable[DocumentSpec],
+        transcode: Transcode | None = None,
+    ) -> None:
         self.topic_prefix = topic_prefix
         self.columns = used_columns(specs)
         self._keys = KeyReader()
+        # Avro records read into Connect JSON first (spark_jobs.avro_input), key included,
+        # so the key's schema converts the key as the JSON path's does.
+        self._transcode = transcode
 
     def apply(
         self, records: Iterable[KafkaRecord], states: Mapping[str, JoinState]
@@ -100,6 +117,13 @@ class RecordChanges:
         touched: dict[str, set[Any]] = defaultdict(set)
         dead: list[UnreadableRecord] = []
         for rec in records:
+            if self._transcode is not None:  # the job reads the documents' topics only
+                raw_key, raw_value, why = self._transcode(rec.topic, rec.key, rec.value)
+                if why is not None:
+                    table = rec.topic.removeprefix(self.topic_prefix + ".")
+                    dead.append(_unreadable(rec, table, why))
+                    continue
+                rec = rec._replace(key=raw_key, value=raw_value)
             row = parser(rec)
             if row["schema_id"] is not None and row["value_schema_json"] is not None:
                 schemas.setdefault(row["schema_id"], row["value_schema_json"])

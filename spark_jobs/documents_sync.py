@@ -33,6 +33,7 @@ from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.job import quiet_per_batch_loggers
 from spark_jobs.options import JobOptions, parse_args, parser
+from spark_jobs.parse import Transcode
 from spark_jobs.progress import ProgressLog
 from spark_jobs.source import settings_env_from_conf, source_options, spark_session, submitted_conf
 
@@ -61,11 +62,6 @@ def job_options(settings: Settings, opts: JobOptions, asked_limit: bool = False)
         raise ConfigError(
             "no document is declared ([[search.documents]] in the config file, or "
             "CDC_SEARCH__DOCUMENTS): docs/documents.md says how"
-        )
-    if settings.schema_.value_format is not ValueFormat.JSON:
-        raise ConfigError(
-            "spark_jobs/documents_sync.py reads JSON change events only (schema.value_format "
-            "= json) for now"
         )
     return replace(
         opts,
@@ -124,6 +120,16 @@ def documents_parser() -> argparse.ArgumentParser:
     return p
 
 
+def record_transcoder(settings: Settings) -> Transcode | None:
+    """How the records are read into Connect JSON first: Avro's transcoder (the key too),
+    or None for JSON."""
+    if settings.schema_.value_format is not ValueFormat.AVRO:
+        return None
+    from spark_jobs.avro_input import transcoder_for  # the Avro reader: only when used
+
+    return transcoder_for(settings.schema_).transcode
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the documents' job; the exit status."""
     given = sys.argv[1:] if argv is None else list(argv)
@@ -164,7 +170,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     interrupt = install_interrupt(spark, opts.name)
     writer = DocumentWriter.from_settings(settings.search)
     batch = DocumentsBatch(
-        RecordChanges(settings.kafka.topic_prefix, specs.values()),
+        RecordChanges(settings.kafka.topic_prefix, specs.values(), record_transcoder(settings)),
         states,
         store,
         writer,

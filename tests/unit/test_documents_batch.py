@@ -7,11 +7,14 @@ not kept. No Spark, no servers."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from benchmarks.envelope import rows as table_rows
+from benchmarks.envelope import sources, table
 from pgcdc.core.contract import (
     HEADER_UNCHANGED,
     VersionOrder,
@@ -21,7 +24,10 @@ from pgcdc.core.contract import (
     UNAVAILABLE_VALUE_PLACEHOLDER as PLACEHOLDER,
 )
 from pgcdc.core.errors import ConfigError
-from pgcdc.core.settings import Settings
+from pgcdc.core.settings import SchemaSettings, Settings, ValueFormat
+from schemas.envelope import EventEncoder
+from schemas.formats import format_for
+from spark_jobs.avro_input import AvroTranscoder
 from spark_jobs.documents import RecordChanges, document_writes, used_columns
 from spark_jobs.documents_sync import DEFAULT_MAX_OFFSETS, job_options
 from spark_jobs.join import DocumentSpec, JoinState, Lookup
@@ -29,6 +35,9 @@ from spark_jobs.options import JobOptions
 from spark_jobs.parse import KafkaRecord
 
 pytestmark = pytest.mark.unit
+
+TABLE = table()  # the benchmarks' 10-column table, values as pgoutput sends them
+(SOURCE,) = sources(1)
 
 PREFIX = "srv"
 SPEC = DocumentSpec(
@@ -186,3 +195,40 @@ def test_the_job_reads_the_documents_topics_in_batches_it_can_hold() -> None:
     )
     with pytest.raises(ConfigError, match="no document is declared"):
         job_options(none, given)
+
+
+def test_avro_records_give_the_changes_their_json_gives(tmp_path: Path) -> None:
+    """With schema.value_format = avro, a record is read into Connect JSON first (key and
+    value): the same join changes as the JSON record of the same row; one that is no Avro
+    event of its topic is a dead letter with the transcoder's reason."""
+    avro = SchemaSettings(value_format=ValueFormat.AVRO, avro_schema_dir=str(tmp_path))
+    spec = DocumentSpec(
+        root="public.customers", root_key="id", fields=("id", "name", "balance", "born")
+    )
+
+    def records(schema: SchemaSettings) -> list[KafkaRecord]:
+        enc = EventEncoder(schema, PREFIX, "db", event_format=format_for(schema))
+        out = []
+        for offset, row in enumerate(table_rows(3)):
+            key, value = enc.encode_key(TABLE, row), enc.encode_value(TABLE, "c", None, row, SOURCE)
+            out.append(
+                KafkaRecord(
+                    f"{PREFIX}.public.customers", 0, offset, key, value, _headers(70 + offset)
+                )
+            )
+        return out
+
+    def changes(recs: list[KafkaRecord], transcode: Any = None) -> tuple[list[Any], list[Any]]:
+        states = {"i": JoinState(spec)}
+        events, _, dead = RecordChanges(PREFIX, [spec], transcode).apply(recs, states)
+        return events, dead
+
+    want, _ = changes(records(SchemaSettings()))
+    avro_records = records(avro)
+    junk = avro_records[0]._replace(offset=9, value=b"\xc3\x01" + b"\x00" * 8 + b"junk")
+    got, dead = changes([*avro_records, junk], AvroTranscoder(avro).transcode)
+    assert got == want and len(want) == 3
+    assert isinstance(want[0].key[0], int) and isinstance(want[0].row["balance"], str)
+    assert [d["offset"] for d in dead] == [9] and dead[0]["reason"].startswith(
+        "cannot be joined: Avro: "
+    )

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from pgcdc.core.contract import DOCUMENTS_JOB, table_topic
 from pgcdc.core.errors import ConfigError
+from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
 from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.settings import Settings, ValueFormat
@@ -31,7 +32,7 @@ from spark_jobs.document_state import SNAPSHOT_EVERY, DocumentStateStore
 from spark_jobs.documents import DocumentsBatch, RecordChanges
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
-from spark_jobs.job import quiet_per_batch_loggers
+from spark_jobs.job import query_ready, quiet_per_batch_loggers, split_health_port
 from spark_jobs.options import JobOptions, parse_args, parser
 from spark_jobs.parse import Transcode
 from spark_jobs.progress import ProgressLog
@@ -76,7 +77,7 @@ def job_options(settings: Settings, opts: JobOptions, asked_limit: bool = False)
 
 
 # The sync jobs' options this job does not take: refused, never silently ignored.
-NOT_TAKEN = ("--topics", "--topic-pattern", "--min-partitions", "--health-port")
+NOT_TAKEN = ("--topics", "--topic-pattern", "--min-partitions")
 
 
 def refuse_not_taken(argv: Sequence[str]) -> None:
@@ -86,8 +87,7 @@ def refuse_not_taken(argv: Sequence[str]) -> None:
         if name in NOT_TAKEN:
             raise ConfigError(
                 f"{name}: the documents' job does not take it (it reads the topics of the "
-                "declared documents' tables, a task per Kafka partition, and serves no "
-                "health endpoint yet)"
+                "declared documents' tables, a task per Kafka partition)"
             )
 
 
@@ -138,6 +138,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     settings_env_from_conf(submitted_conf())
     try:
         refuse_not_taken(given)
+        health_port, given = split_health_port(given)
         snapshot_every, given = split_snapshot_every(given)
         settings, opts = parse_args(DOCUMENTS_JOB, given)
         asked = settings.spark.max_offsets_per_trigger is not None or any(
@@ -196,10 +197,19 @@ def run(argv: Sequence[str] | None = None) -> int:
         checkpoint,
         extra={"job": opts.name},
     )
+    health = None
+    if health_port is not None:  # /healthz and /readyz as the sync jobs serve them; no metrics
+
+        def ready() -> tuple[bool, str]:
+            return query_ready(query, settings.health_ready_s)
+
+        health = HealthServer(ready, health_port, settings.health_host).start()
     try:
         progress = ProgressLog(opts.name, direct=False) if opts.available_now else None
         await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:
+        if health is not None:
+            health.close()
         lock.close()
         writer.close()
     exc = query.exception()

@@ -17,8 +17,10 @@ import json
 import random
 import re
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -269,6 +271,19 @@ def converge(p: Pipeline, job: subprocess.Popen[bytes], log: Path, timeout: floa
         time.sleep(1)  # polled: the next look, within the deadline above
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ready(port: int) -> bool:
+    """Whether the job's /readyz answers 200 (it raises on another status)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+        return bool(resp.status == 200)
+
+
 def committed_batches(p: Pipeline) -> int:
     commits = p.checkpoint_dir / DOCUMENTS_JOB / "commits"
     return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.is_dir() else 0
@@ -306,8 +321,10 @@ def test_joined_documents_equal_postgres_join_across_a_kill_and_a_rebuild(
         kill_group(job)  # mid-stream: the backlog is several batches long
         behind = differences(postgres_join(p), index_documents(p))
         work.changes(150)  # while the job is down
-        job = start_job(p, DOCUMENTS_JOB, *args, log=log)
+        port = free_port()
+        job = start_job(p, DOCUMENTS_JOB, *args, "--health-port", str(port), log=log)
         converge(p, job, log, timeout=180)
+        wait_until(lambda: ready(port), timeout=30, what="/readyz to answer 200")
         text = log.read_text(errors="replace")
         loaded = re.search(
             r"documents' state loaded: snapshot (\d+), deltas up to batch (\d+)", text

@@ -36,7 +36,13 @@ from spark_jobs.job import query_ready, quiet_per_batch_loggers, split_health_po
 from spark_jobs.options import JobOptions, parse_args, parser
 from spark_jobs.parse import Transcode
 from spark_jobs.progress import ProgressLog
-from spark_jobs.source import settings_env_from_conf, source_options, spark_session, submitted_conf
+from spark_jobs.source import (
+    is_local_path,
+    settings_env_from_conf,
+    source_options,
+    spark_session,
+    submitted_conf,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +151,13 @@ def run(argv: Sequence[str] | None = None) -> int:
             a.split("=", 1)[0] == "--max-offsets-per-trigger" for a in given
         )
         opts = job_options(settings, opts, asked)
-        checkpoint = behind.local_dir(opts.checkpoint)
+        if not is_local_path(opts.checkpoint):
+            raise ConfigError(
+                f"the checkpoint {opts.checkpoint} is not a local directory: the documents' "
+                "job keeps its state there from the driver (give --checkpoint a local or "
+                "mounted path)"
+            )
+        checkpoint = behind.local_dir(opts.checkpoint)  # a file: URI as a path
         specs = document_specs(settings.search)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

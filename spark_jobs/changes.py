@@ -45,7 +45,8 @@ class ChangeBuilder:
     def __init__(
         self, schemas: Mapping[int, str] | None = None, on_new_schema: OnNewSchema | None = None
     ) -> None:
-        self._schemas = schemas or {}
+        # Not `schemas or {}`: an empty mapping the caller fills as it reads must stay the one read.
+        self._schemas = schemas if schemas is not None else {}
         self._converters: dict[int | None, RowConverter] = {}
         self._on_new_schema = on_new_schema
 

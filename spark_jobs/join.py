@@ -1,5 +1,5 @@
 """Joined search documents: the pure, incremental core of a document maintained from the
-change streams of several tables (issue 33; not yet wired into a job).
+change streams of several tables (issue 33; run by ``spark_jobs/documents_sync.py``).
 
 A :class:`DocumentSpec` roots a document at one table (``products``) and names what it takes
 from others: **lookups**, many-to-one (the root's ``category_id`` → one ``categories`` row,
@@ -196,6 +196,37 @@ class JoinState:
                     (members.add if add else members.discard)(key)
                     touched.add(owner)
         return touched
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as JSON values (:meth:`restore` reads it back): the held rows with
+        their versions, the truncation floors and the counters. The reverse indices are not
+        kept: they are a function of the held rows, made again by :meth:`restore`."""
+        return {
+            "rows": {
+                table: [[list(key), list(h.version), h.row] for key, h in held.items()]
+                for table, held in self.rows.items()
+                if held
+            },
+            "truncated": {table: list(v) for table, v in self.truncated.items()},
+            "versions": [[doc_id, n] for doc_id, n in self.versions.items()],
+        }
+
+    @classmethod
+    def restore(cls, spec: DocumentSpec, data: Mapping[str, Any]) -> JoinState:
+        """The state :meth:`snapshot` gave. Each held row is indexed as its insert would
+        index it (the same :meth:`_reindex`), so the indices are those the changes made;
+        the counters are taken as they were, not raised."""
+        state = cls(spec)
+        for table, held in data["rows"].items():
+            for key, version, row in held:
+                state.rows[table][tuple(key)] = _Held((version[0], version[1]), row)
+        state.truncated = {t: (v[0], v[1]) for t, v in data["truncated"].items()}
+        for table, held in list(state.rows.items()):
+            for key, h in held.items():
+                if h.row is not None:
+                    state._reindex(table, key, None, h.row)
+        state.versions = {doc_id: n for doc_id, n in data["versions"]}
+        return state
 
     def document(self, doc_id: Any) -> tuple[int, dict[str, Any] | None]:
         """Document ``doc_id`` as the state holds it, with its version: None when its root

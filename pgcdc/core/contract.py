@@ -253,6 +253,9 @@ CACHE_JOB: Final = "cache_sync"
 SEARCH_JOB: Final = "search_sync"
 JOBS: Final = (CACHE_JOB, SEARCH_JOB)
 SYNC_JOB: Final = "sync"  # spark_jobs/sync.py: one job keeping several followers
+# spark_jobs/documents_sync.py: the joined documents ([[search.documents]]); not a follower of
+# tables, so not among JOBS.
+DOCUMENTS_JOB: Final = "documents_sync"
 
 SEARCH_WATERMARK_SUFFIX: Final = "cdc-watermarks"
 

@@ -492,7 +492,7 @@ class SearchSettings(BaseModel):
     evolve_indices: bool = True
     # Joined documents, [[search.documents]] in the file (CDC_SEARCH__DOCUMENTS: a JSON
     # list): each a root table with lookups and nested lists, written to the index
-    # <index_prefix>-<name> (docs/documents.md). Read and checked; no job maintains them yet.
+    # <index_prefix>-<name> (docs/documents.md) by spark_jobs/documents_sync.py.
     documents: tuple[DocumentSettings, ...] = ()
 
     @field_validator("documents", mode="before")

@@ -119,8 +119,8 @@ MEANINGS = {
     "search.documents": "joined documents: `[[search.documents]]` tables in the file (a JSON "
     "list in the environment), each a root table with lookups (many-to-one) and nested lists "
     "(one-to-many), written to the index `<index_prefix>-<name>`; the keys are in "
-    "[documents.md](documents.md). Read and checked at startup, but no job maintains "
-    "documents yet",
+    "[documents.md](documents.md). Checked at startup; kept by "
+    "`spark_jobs/documents_sync.py`",
     "redis.pipeline_max_bytes": "bytes of script arguments per Redis pipeline at most",
     "spark.master": "Spark master of the sync jobs",
     "spark.trigger_interval": "micro-batch interval of the sync jobs",

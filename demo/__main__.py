@@ -1,11 +1,13 @@
 """`make demo`: the whole pipeline, live, on a sample product catalog.
 
 Steps: remove what a previous demo left; create the ``demo`` database and load the sample
-catalog; start the reader (``cdc run``) and both sync jobs (spark-submit) as real
-subprocesses in their own process groups; run a live workload of inserts, updates, deletes
-and primary-key changes while the screen shows events/s, lags, watermarks and a running
-search; wait for the followers to converge; compare PostgreSQL, Redis and OpenSearch row by
-row; stop everything and exit 0 only if all tables are equal.
+catalog; start the reader (``cdc run``), the shared sync job and the joined documents' job
+(spark-submit) as real subprocesses in their own process groups; run a live workload of
+inserts, updates, deletes and primary-key changes while the screen shows events/s, lags,
+watermarks, a running search and the products of one category found by its name among the
+joined documents, with their stock; wait for the followers to converge; compare PostgreSQL,
+Redis and OpenSearch row by row, and the documents with PostgreSQL's own join; stop
+everything and exit 0 only if all are equal.
 
 On a terminal the screen is a rich Live layout; with CI=true or when stdout is not a
 terminal it prints plain progress lines. Options: ``--workload-seconds`` (default 60),
@@ -31,11 +33,12 @@ from pgcdc.core.settings import load_settings
 NEXT_STEPS = f"""\
 Where to look next (the demo's data stays until the next `make demo`):
   reader status   set -a; . .stack/demo/demo.env; set +a; .venv/bin/cdc status
-  logs            .stack/demo/logs/{{reader,sync}}.log; servers: .stack/logs/
+  logs            .stack/demo/logs/{{reader,sync,documents_sync}}.log; servers: .stack/logs/
   Kafka topics    .venv/bin/python -m demo.peek demo.public.products 3   (last 3 events)
   Redis           redis-cli -p {ports.PORTS["redis"]} --scan --pattern 'demo:public.products:*' | head -3
                   redis-cli -p {ports.PORTS["redis"]} HGETALL demo:public.products:<id>
   OpenSearch      curl -s '{ports.OPENSEARCH_URL}/demo-public.products/_search?q=title:waterproof&size=3&pretty'
+  documents       curl -s '{ports.OPENSEARCH_URL}/demo-products/_search?q=category.name:Lamps&size=3&pretty'
   PostgreSQL      (after sourcing demo.env as above) psql "$CDC_POSTGRES__DSN" -c '\\d+ products'
 """
 

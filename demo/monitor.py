@@ -9,6 +9,8 @@
   those. And each follower's watermark (the highest commit LSN it applied), compared with the
   slot's confirmed flush LSN in bytes.
 - A full-text search on the products index, whose results change as the workload runs.
+- The joined product documents (demo/documents.py) of one category, found by its name, with
+  their stock, which the workload's stock updates change.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ from confluent_kafka import Consumer, TopicPartition
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError
 
+from demo.documents import DocumentHit, search_by_category
 from demo.resources import DemoNames
-from demo.sample import SEARCH_WORD
-from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB, SYNC_JOB, redis_watermark_key
+from demo.sample import DOCUMENTS_CATEGORY, SEARCH_WORD
+from pgcdc.core.contract import (
+    CACHE_JOB,
+    DOCUMENTS_JOB,
+    JOBS,
+    SEARCH_JOB,
+    SYNC_JOB,
+    redis_watermark_key,
+)
 from pgcdc.core.lsn import Lsn
 from sinks.search import SearchSink
 from sinks.search_index import index_name
@@ -56,6 +66,11 @@ class Sample:
     watermark: dict[str, int | None] = field(default_factory=dict)
     search_total: int | None = None
     search_hits: list[Hit] = field(default_factory=list)
+    # The joined product documents (demo/documents.py): those of DOCUMENTS_CATEGORY, and the
+    # events of the documents' topics its job has not committed (None: nothing yet).
+    documents_total: int | None = None
+    documents_hits: list[DocumentHit] = field(default_factory=list)
+    documents_behind: int | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -141,7 +156,7 @@ class Monitor:
 
     def sample(self) -> Sample:
         s = Sample(at=time.monotonic())
-        for part in (self._slot, self._kafka, self._followers, self._search):
+        for part in (self._slot, self._kafka, self._followers, self._search, self._documents):
             try:
                 part(s)
             except Exception as e:  # shown on the screen; the next tick tries again
@@ -181,6 +196,16 @@ class Monitor:
 
     def _search(self, s: Sample) -> None:
         s.search_total, s.search_hits = search_products(self.os, self.names, SEARCH_WORD)
+
+    def _documents(self, s: Sample) -> None:
+        applied = committed_offsets(self.names.checkpoint_dir / DOCUMENTS_JOB)
+        if applied is not None:  # the job reads the documents' topics only
+            s.documents_behind = sum(
+                max(0, end - applied[t]) for t, end in s.kafka_end.items() if t in applied
+            )
+        s.documents_total, s.documents_hits = search_by_category(
+            self.os, self.names.index_prefix, DOCUMENTS_CATEGORY
+        )
 
 
 def search_products(

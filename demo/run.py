@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 
 from benchmarks.workload import ThreadedLoad
-from demo import resources, sample
+from demo import documents, resources, sample
 from demo.changes import live_changes
 from demo.monitor import Monitor, Sample
 from demo.processes import ROOT, Child, start_job, start_reader
 from demo.resources import DemoNames
 from demo.screen import Screen, fmt_bytes
-from demo.verify import TableCheck, check_all
-from pgcdc.core.contract import JOBS, SYNC_JOB
+from demo.verify import TableCheck, check_all, check_documents
+from pgcdc.core.contract import DOCUMENTS_JOB, JOBS, SYNC_JOB
 
 TICK_S = 1.0
 
@@ -100,7 +100,8 @@ class Demo:
             raise DemoFailed("no description was TOASTed out of line; the sample is wrong")
 
         self.monitor = Monitor(n)
-        env = n.env()
+        # The products as joined documents too (demo/documents.py), for the documents' job.
+        env = {**n.env(), **documents.documents_env()}
         n.log_dir.mkdir(parents=True, exist_ok=True)
         _write_env_file(n, env)
         self.children["reader"] = start_reader(env, n.log_dir / "reader.log")
@@ -121,9 +122,20 @@ class Demo:
             lambda _s: self.children[SYNC_JOB].log_has(f"started {SYNC_JOB}"),
             timeout_s=420,
         )
+        # A second query keeps the joined product documents (spark_jobs/documents_sync.py).
+        log = n.log_dir / f"{DOCUMENTS_JOB}.log"
+        self.children[DOCUMENTS_JOB] = start_job(
+            DOCUMENTS_JOB, env, log, "--trigger-interval", "500 milliseconds"
+        )
+        resources.remember_pids(n, [c.proc.pid for c in self.children.values()])
         self.wait_for(
             "followers: applying the snapshot",
             lambda s: all(s.behind(j) == 0 for j in JOBS),
+            timeout_s=420,
+        )
+        self.wait_for(
+            f"waiting for {DOCUMENTS_JOB} to write the product documents",
+            lambda s: s.documents_total is not None and s.documents_total > 0,
             timeout_s=420,
         )
 
@@ -154,12 +166,12 @@ class Demo:
         )
         self.wait_for(
             "followers: catching up with Kafka",
-            lambda s: all(s.behind(j) == 0 for j in JOBS),
+            lambda s: all(s.behind(j) == 0 for j in JOBS) and s.documents_behind == 0,
             timeout_s=420,
         )
 
         self.screen.phase("comparing PostgreSQL, Redis and OpenSearch row by row")
-        checks = check_all(n)
+        checks = [*check_all(n), check_documents(n)]
         self.screen.phase(
             "all followers equal the database"
             if all(c.ok for c in checks)
@@ -172,7 +184,7 @@ class Demo:
         """SIGTERM the reader (it acknowledges and exits); end the jobs' process groups."""
         if self.workload is not None:
             self.workload.stop()
-        for name in ("reader", SYNC_JOB):
+        for name in ("reader", SYNC_JOB, DOCUMENTS_JOB):
             child = self.children.get(name)
             if child is None:
                 continue

@@ -20,6 +20,8 @@ SCHEMA_SQL = Path(__file__).with_name("schema.sql")
 # The word the running search query looks for; the workload adds it to and removes it from
 # titles, so the query's results visibly change.
 SEARCH_WORD = "waterproof"
+# The category whose products the screen finds by its name among the joined documents.
+DOCUMENTS_CATEGORY = "Lamps"
 
 TABLES = ("public.categories", "public.products", "public.stock_levels", "public.customers")
 # Primary-key columns in index order: the followers' document ids are built from these.

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from demo.monitor import Sample
-from demo.sample import SEARCH_WORD
+from demo.sample import DOCUMENTS_CATEGORY, SEARCH_WORD
 from pgcdc.core.contract import CACHE_JOB, JOBS
 
 
@@ -117,10 +117,12 @@ class Screen:
             for job in JOBS
         )
         hits = "–" if s.search_total is None else str(s.search_total)
+        docs = "–" if s.documents_total is None else str(s.documents_total)
         return (
             f"[demo {time.monotonic() - v.started:6.1f}s] {v.phase} | {v.events_per_s:,.0f} ev/s "
             f"| kafka={s.kafka_total:,} slot_lag={fmt_bytes(s.slot_lag_bytes)} | {followers} "
-            f"| search '{SEARCH_WORD}'={hits} | changes={sum(v.workload.values()):,}"
+            f"| search '{SEARCH_WORD}'={hits} | documents '{DOCUMENTS_CATEGORY}'={docs} "
+            f"| changes={sum(v.workload.values()):,}"
         )
 
     # -- live ----------------------------------------------------------------------------
@@ -135,7 +137,7 @@ class Screen:
         )
         layout["body"].split_row(
             Layout(Group(self._pipeline_table(), self._workload_table()), ratio=3),
-            Layout(self._search_panel(), ratio=2),
+            Layout(Group(self._search_panel(), self._documents_panel()), ratio=2),
         )
         return layout
 
@@ -210,3 +212,18 @@ class Screen:
         for h in s.search_hits:
             t.add_row(h.id, h.title[:40], h.price)
         return Panel(Group(Text(f"{s.search_total:,} hits", style="bold"), t), title=title)
+
+    def _documents_panel(self) -> Panel:
+        s = self.sample
+        title = f"joined documents: products in category '{DOCUMENTS_CATEGORY}'"
+        if s is None or s.documents_total is None:
+            return Panel("(index not created yet)", title=title)
+        t = Table(expand=True, box=None)
+        t.add_column("id", justify="right")
+        t.add_column("title")
+        t.add_column("category")
+        t.add_column("stock", justify="right")
+        for h in s.documents_hits:
+            t.add_row(h.id, h.title[:30], h.category, fmt_int(h.total_stock))
+        total = Text(f"{s.documents_total:,} products", style="bold")
+        return Panel(Group(total, t), title=title)

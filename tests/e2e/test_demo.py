@@ -96,6 +96,12 @@ def test_demo_runs_and_followers_equal_the_database(endpoints: Endpoints) -> Non
         assert row, f"no verification row for {table}:\n{text[-3000:]}"
         counts = {int(c.replace(",", "")) for c in row.groups()}
         assert len(counts) == 1 and counts.pop() > 0, row.group(0)
+    # The joined product documents (demo/documents.py) equal PostgreSQL's own join, and the
+    # screen found a category's products among them by its name.
+    row = re.search(r"products \(joined documents\)\s*│\s*([\d,]+)\s*│\s*–\s*│\s*([\d,]+)", text)
+    assert row, f"no verification row for the joined documents:\n{text[-3000:]}"
+    assert row.group(1) == row.group(2) and row.group(1) != "0", row.group(0)
+    assert re.search(r"documents 'Lamps'=[1-9]", text), text[-3000:]
     assert "all followers equal PostgreSQL" in text
     # The live workload really ran, and the plain lines showed the followers' watermarks.
     assert re.search(r"workload done: [\d,]+ transactions", text), text[-3000:]

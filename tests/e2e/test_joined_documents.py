@@ -13,7 +13,6 @@ checkpoint.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import re
 import signal
@@ -29,8 +28,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcdc.core.contract import DOCUMENTS_JOB, document_index
-from pgcdc.core.search_documents import every_document
+from demo import documents
+from demo.documents import differences
+from pgcdc.core.contract import DOCUMENTS_JOB
 from tests.conftest import ROOT, Endpoints, wait_until
 from tests.e2e.pipeline import (
     Pipeline,
@@ -45,48 +45,6 @@ from tests.e2e.pipeline import (
 from tests.integration.real_databases.support import cleanup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
-
-# The document of docs/documents.md.
-DOCUMENT = {
-    "name": "products",
-    "table": "public.products",
-    "key": "id",
-    "fields": ["id", "sku", "title", "price", "active"],
-    "lookups": [
-        {
-            "name": "category",
-            "table": "public.categories",
-            "foreign_key": "category_id",
-            "references": "id",
-            "fields": ["name", "parent_id"],
-        }
-    ],
-    "nested": [
-        {
-            "name": "stock",
-            "table": "public.stock_levels",
-            "foreign_key": "product_id",
-            "fields": ["warehouse", "quantity"],
-            "aggregates": {"total_stock": "sum(quantity)", "warehouses": "count(*)"},
-        }
-    ],
-}
-
-# The same join, by PostgreSQL: one JSON document per product.
-JOIN_SQL = """
-SELECT p.id, jsonb_build_object(
-    'id', p.id, 'sku', p.sku, 'title', p.title, 'price', p.price::text, 'active', p.active,
-    'category', (SELECT jsonb_build_object('name', c.name, 'parent_id', c.parent_id)
-                 FROM categories c WHERE c.id = p.category_id),
-    'stock', coalesce((SELECT jsonb_agg(jsonb_build_object('warehouse', s.warehouse,
-                                                           'quantity', s.quantity)
-                                        ORDER BY s.warehouse COLLATE "C")
-                       FROM stock_levels s WHERE s.product_id = p.id), '[]'::jsonb),
-    'total_stock', (SELECT coalesce(sum(s.quantity), 0) FROM stock_levels s
-                    WHERE s.product_id = p.id),
-    'warehouses', (SELECT count(*) FROM stock_levels s WHERE s.product_id = p.id))
-FROM products p
-"""
 
 # The catalog without its foreign keys: a product may reference a category that does not
 # exist yet (or any more), as the join must take.
@@ -109,7 +67,7 @@ def _pipeline(
 ) -> Iterator[Pipeline]:
     schema = (ROOT / "demo" / "schema.sql").read_text() + NO_FOREIGN_KEYS
     p = new_pipeline(endpoints, "docs", schema, tmp_path_factory.mktemp("ckpt"))
-    env["CDC_SEARCH__DOCUMENTS"] = json.dumps([DOCUMENT])
+    env.update(documents.documents_env())
     p = replace(p, settings_env=tuple(env.items()))
     try:
         yield p
@@ -231,25 +189,11 @@ class Workload:
 
 
 def postgres_join(p: Pipeline) -> dict[str, dict[str, Any]]:
-    with psycopg.connect(p.dsn) as conn:
-        return {str(i): doc for i, doc in conn.execute(JOIN_SQL).fetchall()}
+    return documents.postgres_join(p.dsn)
 
 
 def index_documents(p: Pipeline) -> dict[str, dict[str, Any]]:
-    index = document_index(p.index_prefix, DOCUMENT["name"])  # type: ignore[arg-type]
-    return {h["_id"]: h["_source"] for h in every_document(p.endpoints.search_url, index)}
-
-
-def differences(want: dict[str, Any], got: dict[str, Any], limit: int = 5) -> str:
-    """'' when equal; else the first few documents that differ."""
-    lines = [f"missing {k}: {want[k]}" for k in sorted(want.keys() - got.keys())]
-    lines += [f"extra {k}: {got[k]}" for k in sorted(got.keys() - want.keys())]
-    lines += [
-        f"{k}: want {want[k]}\n     got {got[k]}"
-        for k in sorted(want.keys() & got.keys())
-        if want[k] != got[k]
-    ]
-    return "\n".join(lines[:limit]) + (f"\n... {len(lines)} in all" if len(lines) > limit else "")
+    return documents.index_documents(p.endpoints.search_url, p.index_prefix)
 
 
 def running(job: subprocess.Popen[bytes], log: Path) -> bool:

@@ -31,6 +31,7 @@ from benchmarks import workload
 from benchmarks.catchup import catchup_phase, create_stream_slots
 from benchmarks.context import BIG, SMALL, STREAM, Bench
 from benchmarks.debezium import DebeziumServer
+from benchmarks.documents_fanout import documents_fanout
 from benchmarks.envelope import measure_envelope
 from benchmarks.exactly_once import exactly_once
 from benchmarks.follower_run import followers, start_followers
@@ -180,6 +181,7 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
     "index_rebuild": index_rebuild,
     "verify": verify_speed,
     "exactly_once": exactly_once,
+    "documents": documents_fanout,
     "incremental": incremental_snapshot,
     # Not in the full run (15-20 min, gigabytes): --only incremental_large.
     "incremental_large": incremental_large,
@@ -239,3 +241,4 @@ def run_all(b: Bench) -> None:
     index_rebuild(b)
     verify_speed(b)
     exactly_once(b)
+    documents_fanout(b)

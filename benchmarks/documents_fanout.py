@@ -87,12 +87,12 @@ def _load(env: BenchEnv, products: int) -> None:
         conn.execute(DDL)
         conn.execute("INSERT INTO categories VALUES (1, 'Lighting', NULL), (2, 'Desks', NULL)")
         conn.execute(
-            "INSERT INTO products SELECT i, 'SKU-' || i, 1, 'Product ' || i, (i % 1000) / 10.0, "
+            "INSERT INTO products SELECT i, 'SKU-' || i, 1, 'Product ' || i, (i %% 1000) / 10.0, "
             "true FROM generate_series(1, %s) i",
             (products,),
         )
         conn.execute(
-            "INSERT INTO stock_levels SELECT i, 'north', i % 17 FROM generate_series(1, %s) i",
+            "INSERT INTO stock_levels SELECT i, 'north', i %% 17 FROM generate_series(1, %s) i",
             (products,),
         )
 
@@ -150,7 +150,7 @@ def run(env: BenchEnv, products: int) -> dict[str, Any]:
                         lambda: _count(client, index) >= products)  # fmt: skip
         log.info("the index holds %d documents %.1f s after the job started", products, build_s)
         new_name = f"Lamps {time.time_ns()}"
-        with env.connect(autocommit=True) as conn:
+        with env.connect() as conn:
             conn.execute("UPDATE categories SET name = %s WHERE id = 1", (new_name,))
             committed = time.monotonic()
         fanout_s = _wait(jobs, "the fan-out", _FANOUT_LIMIT_S,

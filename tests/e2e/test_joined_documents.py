@@ -3,8 +3,8 @@ PostgreSQL: the demo catalog's products with their category and their stock leve
 
 Real PostgreSQL, reader, Kafka, Spark and OpenSearch. A seeded random workload over the
 three tables (inserts, updates, deletes, a product moving category, a category deleted and
-re-created, a stock level moving product, a category arriving after the products that
-reference it, a TRUNCATE of each lookup and list table) runs while the job runs; the job is
+re-created, a stock level moving product, a product's and a category's key changing, a
+category arriving after the products that reference it, a TRUNCATE of each lookup and list table) runs while the job runs; the job is
 killed (SIGKILL) mid-stream and started again from its checkpoint; the index must then equal, document by document, the join
 PostgreSQL computes; and so must a fresh index rebuilt from offset 0 with a fresh
 checkpoint.
@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -101,6 +102,7 @@ class Workload:
         self.conn = psycopg.connect(dsn, autocommit=True)
         self.rng = random.Random(seed)
         self.step = 0
+        self.key_changes: Counter[str] = Counter()  # keys moved to another value, by table
 
     def load(self) -> None:
         """The starting catalog: categories 1..10 (11 and 12 come later), products, stock."""
@@ -178,6 +180,14 @@ class Workload:
                 "DELETE FROM stock_levels WHERE product_id = %s AND warehouse = %s",
                 (pid, rng.choice(WAREHOUSES)),
             )
+        elif what < 0.86:  # a product's key changes (its stock levels keep the old id)
+            to = rng.randint(1, PRODUCTS + 10)
+            if run("UPDATE products SET id = %s WHERE id = %s", (to, pid)).rowcount:
+                self.key_changes["products"] += 1
+        elif what < 0.89:  # a category's key changes (its products keep the old id)
+            to = rng.randint(1, CATEGORIES)
+            if run("UPDATE categories SET id = %s WHERE id = %s", (to, cid)).rowcount:
+                self.key_changes["categories"] += 1
         else:  # a stock level moves to another product (its key changes)
             run(
                 "UPDATE stock_levels SET product_id = %s WHERE product_id = %s AND warehouse = %s",
@@ -283,6 +293,7 @@ def test_joined_documents_equal_postgres_join_across_a_kill_and_a_rebuild(
     assert len(want) > PRODUCTS // 2
     assert any(d["category"] is None for d in want.values())  # a lookup not (yet) there
     assert any(d["stock"] for d in want.values())
+    assert work.key_changes["products"] and work.key_changes["categories"], work.key_changes
     print(f"\nlive run, kill and restart: {time.monotonic() - started:.1f}s")
 
     # A rebuild from offset 0: a fresh index, a fresh checkpoint, the same documents.

@@ -22,6 +22,7 @@ Target: the fan-out within 30 s on this machine.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -29,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 from opensearchpy import OpenSearch
 
 from benchmarks.context import Bench
@@ -37,6 +37,7 @@ from benchmarks.env import BenchEnv, run_alone
 from benchmarks.followers import SparkJobs
 from benchmarks.ours import OursReader
 from benchmarks.results import Figure
+from benchmarks.workload.catalog_document import DOCUMENT
 from pgcdc.core.settings import load_settings
 
 log = logging.getLogger("bench.documents_fanout")
@@ -51,31 +52,6 @@ CREATE TABLE stock_levels (
     product_id int NOT NULL, warehouse text NOT NULL, quantity int NOT NULL,
     PRIMARY KEY (product_id, warehouse));
 """
-# The demo's document (docs/documents.md), as CDC_SEARCH__DOCUMENTS gives it.
-DOCUMENT = {
-    "name": "products",
-    "table": "public.products",
-    "key": "id",
-    "fields": ["id", "sku", "title", "price", "active"],
-    "lookups": [
-        {
-            "name": "category",
-            "table": "public.categories",
-            "foreign_key": "category_id",
-            "references": "id",
-            "fields": ["name", "parent_id"],
-        }
-    ],
-    "nested": [
-        {
-            "name": "stock",
-            "table": "public.stock_levels",
-            "foreign_key": "product_id",
-            "fields": ["warehouse", "quantity"],
-            "aggregates": {"total_stock": "sum(quantity)", "warehouses": "count(*)"},
-        }
-    ],
-}
 _POLL_S = 0.2
 _BUILD_LIMIT_S = 1800.0
 _FANOUT_LIMIT_S = 600.0
@@ -143,7 +119,7 @@ def run(env: BenchEnv, products: int) -> dict[str, Any]:
     index = f"{prefix}-{DOCUMENT['name']}".lower()
     client = OpenSearch(hosts=[search_url], timeout=60)
     streaming = reader.launch(until_current=False, snapshot_mode="initial")
-    os.environ["CDC_SEARCH__DOCUMENTS"] = orjson.dumps([DOCUMENT]).decode()
+    os.environ["CDC_SEARCH__DOCUMENTS"] = json.dumps([DOCUMENT])
     try:
         jobs.start()
         build_s = _wait(jobs, "the first build", _BUILD_LIMIT_S,

@@ -43,7 +43,7 @@ __all__ = ["DocumentWrite", "DocumentWriter"]
 
 log = logging.getLogger(__name__)
 
-_BULK_ITEMS: Final = "items.*.status,items.*.result,items.*.error"
+_BULK_ITEMS: Final = "items.*._id,items.*.status,items.*.result,items.*.error"
 
 # (document id as text, version, the document or None: deleted)
 DocumentWrite = tuple[str, int, Mapping[str, Any] | None]
@@ -153,7 +153,8 @@ class DocumentWriter:
             again: list[bytes] = []
             reason: str | None = None
             for line, item in zip(pending, response["items"], strict=True):
-                outcome, why = item_outcome(next(iter(item.values())))
+                answer = next(iter(item.values()))
+                outcome, why = item_outcome(answer)
                 if outcome == RETRY:
                     again.append(line)
                     reason = why
@@ -162,7 +163,13 @@ class DocumentWriter:
                 elif outcome == Outcome.SKIPPED:
                     self.stale += 1
                 else:
-                    raise SinkError(f"OpenSearch refused a document of {index}: {why}")
+                    raise SinkError(
+                        f"OpenSearch refused document {answer.get('_id')} of {index}: "
+                        f"{' '.join(str(why).split())}; "
+                        "the index's field types are its first documents' (a column whose "
+                        "type changed since): rebuild the documents into a fresh index with "
+                        "a fresh checkpoint (docs/documents.md, Running the job)"
+                    )
             if not again:
                 return
             if attempt == attempts - 1:

@@ -22,10 +22,12 @@ STOPS_WITHIN_S = 30.0
 TRACEBACK_MARKS = ("Traceback", "Exception", "Error:", "\tat ", "    at ")
 
 
+# The first batch's end (its counts); its start may log a "batch 0:" line of its own.
+BATCH_0_DONE = "batch 0: applied="
 # (rows in the table, what to wait for before Ctrl-C): an idle job between two batches, and
 # one in the middle of its first batch (the snapshot's rows still being applied).
 WHEN = {
-    "idle": (50, "batch 0:"),
+    "idle": (50, BATCH_0_DONE),
     "mid-batch": (300_000, "started cache_sync"),
 }
 
@@ -57,7 +59,7 @@ def test_ctrl_c_stops_a_sync_job_with_one_line(
         time.sleep(3)  # idle: a few empty triggers; mid-batch: the batch's tasks are running
         before = len(job.output.text)
         if when == "mid-batch":
-            assert "batch 0:" not in job.output.text, "the batch ended before the Ctrl-C"
+            assert BATCH_0_DONE not in job.output.text, "the batch ended before the Ctrl-C"
         sent = time.monotonic()
         os.killpg(job.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the group
         rc = job.proc.wait(STOPS_WITHIN_S)

@@ -91,6 +91,7 @@ from sinks.search_requests import (
     error_type,
     item_outcome,
     retryable_status,
+    wait_started,
 )
 
 __all__ = ["SearchSink"]
@@ -789,13 +790,7 @@ class SearchSink:
                     # Another writer created it first.
                     if error_type(e) != "resource_already_exists_exception":
                         raise
-            # A new index (maybe created by a writer that was killed a moment ago) answers
-            # reads only once its shard is started: wait for that instead of failing reads.
-            deadline = time.monotonic() + self.timeout_s
-            while self.client.cluster.health(index=name).get("status") not in ("yellow", "green"):
-                if time.monotonic() >= deadline:
-                    raise TransportError(503, "index_not_ready", f"{name} has no started shard")
-                self._retrying.sleep(0.2)
+            wait_started(self.client, name, self.timeout_s, self._retrying.sleep)
 
         self._retrying.call(f"create index {name}", create)
         self._ready.add(name)

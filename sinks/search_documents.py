@@ -37,6 +37,7 @@ from sinks.search_requests import (
     error_type,
     item_outcome,
     retryable_status,
+    wait_started,
 )
 
 __all__ = ["DocumentWrite", "DocumentWriter"]
@@ -111,11 +112,7 @@ class DocumentWriter:
                 except TransportError as e:
                     if error_type(e) != "resource_already_exists_exception":
                         raise
-            deadline = time.monotonic() + self.timeout_s
-            while self.client.cluster.health(index=index).get("status") not in ("yellow", "green"):
-                if time.monotonic() >= deadline:
-                    raise TransportError(503, "index_not_ready", f"{index} has no started shard")
-                self._retrying.sleep(0.2)
+            wait_started(self.client, index, self.timeout_s, self._retrying.sleep)
 
         self._retrying.call(f"create index {index}", create)
         self._ready.add(index)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, TypeVar
 
@@ -163,3 +164,13 @@ def error_type(e: TransportError) -> str | None:
             kind = error.get("type")
             return kind if isinstance(kind, str) else None
     return None
+
+
+def wait_started(client: Any, index: str, timeout_s: float, sleep: Callable[[float], None]) -> None:
+    """Wait until ``index``'s shard is started: a new index (maybe created by a writer that
+    was killed a moment ago) answers reads only then. A retryable 503 after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while client.cluster.health(index=index).get("status") not in ("yellow", "green"):
+        if time.monotonic() >= deadline:
+            raise TransportError(503, "index_not_ready", f"{index} has no started shard")
+        sleep(0.2)

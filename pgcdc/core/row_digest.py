@@ -1,0 +1,102 @@
+"""A row's digest, the one ``cdc verify`` folds inside each store (issue 32).
+
+A row is the document the followers are given (column → JSON value). Its digest is the SHA-1
+of the document id, a NUL, and the document as JSON with its top-level fields in sorted
+order (:func:`canonical`): the bytes ``orjson.dumps`` gives a dict, so Redis's hash fields
+(each column's value as ``orjson.dumps`` text) concatenate into the same text, inside a
+Redis script, given the column names in that order. Three 20-bit parts of it are summed, so
+a fold is exact in a Lua number or an OpenSearch ``sum`` (a double) up to 2**33 rows.
+
+Which bucket a row falls in depends on its id alone (:func:`key_hash`): 32 bits of the SHA-1
+of the id. Both sides of a comparison fold rows into ``2**BUCKET_BITS`` buckets by its top
+bits; a bucket whose folds differ is compared row by row.
+
+The search follower keeps each document's key hash and parts beside it, in :data:`FIELD`, an
+object that the index's mapping leaves out of ``_source``: a document written by anyone
+else (a partial ``_update``, a reindex, a restore of another writer's document) loses it,
+and is read back and compared as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+
+def _sha1(data: bytes) -> Any:
+    return hashlib.sha1(data, usedforsecurity=False)
+
+
+# Longer than any PostgreSQL identifier (63 bytes), so no column can have this name.
+FIELD: Final = "_pgcdc_row_digest_kept_beside_the_row_and_left_out_of_source_by_cdc_verify"
+BUCKET_BITS: Final = 15  # 32,768 buckets: under OpenSearch's default search.max_buckets
+_PART: Final = (1 << 20) - 1  # each of the three parts: 5 hex digits
+
+
+def canonical(doc: Mapping[str, Any]) -> bytes:
+    """The document as JSON, its top-level fields sorted (values as ``orjson.dumps`` gives
+    them, nested objects in their own order)."""
+    text = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    if text.find(b"{", 1) == -1:  # no nested object (or a brace in a string): the same
+        return text
+    return orjson.dumps(dict(sorted(doc.items())))
+
+
+def _digest64(key: bytes, doc: Mapping[str, Any]) -> int:
+    """The first 64 bits of the row's SHA-1 (16 hex digits, as Lua's ``redis.sha1hex``)."""
+    return int.from_bytes(_sha1(key + b"\0" + canonical(doc)).digest()[:8], "big")
+
+
+def digest_hex(key: str, doc: Mapping[str, Any]) -> str:
+    """The row's digest: SHA-1 of the id, NUL, :func:`canonical`, in hex (its first 16
+    digits)."""
+    return f"{_digest64(key.encode(), doc):016x}"
+
+
+def parts_of(x: int) -> tuple[int, int, int]:
+    """The three 20-bit parts that folds sum: hex digits 1–5, 6–10 and 11–15 of a digest's
+    first 64 bits ``x``."""
+    return x >> 44, (x >> 24) & _PART, (x >> 4) & _PART
+
+
+def parts(key: str, doc: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The row's digest parts."""
+    return parts_of(_digest64(key.encode(), doc))
+
+
+def key_hash(key: str) -> int:
+    """32 bits of the SHA-1 of the document id (its first 8 hex digits): where the row
+    falls."""
+    return int.from_bytes(_sha1(key.encode()).digest()[:4], "big")
+
+
+def bucket(hashed_key: int) -> int:
+    """The bucket of a :func:`key_hash`."""
+    return hashed_key >> (32 - BUCKET_BITS)
+
+
+def stored(key: str, doc: Mapping[str, Any]) -> dict[str, int]:
+    """What the search follower keeps in :data:`FIELD` for a document: its key hash ``b``
+    and digest parts ``h1``–``h3``."""
+    k = key.encode()
+    x = _digest64(k, doc)
+    return {
+        "b": int.from_bytes(_sha1(k).digest()[:4], "big"),
+        "h1": x >> 44,
+        "h2": (x >> 24) & _PART,
+        "h3": (x >> 4) & _PART,
+    }
+
+
+def mapping_properties() -> dict[str, Any]:
+    """The mapping of :data:`FIELD`: doc values to aggregate, nothing indexed but the key
+    hash (ranged over)."""
+    part = {"type": "long", "index": False}
+    return {
+        FIELD: {
+            "properties": {"b": {"type": "long"}, "h1": part, "h2": part, "h3": part},
+        }
+    }

@@ -763,7 +763,7 @@ def _verify_pass(
     )
     from pgcdc.verify.pacing import RowPacer
     from pgcdc.verify.report import as_json, as_text
-    from pgcdc.verify.run import Follower, verify_followers
+    from pgcdc.verify.run import Follower, verify_pass_table
     from sinks.base import key_id
     from sinks.cache import CacheSink
     from sinks.search import SearchSink
@@ -793,7 +793,13 @@ def _verify_pass(
             removals["search"] = SearchRemoval(search_follower)
         results: list[TableResult] = []
         for table in leader.table_ids:
-            results += verify_followers(table, leader, followers, fence_timeout_s=fence_timeout_s)
+            results += verify_pass_table(
+                table,
+                leader,
+                followers,
+                fence_timeout_s=fence_timeout_s,
+                fold=settings.verify.fold_in_stores,
+            )
         report, text = as_json(results), as_text(results)
         extra = sum(len(r.extra) for r in results)
         if repair.remove_extra and extra:

@@ -94,12 +94,14 @@ def copy_text_rows(copy: Iterable[Buffer]) -> list[Row]:
     what psycopg's ``copy.rows()`` gives with every column loaded as text, at a third of
     its cost. One COPY message is one line; a line without a backslash has neither escapes
     nor nulls."""
-    out: list[Row] = []
-    append = out.append
+    return list(each_copy_text_row(copy))
+
+
+def each_copy_text_row(copy: Iterable[Buffer]) -> Iterator[Row]:
+    """:func:`copy_text_rows` one row at a time (a table read through without holding it)."""
     for data in copy:
         line = bytes(data)[:-1].decode()
-        append(parse_copy_line(line) if "\\" in line else line.split("\t"))
-    return out
+        yield parse_copy_line(line) if "\\" in line else line.split("\t")
 
 
 class SnapshotInterrupted(SnapshotError):

@@ -16,7 +16,7 @@ commit record below it (see :mod:`pgcdc.verify`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +28,12 @@ from cdc.catalog import SchemaCatalog
 from cdc.connection import connect
 from cdc.publication import captured_tables, publishes_generated
 from cdc.published_rows import from_item
-from cdc.snapshot import copy_text_rows
+from cdc.snapshot import each_copy_text_row
 from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
+from pgcdc.core.row_digest import bucket, folded, key_hash
 from pgcdc.core.settings import Settings
 from schemas.formats import json_default
 from schemas.model import TableSchema
@@ -46,6 +47,21 @@ KeyId = Callable[[Mapping[str, Any]], str]
 # Told of the rows each read returned, before the next is read: verify.max_rows_per_second's
 # pacer (pgcdc.verify.pacing.RowPacer.take), which waits as long as the rate asks.
 RowsRead = Callable[[int], object]
+
+
+# bucket → [rows, sum of part 1, part 2, part 3] (pgcdc.core.row_digest)
+Folds = dict[int, list[int]]
+
+
+@dataclass(frozen=True)
+class LeaderFold:
+    """A table's rows in one snapshot folded by bucket, without holding them: the fence
+    LSN, the folds, how many rows, and the documents' fields in sorted order."""
+
+    lsn: int
+    folds: Folds
+    rows: int
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,67 @@ class PostgresLeader:
             finally:
                 conn.execute("ROLLBACK")
 
+    def fold(
+        self, table: str, *, on_start: Callable[[int, Sequence[str]], None] | None = None
+    ) -> LeaderFold:
+        """A fresh snapshot of ``table`` folded by bucket (:mod:`pgcdc.core.row_digest`),
+        each row rendered as :meth:`read` renders it. ``on_start`` is given the snapshot's
+        fence LSN and the documents' fields (sorted) as soon as the first row is rendered
+        (an empty table: none), while the rest are read."""
+        schema, name = self._names[table]
+        pg = self._settings.postgres
+        folds: Folds = {}
+        count = 0
+        names: tuple[str, ...] = ()
+        with connect(pg.dsn.get_secret_value()) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                lsn = self._fence(conn)
+                _ts, plan, rows = self._each_row(conn, schema, name, None)
+                to_doc = self._converter_for(plan.envelope_schema_json)
+                render = plan.json_row
+                for key, values in rows:
+                    doc = to_doc(orjson.dumps(render(values), default=json_default))
+                    if not count:
+                        names = tuple(sorted(doc))
+                        if on_start is not None:
+                            on_start(lsn, names)
+                    count += 1
+                    b, h1, h2, h3 = folded(key, doc)
+                    f = folds.get(b)
+                    if f is None:
+                        folds[b] = [1, h1, h2, h3]
+                    else:
+                        f[0] += 1
+                        f[1] += h1
+                        f[2] += h2
+                        f[3] += h3
+            finally:
+                conn.execute("ROLLBACK")
+        if not count and on_start is not None:
+            on_start(lsn, names)
+        return LeaderFold(lsn, folds, count, names)
+
+    def read_buckets(self, table: str, buckets: frozenset[int]) -> Snapshot:
+        """A fresh snapshot of ``table``'s rows whose ids fall in ``buckets`` (the others
+        are read and passed over before they are rendered)."""
+        schema, name = self._names[table]
+        pg = self._settings.postgres
+        with connect(pg.dsn.get_secret_value()) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                lsn = self._fence(conn)
+                _ts, plan, rows = self._each_row(conn, schema, name, None)
+                to_doc = self._converter_for(plan.envelope_schema_json)
+                docs = {
+                    key: to_doc(orjson.dumps(plan.json_row(values), default=json_default))
+                    for key, values in rows
+                    if bucket(key_hash(key)) in buckets
+                }
+            finally:
+                conn.execute("ROLLBACK")
+        return Snapshot(lsn, docs)
+
     def key_values(
         self, table: str, ids: Collection[str]
     ) -> tuple[tuple[str, ...], list[tuple[str | None, ...]]]:
@@ -168,9 +245,7 @@ class PostgresLeader:
         keys: Collection[str] | None,
         on_lsn: Callable[[int], None] | None = None,
     ) -> Snapshot:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-        assert row is not None
-        lsn = Lsn.parse(str(row[0])).value
+        lsn = self._fence(conn)
         if on_lsn is not None:
             on_lsn(lsn)
         self.reads += 1
@@ -181,6 +256,13 @@ class PostgresLeader:
             after = orjson.dumps(plan.json_row(values), default=json_default)
             rows[key] = to_doc(after)
         return Snapshot(lsn, rows)
+
+    @staticmethod
+    def _fence(conn: psycopg.Connection[Any]) -> int:
+        """The snapshot's fence LSN, read inside it (see the module doc)."""
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        return Lsn.parse(str(row[0])).value
 
     def _rows(
         self,
@@ -193,6 +275,17 @@ class PostgresLeader:
         their document ids: every row, or with ``keys`` those rows only (read by key when
         the key is one integer, text or uuid column, else the whole table is read and the
         rest dropped)."""
+        ts, plan, rows = self._each_row(conn, schema, name, keys)
+        return ts, plan, list(rows)
+
+    def _each_row(
+        self,
+        conn: psycopg.Connection[Any],
+        schema: str,
+        name: str,
+        keys: Collection[str] | None,
+    ) -> tuple[TableSchema, EncodePlan, Iterator[tuple[str, Sequence[Any]]]]:
+        """:meth:`_rows`, the rows read as they are taken (inside ``conn``'s transaction)."""
         pg = self._settings.postgres
         catalog = SchemaCatalog(
             conn, pg.message_key_columns, generated=publishes_generated(conn, pg.publication_name)
@@ -201,7 +294,7 @@ class PostgresLeader:
         plan = EncodePlan(ts, self._settings.schema_, self._settings.kafka.topic_prefix)
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in ts.columns)
         where: sql.Composable = sql.SQL("")
-        by_id = _id_column(ts) if keys is not None else None
+        by_id = _id_column(ts)
         if by_id is not None and keys is not None:
             # The document id is this column's text: only the asked rows are read.
             where = sql.SQL(" WHERE {}::text = ANY({})").format(
@@ -211,20 +304,25 @@ class PostgresLeader:
             cols, from_item(conn, schema, name), where
         )
         wanted = None if keys is None else set(keys)
-        out: list[tuple[str, Sequence[Any]]] = []
-        step, count = 500, 0
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            for values in copy_text_rows(copy):
-                key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
-                if wanted is None or key in wanted:
-                    out.append((key, values))
-                count += 1
-                if count == step and self._rows_read is not None:
-                    self._rows_read(count)  # the pace holds COPY back: the server waits too
-                    count = 0
-        if count and self._rows_read is not None:
-            self._rows_read(count)
-        return ts, plan, out
+        at = None if by_id is None else [c.name for c in ts.columns].index(by_id)
+
+        def rows() -> Iterator[tuple[str, Sequence[Any]]]:
+            step, count = 500, 0
+            with conn.cursor() as cur, cur.copy(query) as copy:
+                for values in each_copy_text_row(copy):
+                    key = values[at] if at is not None else None
+                    if not isinstance(key, str):  # a key of several columns, or of others
+                        key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
+                    if wanted is None or key in wanted:
+                        yield key, values
+                    count += 1
+                    if count == step and self._rows_read is not None:
+                        self._rows_read(count)  # the pace holds COPY back: the server waits
+                        count = 0
+            if count and self._rows_read is not None:
+                self._rows_read(count)
+
+        return ts, plan, rows()
 
 
 def _text(value: object) -> str | None:

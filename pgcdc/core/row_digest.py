@@ -56,6 +56,23 @@ def digest_hex(key: str, doc: Mapping[str, Any]) -> str:
     return f"{_digest64(key.encode(), doc):016x}"
 
 
+def digest(key: str, doc: Mapping[str, Any]) -> int:
+    """The row's 60-bit digest (the first 15 hex digits): what a row-by-row comparison
+    compares, and what the three parts (:func:`parts_of`) are cut from."""
+    return _digest64(key.encode(), doc) >> 4
+
+
+def digest_of_canonical(key: str, text: bytes) -> int:
+    """:func:`digest` of a row given as its :func:`canonical` bytes (a Redis hash's fields
+    put together, a document's ``_source``)."""
+    return int.from_bytes(_sha1(key.encode() + b"\0" + text).digest()[:8], "big") >> 4
+
+
+def split60(d: int) -> tuple[int, int, int]:
+    """A 60-bit :func:`digest` cut into the three parts folds sum."""
+    return d >> 40, (d >> 20) & _PART, d & _PART
+
+
 def parts_of(x: int) -> tuple[int, int, int]:
     """The three 20-bit parts that folds sum: hex digits 1–5, 6–10 and 11–15 of a digest's
     first 64 bits ``x``."""
@@ -89,6 +106,14 @@ def stored(key: str, doc: Mapping[str, Any]) -> dict[str, int]:
         "h2": (x >> 24) & _PART,
         "h3": (x >> 4) & _PART,
     }
+
+
+def folded(key: str, doc: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """The row's bucket and its digest's three parts, in one call (a fold's inner loop)."""
+    k = key.encode()
+    x = int.from_bytes(_sha1(k + b"\0" + canonical(doc)).digest()[:8], "big")
+    b = int.from_bytes(_sha1(k).digest()[:4], "big") >> (32 - BUCKET_BITS)
+    return b, x >> 44, (x >> 24) & _PART, (x >> 4) & _PART
 
 
 def mapping_properties() -> dict[str, Any]:

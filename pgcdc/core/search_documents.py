@@ -38,8 +38,12 @@ def every_document(
     loads: Callable[[bytes], Any] = orjson.loads,
     page: int = 2000,
     timeout: float = 120.0,
+    query: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Every hit (``_id``, ``_source``) of ``index`` after a refresh; none if it is absent."""
+    """Every hit (``_id``, ``_source``) of ``index`` after a refresh; none if it is absent.
+    ``query`` narrows the hits; ``extra`` adds to the search body (e.g. ``_source``,
+    ``docvalue_fields``)."""
     base = search_url.rstrip("/")
     at = f"{base}/{urllib.parse.quote(index)}"
     try:
@@ -48,9 +52,10 @@ def every_document(
         if e.code == 404:
             return
         raise
-    answer = loads(
-        _call("POST", f"{at}/_search?scroll={_KEEP}", {"size": page, "sort": ["_doc"]}, timeout)
-    )
+    body: dict[str, Any] = {"size": page, "sort": ["_doc"], **(extra or {})}
+    if query is not None:
+        body["query"] = query
+    answer = loads(_call("POST", f"{at}/_search?scroll={_KEEP}", body, timeout))
     scroll_id = answer.get("_scroll_id")
     try:
         while hits := answer["hits"]["hits"]:

@@ -523,6 +523,11 @@ class VerifySettings(BaseModel):
     # Port of `cdc verify --every`'s Prometheus metrics (cdc_verify_*), on 127.0.0.1; also
     # its --metrics-port flag (none: off).
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # Fold each table inside the stores (a Lua script in Redis, a sum aggregation of the
+    # digests the search follower keeps beside each document): only buckets that differ are
+    # read back. Off: every row of both followers is read back and compared here (slower;
+    # for a Redis whose ACL refuses scripts).
+    fold_in_stores: bool = True
 
 
 class Settings(BaseSettings):

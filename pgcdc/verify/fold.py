@@ -1,7 +1,7 @@
 """A segment folded into ``(count, hash)``: the same on both sides exactly when (but for a
 64-bit collision) both hold the same rows.
 
-Each row's digest is a 64-bit BLAKE2b of its key and its stored form; the fold is the count
+Each row's digest is :func:`pgcdc.core.row_digest.digest` (60 bits); the fold is the count
 and the sum of digests modulo 2**64, so it does not depend on the order rows are read in (a
 Redis ``SCAN``, an OpenSearch scroll and a PostgreSQL scan each have their own) and two
 folds of disjoint segments add up to the fold of their union.
@@ -9,20 +9,10 @@ folds of disjoint segments add up to the fold of their union.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 _MASK = (1 << 64) - 1
-
-
-def row_digest(key: str, stored: bytes) -> int:
-    """The digest of one row: its key and the bytes of its stored form."""
-    h = hashlib.blake2b(digest_size=8)
-    h.update(key.encode())
-    h.update(b"\0")
-    h.update(stored)
-    return int.from_bytes(h.digest(), "big")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,16 +16,28 @@ and a candidate key's row and version through the sinks' own key names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
+import redis
 from opensearchpy.exceptions import NotFoundError
 
 from pgcdc.core.cache_hashes import every_hash
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
+from pgcdc.core.row_digest import (
+    BUCKET_BITS,
+    FIELD,
+    bucket,
+    canonical,
+    digest,
+    digest_of_canonical,
+    key_hash,
+    split60,
+)
 from pgcdc.core.search_documents import every_document
-from pgcdc.verify.fold import row_digest
+from pgcdc.verify import cache_fold
+from pgcdc.verify.cache_fold import Folds
 from pgcdc.verify.pacing import RowPacer, paced
 from sinks.cache import CacheSink
 from sinks.cache_script import parse_version
@@ -33,6 +45,9 @@ from sinks.search import SearchSink
 from spark_jobs.convert import RowConverter, after_schema
 
 Document = dict[str, Any]
+# The digest of a follower's row key that holds no row of its kind (a string where a hash
+# belongs): never a row's digest (60 bits), so it always differs.
+NOT_A_ROW = -1
 
 
 def document_converter(envelope_schema_json: bytes) -> Callable[[bytes], Document]:
@@ -52,12 +67,9 @@ def _glob(text: str) -> str:
 
 
 def _hash_form(fields: Mapping[str, bytes]) -> bytes:
-    """A Redis hash (column → JSON text) as one byte string, column order aside."""
-    return orjson.dumps(sorted((c, v.decode()) for c, v in fields.items()))
-
-
-def _json_form(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    """A Redis hash (column → JSON text) as :func:`pgcdc.core.row_digest.canonical` gives
+    the document it holds: fields sorted, each value as it is."""
+    return b"{" + b",".join(orjson.dumps(c) + b":" + fields[c] for c in sorted(fields)) + b"}"
 
 
 class CacheFollower:
@@ -76,17 +88,15 @@ class CacheFollower:
         return self.sink.read_watermark(self.job)
 
     def digest(self, key: str, doc: Mapping[str, Any]) -> int:
-        if self.sink.value_mode == "hash":
-            return row_digest(key, _hash_form({c: orjson.dumps(v) for c, v in doc.items()}))
-        return row_digest(key, _json_form(orjson.loads(orjson.dumps(doc))))
+        return digest(key, doc)
 
     def stored_digest(self, key: str, raw: Any) -> int | None:
         """The digest of what Redis answered for a row key (None: no row)."""
         if not raw:
             return None
         if self.sink.value_mode == "hash":
-            return row_digest(key, _hash_form({_text(c): v for c, v in raw.items()}))
-        return row_digest(key, _json_form(orjson.loads(raw)))
+            return digest_of_canonical(key, _hash_form({_text(c): v for c, v in raw.items()}))
+        return digest_of_canonical(key, canonical(orjson.loads(raw)))
 
     def _rows(self, table: str) -> Iterator[tuple[str, Any]]:
         prefix = f"{self.sink.key_prefix}:{table}:"
@@ -108,6 +118,23 @@ class CacheFollower:
                 out[key] = digest
         return out
 
+    def can_fold(self, table: str) -> bool:
+        """Whether Redis folds ``table`` itself (:mod:`.cache_fold`): hash mode, one
+        standalone server (a cluster's script sees only the keys it is given)."""
+        return self.sink.value_mode == "hash" and isinstance(self.sink.client, redis.Redis)
+
+    def fold(self, table: str, names: Sequence[str]) -> Folds:
+        prefix = f"{self.sink.key_prefix}:{table}:"
+        took = self.pacer.take if self.pacer is not None else None
+        return cache_fold.fold(self.sink.client, prefix, names, took)
+
+    def bucket_digests(
+        self, table: str, names: Sequence[str], buckets: frozenset[int]
+    ) -> dict[str, int]:
+        prefix = f"{self.sink.key_prefix}:{table}:"
+        took = self.pacer.take if self.pacer is not None else None
+        return cache_fold.rows(self.sink.client, prefix, names, buckets, took)
+
     def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
         pipe = self.sink.client.pipeline(transaction=False)
         ordered = sorted(keys)
@@ -117,11 +144,15 @@ class CacheFollower:
             row_key = self.sink.row_key(table, key)
             pipe.hgetall(row_key) if self.sink.value_mode == "hash" else pipe.get(row_key)
             pipe.get(self.sink.version_key(table, key))
-        answers = pipe.execute()
+        # A row key of another type (someone's SET) answers WRONGTYPE: a row that differs.
+        answers = pipe.execute(raise_on_error=False)
         out: dict[str, tuple[int | None, int | None]] = {}
         for i, key in enumerate(ordered):
             raw, version = answers[2 * i], answers[2 * i + 1]
-            held = parse_version(version).commit_lsn if version is not None else None
+            held = parse_version(version).commit_lsn if isinstance(version, bytes) else None
+            if isinstance(raw, redis.ResponseError):
+                out[key] = (NOT_A_ROW, held)
+                continue
             out[key] = (self.stored_digest(key, raw), held)
         return out
 
@@ -147,15 +178,124 @@ class SearchFollower:
         return self.sink.read_watermark(self.job)
 
     def digest(self, key: str, doc: Mapping[str, Any]) -> int:
-        # What the sink sends (orjson.dumps) read back as the index returns it.
-        return row_digest(key, _json_form(orjson.loads(orjson.dumps(doc))))
+        return digest(key, doc)
 
     def digests(self, table: str) -> dict[str, int]:
         index = self.sink.index_for(table)
         return {
-            h["_id"]: row_digest(h["_id"], _json_form(h["_source"]))
+            h["_id"]: digest_of_canonical(h["_id"], canonical(h["_source"]))
             for h in paced(every_document(self.search_url, index, page=5000), self.pacer)
         }
+
+    def can_fold(self, table: str) -> bool:
+        """Whether ``table``'s index keeps each document's digest beside it, out of
+        ``_source`` (the follower makes its indices so: :mod:`pgcdc.core.row_digest`)."""
+        try:
+            got = self.sink.client.indices.get_mapping(index=self.sink.index_for(table))
+        except NotFoundError:
+            return True  # no index: it folds to nothing, and every row is missing
+        return all(
+            FIELD in (body.get("mappings", {}).get("_source") or {}).get("excludes", ())
+            for body in got.values()
+        )
+
+    def _search(self, index: str, body: dict[str, Any]) -> Any:
+        return self.sink.client.search(index=index, body=body, params={"request_cache": "false"})
+
+    def fold(self, table: str, names: Sequence[str]) -> Folds:
+        """Every document folded by bucket: a ``sum`` aggregation of the kept digests'
+        parts per key-hash bucket inside OpenSearch, and the documents that keep none
+        (written by someone else, or by an older follower) read back and folded here."""
+        index = self.sink.index_for(table)
+        try:
+            self.sink.client.indices.refresh(index=index)
+        except NotFoundError:
+            return {}
+        parts = {p: {"sum": {"field": f"{FIELD}.{p}"}} for p in ("h1", "h2", "h3")}
+        body = {
+            "size": 0,
+            "query": {"exists": {"field": f"{FIELD}.b"}},
+            "aggs": {
+                "b": {
+                    "histogram": {
+                        "field": f"{FIELD}.b",
+                        "interval": 1 << (32 - BUCKET_BITS),
+                        "min_doc_count": 1,
+                    },
+                    "aggs": parts,
+                }
+            },
+        }
+        got = self._search(index, body)
+        out: Folds = {}
+        shift = 32 - BUCKET_BITS
+        for b in got["aggregations"]["b"]["buckets"]:
+            out[int(b["key"]) >> shift] = [
+                int(b["doc_count"]),
+                *(int(b[p]["value"]) for p in ("h1", "h2", "h3")),
+            ]
+        if self.pacer is not None:
+            self.pacer.take(sum(f[0] for f in out.values()))
+        for key, d in self._unkept(index).items():
+            h1, h2, h3 = split60(d)
+            f = out.setdefault(bucket(key_hash(key)), [0, 0, 0, 0])
+            f[0] += 1
+            f[1] += h1
+            f[2] += h2
+            f[3] += h3
+        return out
+
+    def _unkept(self, index: str, buckets: frozenset[int] | None = None) -> dict[str, int]:
+        """The documents that keep no digest (in ``buckets`` if given), read back: id →
+        digest of their ``_source``."""
+        query = {"bool": {"must_not": {"exists": {"field": f"{FIELD}.b"}}}}
+        out: dict[str, int] = {}
+        hits = every_document(self.search_url, index, page=5000, query=query)
+        for h in paced(hits, self.pacer):
+            key = h["_id"]
+            if buckets is None or bucket(key_hash(key)) in buckets:
+                out[key] = digest_of_canonical(key, canonical(h["_source"]))
+        return out
+
+    def bucket_digests(
+        self, table: str, names: Sequence[str], buckets: frozenset[int]
+    ) -> dict[str, int]:
+        """Each document in ``buckets`` and its digest: the kept parts (doc values, no
+        ``_source``), and the documents that keep none read back."""
+        index = self.sink.index_for(table)
+        shift = 32 - BUCKET_BITS
+        ranges: list[list[int]] = []
+        for b in sorted(buckets):
+            if ranges and ranges[-1][1] == b << shift:
+                ranges[-1][1] = (b + 1) << shift
+            else:
+                ranges.append([b << shift, (b + 1) << shift])
+        out: dict[str, int] = {}
+        fields = [f"{FIELD}.{p}" for p in ("h1", "h2", "h3")]
+        for start in range(0, len(ranges), 500):  # under indices.query.bool.max_clause_count
+            part = ranges[start : start + 500]
+            query = {
+                "bool": {
+                    "filter": {
+                        "bool": {
+                            "should": [
+                                {"range": {f"{FIELD}.b": {"gte": lo, "lt": hi}}} for lo, hi in part
+                            ],
+                            "minimum_should_match": 1,
+                        }
+                    }
+                }
+            }
+            extra = {"_source": False, "docvalue_fields": fields}
+            for h in paced(
+                every_document(self.search_url, index, page=5000, query=query, extra=extra),
+                self.pacer,
+            ):
+                v = h.get("fields", {})
+                h1, h2, h3 = (int(v[f][0]) for f in fields)
+                out[h["_id"]] = (h1 << 40) | (h2 << 20) | h3
+        out.update(self._unkept(index, buckets))
+        return out
 
     def read(self, table: str, keys: Collection[str]) -> dict[str, tuple[int | None, int | None]]:
         index = self.sink.index_for(table)
@@ -172,7 +312,10 @@ class SearchFollower:
         for doc in got:
             key = doc["_id"]
             if doc.get("found"):
-                out[key] = (row_digest(key, _json_form(doc["_source"])), int(doc["_version"]))
+                out[key] = (
+                    digest_of_canonical(key, canonical(doc["_source"])),
+                    int(doc["_version"]),
+                )
             else:
                 out[key] = (None, None)
         return out

@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pgcdc.core.errors import VerifyError
 from pgcdc.core.lsn import Lsn
+from pgcdc.core.row_digest import bucket, key_hash
 from pgcdc.verify.bisect import FACTOR, THRESHOLD, MemorySide, compare
 from pgcdc.verify.fence import CONFIRMATIONS, Settling, Verdict, fenced, judge
 
@@ -201,6 +202,136 @@ class StreamingLeader(Leader, Protocol):
         """As :meth:`Leader.read`; ``on_lsn`` is called with the snapshot's fence LSN as
         soon as it is known, before the rows are read."""
         ...
+
+
+def verify_pass_table(
+    table: str,
+    leader: FoldingLeader,
+    followers: Sequence[Follower],
+    *,
+    fence_timeout_s: float = 60.0,
+    fold: bool = True,
+) -> list[TableResult]:
+    """``table`` against every follower: folded inside the stores (:func:`verify_folded`)
+    when ``fold`` and every follower's store can, else every row read back
+    (:func:`verify_followers`)."""
+    folding = [f for f in followers if isinstance(f, FoldingFollower) and f.can_fold(table)]
+    if fold and followers and len(folding) == len(followers):
+        return verify_folded(table, leader, folding, fence_timeout_s=fence_timeout_s)
+    return verify_followers(table, leader, followers, fence_timeout_s=fence_timeout_s)
+
+
+class FoldingLeader(StreamingLeader, Protocol):
+    def fold(
+        self, table: str, *, on_start: Callable[[int, Sequence[str]], None] | None = None
+    ) -> LeaderFolds:
+        """A fresh snapshot of ``table`` folded by bucket; ``on_start`` is given its fence
+        LSN and the documents' sorted fields as soon as they are known."""
+        ...
+
+    def read_buckets(self, table: str, buckets: frozenset[int]) -> LeaderRead:
+        """A fresh snapshot of the rows whose ids fall in ``buckets``."""
+        ...
+
+
+class LeaderFolds(Protocol):
+    @property
+    def lsn(self) -> int: ...
+
+    @property
+    def folds(self) -> Mapping[int, Sequence[int]]: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def names(self) -> Sequence[str]: ...
+
+
+@runtime_checkable
+class FoldingFollower(Follower, Protocol):
+    def can_fold(self, table: str) -> bool:
+        """Whether the follower's store folds ``table`` itself."""
+        ...
+
+    def fold(self, table: str, names: Sequence[str]) -> Mapping[int, Sequence[int]]:
+        """Every row the follower holds folded by bucket (``names``: the documents' sorted
+        fields)."""
+        ...
+
+    def bucket_digests(
+        self, table: str, names: Sequence[str], buckets: frozenset[int]
+    ) -> dict[str, int]:
+        """Each key the follower holds in ``buckets`` and its row's digest."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Rows:
+    lsn: int
+    rows: Mapping[str, Mapping[str, Any]]
+
+
+def _differing(a: Mapping[int, Sequence[int]], b: Mapping[int, Sequence[int]]) -> frozenset[int]:
+    return frozenset(k for k in a.keys() | b.keys() if list(a.get(k, ())) != list(b.get(k, ())))
+
+
+def verify_folded(
+    table: str,
+    leader: FoldingLeader,
+    followers: Sequence[FoldingFollower],
+    *,
+    fence_timeout_s: float = 60.0,
+) -> list[TableResult]:
+    """``table`` against every follower, each store folding its own rows by bucket
+    (:mod:`pgcdc.core.row_digest`): PostgreSQL's rows rendered and folded as they are read,
+    each follower's folded inside it behind the snapshot's fence, in a thread of its own,
+    while PostgreSQL's are still being read. Only the buckets whose folds differ are read
+    row by row (a fresh snapshot, each follower behind its fence), and their keys go through
+    :func:`verify_table`'s comparison and fenced re-checks, as every key does unfolded."""
+    if not followers:
+        return []
+    with ThreadPoolExecutor(len(followers), thread_name_prefix="verify-follower") as pool:
+        held: list[Future[Mapping[int, Sequence[int]]]] = []
+
+        def behind_fence(
+            follower: FoldingFollower, lsn: int, names: Sequence[str]
+        ) -> Mapping[int, Sequence[int]]:
+            wait_fenced(follower, lsn, fence_timeout_s)
+            return follower.fold(table, names)
+
+        def started(lsn: int, names: Sequence[str]) -> None:
+            held.extend(pool.submit(behind_fence, f, lsn, names) for f in followers)
+
+        first = leader.fold(table, on_start=started)
+        folds = [h.result() for h in held]
+    differing = [_differing(first.folds, f) for f in folds]
+    union = frozenset().union(*differing)
+    rows = leader.read_buckets(table, union) if union else _Rows(first.lsn, {})
+    results = []
+    for follower, theirs, buckets in zip(followers, folds, differing, strict=True):
+        kept: dict[str, int] = {}
+        mine: dict[str, Mapping[str, Any]] = {}
+        if buckets:
+            wait_fenced(follower, rows.lsn, fence_timeout_s)
+            kept = follower.bucket_digests(table, first.names, buckets)
+            mine = {k: doc for k, doc in rows.rows.items() if bucket(key_hash(k)) in buckets}
+        result = verify_table(
+            table,
+            leader,
+            follower,
+            fence_timeout_s=fence_timeout_s,
+            first=_Rows(rows.lsn, mine),
+            held=kept,
+        )
+        held_rows = sum(f[0] for f in theirs.values())
+        result.leader_rows = first.rows
+        result.follower_rows = held_rows
+        result.rows_checked = max(first.rows, held_rows)
+        result.segments_folded = len(first.folds.keys() | theirs.keys())
+        result.snapshot_lsn = first.lsn
+        results.append(result)
+    return results
 
 
 def verify_followers(

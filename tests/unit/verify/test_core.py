@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.core.errors import VerifyError
+from pgcdc.core.row_digest import digest_of_canonical as row_digest
 from pgcdc.verify.bisect import MemorySide, compare
 from pgcdc.verify.fence import Settling, Verdict, fenced, judge
-from pgcdc.verify.fold import Fold, fold, row_digest
+from pgcdc.verify.fold import Fold, fold
 from pgcdc.verify.report import as_json, as_text
 from pgcdc.verify.run import TableResult, verify_followers, verify_table, wait_fenced
 from pgcdc.verify.segments import Segment, split

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pgcdc.verify.fold import row_digest
+from pgcdc.core.row_digest import canonical, digest_of_canonical
 from pgcdc.verify.followers import CacheFollower, SearchFollower, document_converter
 from sinks.cache import CacheSink
 
@@ -63,10 +63,10 @@ def test_the_search_digest_of_a_rendered_row_is_the_held_sources() -> None:
     for row, doc in _docs():
         key = row["key"]
         source = orjson.loads(orjson.dumps(row["search_source"]))
-        held = row_digest(key, orjson.dumps(source, option=orjson.OPT_SORT_KEYS))
+        held = digest_of_canonical(key, canonical(source))
         assert held == search.digest(key, doc)
         changed = {**source, "price": "0.01"}
-        assert row_digest(key, orjson.dumps(changed, option=orjson.OPT_SORT_KEYS)) != held
+        assert digest_of_canonical(key, canonical(changed)) != held
 
 
 def test_the_json_mode_cache_digest_ignores_key_order_only() -> None:

@@ -42,7 +42,7 @@ for i = 1, n do
   pre[i] = (i > 1 and ',' or '{') .. ARGV[9 + n + i] .. ':'
 end
 local parts = {}
-local out, acc, order, seen = {}, {}, {}, 0
+local out, cnt, s1, s2, s3, order, seen = {}, {}, {}, {}, {}, {}, 0
 repeat
   local got = redis.call('SCAN', cursor, 'MATCH', match, 'COUNT', count)
   cursor = got[1]
@@ -73,16 +73,19 @@ repeat
       end
       local d = redis.sha1hex(id .. '\0' .. text)
       if mode == 'fold' then
-        local a = acc[b]
-        if a == nil then
-          a = {0, 0, 0, 0}
-          acc[b] = a
+        local c = cnt[b]
+        if c == nil then
+          cnt[b] = 1
+          s1[b] = tonumber(string.sub(d, 1, 5), 16)
+          s2[b] = tonumber(string.sub(d, 6, 10), 16)
+          s3[b] = tonumber(string.sub(d, 11, 15), 16)
           order[#order + 1] = b
+        else
+          cnt[b] = c + 1
+          s1[b] = s1[b] + tonumber(string.sub(d, 1, 5), 16)
+          s2[b] = s2[b] + tonumber(string.sub(d, 6, 10), 16)
+          s3[b] = s3[b] + tonumber(string.sub(d, 11, 15), 16)
         end
-        a[1] = a[1] + 1
-        a[2] = a[2] + tonumber(string.sub(d, 1, 5), 16)
-        a[3] = a[3] + tonumber(string.sub(d, 6, 10), 16)
-        a[4] = a[4] + tonumber(string.sub(d, 11, 15), 16)
       else
         out[#out + 1] = id
         out[#out + 1] = string.sub(d, 1, 15)
@@ -91,13 +94,14 @@ repeat
   end
 until cursor == '0' or seen >= budget
 if mode == 'fold' then
+  local j = 0
   for _, b in ipairs(order) do
-    local a = acc[b]
-    out[#out + 1] = b
-    out[#out + 1] = a[1]
-    out[#out + 1] = a[2]
-    out[#out + 1] = a[3]
-    out[#out + 1] = a[4]
+    out[j + 1] = b
+    out[j + 2] = cnt[b]
+    out[j + 3] = s1[b]
+    out[j + 4] = s2[b]
+    out[j + 5] = s3[b]
+    j = j + 5
   end
 end
 table.insert(out, 1, seen)

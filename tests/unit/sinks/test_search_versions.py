@@ -201,3 +201,22 @@ def test_an_index_that_takes_no_digest_gets_the_row_alone() -> None:
     ops: list[_Op] = []
     sink._add_index_op(ops, BatchOutcomes([change]), 0, change, "cdc-old-W", doc, None)
     assert ops[0].digest == b"" and ops[0].action.split(b"\n")[1] == orjson.dumps(doc)
+
+
+def test_a_tables_targets_are_read_again_once_its_index_is_laid_out_again() -> None:
+    """What a lost index's recovery forgets: whether each of its table's write targets
+    (the serving version, the next one, their write aliases) takes the digest; another
+    table's stay known."""
+    from sinks import search_versions as v
+
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    name, other = sink.index_for("public.a"), sink.index_for("public.b")
+    serving = v.Serving(name, f"{name}-v2", 2)
+    sink._serving[name] = serving
+    sink._writes[name] = v.write_alias(name)
+    sink._builds["public.a"] = (serving, f"{name}-v3")
+    sink._build_writes["public.a"] = v.write_alias(f"{name}-v3")
+    targets = [name, f"{name}-v2", f"{name}-v3", v.write_alias(name), v.write_alias(f"{name}-v3")]
+    sink._digests.update({t: True for t in [*targets, other, v.write_alias(other)]})
+    sink._forget_digests("public.a")
+    assert sink._digests == {other: True, v.write_alias(other): True}

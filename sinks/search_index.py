@@ -200,7 +200,7 @@ def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str
     ``fields`` is the ``fields`` list of the row struct (the envelope's ``after``), each a
     Connect schema with ``field``, ``type`` and optionally ``name`` and ``items``. Columns
     added later are still mapped dynamically. Unknown semantic names fall back to the plain
-    Connect type.
+    Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`.
     """
     mapping = dynamic_mapping()
     mapping["properties"] = {**_properties(fields), **mapping["properties"]}
@@ -286,9 +286,7 @@ def refused_columns(
     row digest's field is no column, never compared."""
     out = []
     for column, wanted in _properties(fields).items():
-        held = live.get(column)
-        if column == row_digest.FIELD:
-            continue
+        held = live.get(column) if column != row_digest.FIELD else None
         if held is not None and not takes(held, wanted):
             out.append((column, str(held.get("type", "object")), str(wanted.get("type", "object"))))
     return out

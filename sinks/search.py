@@ -35,6 +35,18 @@ slipping in between would have its values for the unchanged columns replaced by 
 ones. The pipeline rules that out by design: a key lives in one Kafka partition, which one
 task at a time applies, in order.
 
+Row digests. Each index action into an index whose mapping leaves
+:data:`~pgcdc.core.row_digest.FIELD` out of ``_source`` (:func:`sinks.search_index.keeps_digest`:
+every index this sink makes) carries the document's :func:`~pgcdc.core.row_digest.stored`
+digest in that field, computed from the very values its ``_source`` holds, so ``cdc verify``
+folds the index's rows inside OpenSearch (issue 32). An index made before that keeps
+``_source`` as it is shown: its documents carry no digest, and verify reads them back. Whether a
+write target (a write alias or an index) takes the digest is read from its mapping once and
+kept; an index this sink makes is known without a read, an alias pointed again is read again.
+A write moved to another target (an echo into the serving version during a build, a write
+sent again after its index was lost) drops the digest if the new target does not take it.
+Deletes carry none.
+
 Lost indices. Writes go through a write alias per index (:func:`sinks.search_versions.write_alias`,
 upper case, so no index can be made under that name): once the index (or the alias) is gone
 OpenSearch refuses the write instead of making a new index with a mapping guessed from the
@@ -58,6 +70,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import SerializationError, TransportError
 from opensearchpy.serializer import JSONSerializer
 
+from pgcdc.core import row_digest
 from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import opensearch_options
@@ -78,6 +91,7 @@ from sinks.search_index import (
     dynamic_mapping,
     index_name,
     index_settings,
+    keeps_digest,
     mapping_from_connect_schema,
     refused_columns,
     row_fields,
@@ -110,6 +124,9 @@ _MGET_CHUNK: Final = 500
 # rest of each item (index, id, version, shards, sequence numbers) is most of the answer, for
 # OpenSearch to write and for the client to parse (stdlib json, in the task's time).
 _BULK_ITEMS: Final = "items.*.status,items.*.result,items.*.error"
+# What a source line takes after its other fields: the row digest's field and object.
+_DIGEST_FIELD: Final = orjson.dumps(row_digest.FIELD) + b":"
+_DIGEST_AFTER: Final = b"," + _DIGEST_FIELD
 
 
 @dataclass(slots=True)
@@ -128,6 +145,9 @@ class _Op:
     # A write to the next version of a change of an older shape than the one that version
     # was made for: refused there, it is superseded, not dead-lettered (_older_shape).
     older_shape: bool = False
+    # The bytes that put the row digest at the end of the source line (_add_index_op), or
+    # none: what _moved cuts for a target that does not take it.
+    digest: bytes = b""
 
 
 class AnswerReader(JSONSerializer):
@@ -215,6 +235,10 @@ class SearchSink:
         # Bulk action line formats per (kind, index) (sinks.search_requests.action_format);
         # an index action's takes its source line too.
         self._action_formats: dict[tuple[str, str], bytes] = {}
+        # Per write target (an alias or an index): whether its index leaves the row
+        # digest's field out of _source, so that index actions into it carry the digest.
+        self._digests: dict[str, bool] = {}
+        self._digest_unreadable = False  # a mapping the follower may not read (logged once)
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -445,7 +469,7 @@ class SearchSink:
             f"resolve {now.name}", partial(versions.serving, self.client, now.name)
         )
         if current is not None and current.index == target:
-            self._serving[now.name] = current
+            self._switched(now.name, current)
             return True
         lacking = self._retrying.call(
             f"compare {target} with {now.index}",
@@ -467,7 +491,7 @@ class SearchSink:
             # Another worker switched first (the old version or alias is gone): as it is now.
             current = versions.serving(self.client, now.name)
             if current is not None and current.index == target:
-                self._serving[now.name] = current
+                self._switched(now.name, current)
                 return True
             if retryable_status(e.status_code):
                 raise RetryableSinkError(f"cannot switch {now.name} to {target}: {e}") from e
@@ -495,7 +519,7 @@ class SearchSink:
             return False
         self._clear_refused_switch(now.name)
         # The switch moved the write alias too: writes go on into it.
-        self._serving[now.name] = versions.Serving(now.name, target, now.version + 1)
+        self._switched(now.name, versions.Serving(now.name, target, now.version + 1))
         if retired is not None:
             self._retrying.call(f"retire {retired}", partial(versions.retire, self.client, retired))
         log.warning(
@@ -507,6 +531,13 @@ class SearchSink:
             extra={"table": table, "index": now.name},
         )
         return True
+
+    def _switched(self, name: str, now: versions.Serving) -> None:
+        """``name`` reads (and its write alias writes into) ``now.index`` after a switch."""
+        self._serving[name] = now
+        for target in (versions.write_alias(name), self._writes.get(name)):
+            if target is not None:
+                self._digests.pop(target, None)
 
     def _record_refused_switch(self, now: versions.Serving, target: str, e: TransportError) -> None:
         """Record in the watermark index that ``now.name`` cannot switch to ``target``
@@ -701,12 +732,19 @@ class SearchSink:
             )
             return index
         self._aliased.add(alias)
+        # The alias writes into ``index`` now: it takes the digest if that index does.
+        known = self._digests.get(index)
+        if known is None:
+            self._digests.pop(alias, None)
+        else:
+            self._digests[alias] = known
         return alias
 
     def _recover(self, table: str) -> None:
         """A write into ``table``'s index found it (or its next version, or an alias) gone:
         forget what was known and lay it out again; a build under way goes on."""
         name = self.index_for(table)
+        self._forget_digests(table)
         self._ready.discard(name)
         self._lay_out(table, lost=True)
         build = self._builds.get(table)
@@ -759,6 +797,54 @@ class SearchSink:
         self._builds[table] = (now, target)
         self._build_writes[table] = self._write_alias(versions.write_alias(target), target)
 
+    def _forget_digests(self, table: str) -> None:
+        """Forget whether ``table``'s write targets take the row digest: they are made or
+        pointed again (read again at their next write if not known then)."""
+        name = self.index_for(table)
+        targets = {name, versions.write_alias(name), self._writes.get(name, name)}
+        now = self._serving.get(name)
+        if now is not None:
+            targets.add(now.index)
+        build = self._builds.get(table)
+        if build is not None:
+            nxt = build[1]
+            targets |= {nxt, versions.write_alias(nxt), self._build_writes.get(table, nxt)}
+        for target in targets:
+            self._digests.pop(target, None)
+
+    def _keeps_digest(self, target: str) -> bool:
+        """Whether index actions into the write target ``target`` carry the row digest: its
+        index leaves the digest's field out of ``_source`` (read once, then kept). A target
+        found gone, or whose mapping the follower may not read (said once), takes none."""
+        known = self._digests.get(target)
+        if known is not None:
+            return known
+        try:
+            got = self._retrying.call(
+                f"read the mapping of {target}", partial(versions.mappings, self.client, target)
+            )
+        except RetryableSinkError:
+            raise
+        except SinkError as e:
+            if not self._digest_unreadable:
+                self._digest_unreadable = True
+                log.warning(
+                    "cannot read the mapping of %s (%s): documents are written without their "
+                    "row digest, and cdc verify reads them back instead of folding them in "
+                    "OpenSearch",
+                    target,
+                    e,
+                    extra={"index": target},
+                )
+            self._digests[target] = False
+            return False
+        # Gone: its writes are refused and sent again once it is made again, which forgets
+        # this (_recover).
+        bodies = list((got or {}).values())
+        known = bool(bodies) and all(keeps_digest(b.get("mappings") or {}) for b in bodies)
+        self._digests[target] = known
+        return known
+
     def _create_index(
         self, name: str, mapping: Mapping[str, Any], aliases: Sequence[str] = ()
     ) -> bool:
@@ -794,6 +880,8 @@ class SearchSink:
 
         self._retrying.call(f"create index {name}", create)
         self._ready.add(name)
+        if created[0]:  # made with this mapping: whether it takes the digest is known
+            self._digests[name] = keeps_digest(mapping)
         return created[0]
 
     def refresh_indices(self, *tables: str) -> None:
@@ -876,15 +964,13 @@ class SearchSink:
             if build is None:
                 continue
             serving = self._writes.get(build[0].name, build[0].name)
-            echoes.append(
-                _Op(
-                    op.slot,
-                    op.table,
-                    serving,
-                    _moved(op, serving, require_alias=serving in self._aliased),
-                    echo=True,
-                )
+            action, digest = _moved(
+                op,
+                serving,
+                require_alias=serving in self._aliased,
+                digest=self._keeps_digest(serving),
             )
+            echoes.append(_Op(op.slot, op.table, serving, action, echo=True, digest=digest))
         return echoes
 
     def _check(self, change: Change) -> str:
@@ -918,15 +1004,22 @@ class SearchSink:
         values: Mapping[str, Any],
         note: str | None,
     ) -> None:
+        """An index action of ``values`` as ``_source``, with the row digest of exactly those
+        values if ``index`` takes it (:meth:`_keeps_digest`)."""
         try:
             source = orjson.dumps(values)
         except (TypeError, orjson.JSONEncodeError) as e:
             outcomes.set(slot, Outcome.FAILED, f"document is not JSON: {e}")
             return
+        digest = b""
+        if source[-1:] == b"}" and self._keeps_digest(index):  # an object: the row
+            kept = orjson.dumps(row_digest.stored(change.key, values))
+            digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + kept
+            source = source[:-1] + digest + b"}"
         fmt = self._action_format("index", index)
         action = fmt % (orjson.dumps(change.key), change.commit_lsn, source)
         older = self._older_shape(change, index)
-        ops.append(_Op(slot, change.table, index, action, note, older_shape=older))
+        ops.append(_Op(slot, change.table, index, action, note, older_shape=older, digest=digest))
 
     def _older_shape(self, change: Change, index: str) -> bool:
         """Whether ``change`` goes to its table's next version (``index``, its write alias)
@@ -1088,7 +1181,9 @@ class SearchSink:
                 index = self._writes.get(name, name)
             else:
                 index = self._build_writes.get(op.table, build[1])
-            op.action = _moved(op, index, require_alias=index in self._aliased)
+            op.action, op.digest = _moved(
+                op, index, require_alias=index in self._aliased, digest=self._keeps_digest(index)
+            )
             op.index = index
             op.last_error = f"index {op.index} was gone"
 
@@ -1197,11 +1292,17 @@ class SearchSink:
         self.client.close()
 
 
-def _moved(op: _Op, index: str, *, require_alias: bool) -> bytes:
-    """``op``'s action into ``index`` instead (its index is in the action line's head)."""
+def _moved(op: _Op, index: str, *, require_alias: bool, digest: bool) -> tuple[bytes, bytes]:
+    """``op``'s action into ``index`` instead (its index is in the action line's head), and
+    the digest bytes it carries: ``op``'s if ``digest`` (``index`` takes the row digest),
+    else none, cut from the source line, which is then exactly the row."""
+    action, kept = op.action, op.digest
+    if kept and not digest:
+        # The source line ends with the digest, the row's closing brace and a newline.
+        action, kept = action[: -len(kept) - 2] + b"}\n", b""
     if index == op.index:
-        return op.action
-    head, sep, rest = op.action.partition(b"\n")
+        return action, kept
+    head, sep, rest = action.partition(b"\n")
     head = head.replace(orjson.dumps(op.index), orjson.dumps(index), 1)
     # The flag follows the target (an alias can require one, an index cannot): as
     # action_format sets it, not on deletes.
@@ -1209,7 +1310,7 @@ def _moved(op: _Op, index: str, *, require_alias: bool) -> bytes:
     head = head.replace(flag, b"", 1)
     if require_alias and not head.startswith(b'{"delete"'):
         head = head[:-2] + flag + b"}}"
-    return head + sep + rest
+    return head + sep + rest, kept
 
 
 def _index_gone(error: object) -> bool:

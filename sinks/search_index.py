@@ -5,6 +5,12 @@ Pure code, no I/O. One index per table, named by the contract's
 encoded for index names (plain lower-case names unchanged; upper case, dots, spaces, quotes
 and unicode escaped as ``-hh``, so ``Orders`` and ``orders`` get indices of their own), and
 one index for the followers' watermarks.
+
+Every table index keeps each row's digest (:mod:`pgcdc.core.row_digest`) beside it in
+:data:`~pgcdc.core.row_digest.FIELD`, mapped for aggregations and left out of ``_source``, so
+``cdc verify`` folds a range of rows inside OpenSearch while ``_source`` stays exactly the
+row. That field is never a column (its name is longer than any PostgreSQL identifier): what
+compares an index's mapping with a table's columns looks at the columns alone.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from pgcdc.core import row_digest
 from pgcdc.core.contract import table_index
 from pgcdc.core.errors import ConfigError, SinkError
 
@@ -169,9 +176,22 @@ def dynamic_mapping() -> dict[str, Any]:
     """Mapping for a table whose schema is unknown: fields are typed by their first value.
 
     Date detection is off, so a string column whose first value looks like a date stays a
-    string and later values cannot fail to parse.
+    string and later values cannot fail to parse. The row digest's field is mapped and left
+    out of ``_source`` (:func:`keeps_digest` holds for it).
     """
-    return {"dynamic": True, "date_detection": False}
+    return {
+        "dynamic": True,
+        "date_detection": False,
+        "_source": {"excludes": [row_digest.FIELD]},
+        "properties": row_digest.mapping_properties(),
+    }
+
+
+def keeps_digest(mapping: Mapping[str, Any]) -> bool:
+    """Whether an index of ``mapping`` (its ``mappings`` as OpenSearch answers them) leaves
+    the row digest's field out of ``_source``: only then may a document carry it, unseen."""
+    source = mapping.get("_source") or {}
+    return row_digest.FIELD in (source.get("excludes") or ())
 
 
 def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -180,10 +200,10 @@ def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str
     ``fields`` is the ``fields`` list of the row struct (the envelope's ``after``), each a
     Connect schema with ``field``, ``type`` and optionally ``name`` and ``items``. Columns
     added later are still mapped dynamically. Unknown semantic names fall back to the plain
-    Connect type.
+    Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`.
     """
     mapping = dynamic_mapping()
-    mapping["properties"] = _properties(fields)
+    mapping["properties"] = {**_properties(fields), **mapping["properties"]}
     return mapping
 
 
@@ -262,10 +282,11 @@ def refused_columns(
 ) -> list[tuple[str, str, str]]:
     """(column, type in the index, type it would take now) for each column of ``fields`` (a
     row struct's Connect schema) that the index's ``live`` properties map so that some of
-    its values are refused. Columns the index does not map yet are mapped dynamically."""
+    its values are refused. Columns the index does not map yet are mapped dynamically; the
+    row digest's field is no column, never compared."""
     out = []
     for column, wanted in _properties(fields).items():
-        held = live.get(column)
+        held = live.get(column) if column != row_digest.FIELD else None
         if held is not None and not takes(held, wanted):
             out.append((column, str(held.get("type", "object")), str(wanted.get("type", "object"))))
     return out

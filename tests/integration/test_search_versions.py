@@ -18,6 +18,7 @@ from sinks.base import Change, Outcome
 from sinks.search import SearchSink
 from sinks.search_index import index_settings
 from tests.conftest import Endpoints, wait_until
+from tests.integration.search_digests import digest_folds, digests_missing, python_folds
 
 pytestmark = pytest.mark.integration
 
@@ -204,6 +205,57 @@ def test_the_sink_builds_the_next_version_after_a_type_change_and_switches(
             Outcome.APPLIED
         }
         assert sink.client.get(index=name, id="1")["_source"]["qty"] == "later"
+    finally:
+        sink.close()
+
+
+def test_echoes_into_a_serving_version_made_before_digests_carry_none(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """Version 1 made by an older sink (no _source excludes): while version 2 is built, the
+    changes go to version 2 with their row digest and to version 1, as echoes, without it;
+    after the switch the name's write alias writes into version 2, digests and all."""
+    from pgcdc.core import row_digest
+
+    sink = SearchSink(
+        endpoints.search_url,
+        index_prefix,
+        evolve_indices=True,
+        refresh=True,
+        build_check_interval_s=float("inf"),  # switched below, when the test says
+    )
+    try:
+        name = sink.index_for(T)
+        _create(sink, name, "integer", 1)
+        sink.register_schema(T, _schema("int32"))
+        assert {r.outcome for r in sink.apply(_changes(range(6), 7, 100))} == {Outcome.APPLIED}
+        sink.register_schema(T, _schema("string"))  # ALTER COLUMN qty TYPE text
+        nxt = f"{name}-v2"
+        assert sink._builds[T][1] == nxt
+        # "5" is text for version 2 and a number version 1 still takes: the echoes land.
+        got = sink.apply(_changes(range(6), "5", 200))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        rows = {str(i): {"id": i, "qty": "5"} for i in range(6)}
+
+        def sources(index: str) -> dict[str, object]:
+            sink.client.indices.refresh(index=index)
+            hits = sink.client.search(index=index, body={"query": {"match_all": {}}})
+            return {h["_id"]: h["_source"] for h in hits["hits"]["hits"]}
+
+        assert sources(name) == rows  # the echoes' _source: the rows alone
+        held = sink.client.indices.get_mapping(index=name)[name]["mappings"]
+        assert row_digest.FIELD not in held["properties"] and "_source" not in held
+        assert sources(nxt) == rows
+        assert digest_folds(sink.client, nxt) == python_folds(rows)
+        assert sink.advance_builds(force=True) == [T]
+        assert v.serving(sink.client, name) == v.Serving(name, nxt, 2)
+        # Through the name's write alias, now on version 2: the digests go with the rows.
+        got = sink.apply(_changes(range(4, 9), "x", 300))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        rows.update({str(i): {"id": i, "qty": "x"} for i in range(4, 9)})
+        assert sources(nxt) == rows
+        assert digests_missing(sink.client, nxt) == 0
+        assert digest_folds(sink.client, nxt) == python_folds(rows)
     finally:
         sink.close()
 

@@ -10,12 +10,15 @@ from typing import Any
 import pytest
 from opensearchpy.exceptions import NotFoundError
 
+from pgcdc.core import row_digest
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.search_documents import every_document
 from sinks.base import Change
 from sinks.search import SearchSink
+from sinks.search_index import index_settings
 from tests.conftest import Endpoints, wait_until
+from tests.integration.search_digests import digest_folds, digests_missing, python_folds
 
 pytestmark = pytest.mark.integration
 
@@ -391,6 +394,8 @@ def test_an_index_deleted_under_the_sink_is_made_again_as_the_sink_makes_it(
         assert _outcomes(other.apply([row(6, 300)])) == ["applied"]
         assert _outcomes(sink.apply([row(7, 300)])) == ["applied"]
         assert set(_all_docs(sink)) == {"4", "5", "6", "7"}
+        # The writes sent again into the index made again keep their row digests.
+        assert digests_missing(sink.client, name) == 0
         assert _lost_lines(caplog) == [
             f"index {name} {_LOST}: created it again as the follower creates it ({name}, "
             "version 1, the table's mapping) and wrote the changes it refused; the documents "
@@ -529,3 +534,104 @@ def test_every_document_pages_through_an_index_without_an_id_sort(
     docs = {h["_id"]: h["_source"] for h in every_document(base, index, page=3)}
     assert docs == {str(i): {"id": i, "n": i / 10} for i in range(7)}
     assert list(every_document(base, index + "-absent")) == []
+
+
+# -- row digests (issue 32) ------------------------------------------------------------------
+
+_F = row_digest.FIELD
+
+
+def _sources(sink: SearchSink, index: str) -> dict[str, dict[str, Any]]:
+    """Every document's _source, by search, checked against a realtime GET of each."""
+    sink.client.indices.refresh(index=index)
+    hits = sink.client.search(index=index, body={"size": 1000, "query": {"match_all": {}}})
+    found = {h["_id"]: h["_source"] for h in hits["hits"]["hits"]}
+    for key, source in found.items():
+        assert sink.client.get(index=index, id=key)["_source"] == source
+    return found
+
+
+def test_each_document_keeps_its_row_digest_out_of_source(sink: SearchSink) -> None:
+    """Inserts, an unchanged-TOAST merge and a delete: ``_source`` (search and GET) is
+    exactly each row, and OpenSearch's folds of the kept digests per bucket equal those of
+    the rows the test wrote; a partial _update by another writer drops the digest."""
+    body = "word " * 5_000
+    rows = {
+        str(i): {
+            "id": i,
+            "title": f'row {i} \u00e9"',
+            "n": i / 7,
+            "tags": ["a", str(i)],
+            "none": None,
+            "ok": i % 2 == 0,
+        }
+        for i in range(300)
+    }
+    rows["toast"] = {"id": -1, "body": body, "n": 1}
+    rows["empty"] = {}
+    got = sink.apply([Change(T, k, 100, i, doc) for i, (k, doc) in enumerate(rows.items())])
+    assert set(_outcomes(got)) == {"applied"}
+    partial = Change(
+        T,
+        "toast",
+        200,
+        0,
+        {"id": -1, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 2},
+        frozenset({"body"}),
+    )
+    assert [(r.outcome, r.reason) for r in sink.apply([partial])] == [("applied", None)]
+    rows["toast"] = {"id": -1, "body": body, "n": 2}
+    assert _outcomes(sink.apply([Change(T, "7", 300, 0, None)])) == ["applied"]
+    del rows["7"]
+
+    index = sink.index_for(T)
+    assert _sources(sink, index) == rows  # no digest in any _source
+    mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
+    assert mapping["_source"] == {"excludes": [_F]}
+    assert set(mapping["properties"][_F]["properties"]) == {"b", "h1", "h2", "h3"}
+    folds = digest_folds(sink.client, index)
+    assert folds == python_folds(rows)
+    assert sum(f[0] for f in folds.values()) == len(rows) and len(folds) > 100
+    assert digests_missing(sink.client, index) == 0
+
+    # Another writer's partial update rewrites the document from _source: the digest goes,
+    # which is what tells verify to read that document back.
+    sink.client.update(index=index, id="3", body={"doc": {"n": 0}}, params={"refresh": "true"})
+    assert digests_missing(sink.client, index) == 1
+    assert _sources(sink, index)["3"] == {**rows["3"], "n": 0}
+
+
+def test_an_index_made_before_digests_gets_the_rows_alone(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """An index an older sink made (no _source excludes, no write alias yet): the sink
+    writes rows into it without the digest, which _source would show, and OpenSearch maps
+    no digest field in it."""
+    sink = SearchSink(endpoints.search_url, index_prefix)
+    try:
+        index = sink.index_for(T)
+        old = {"dynamic": True, "date_detection": False}
+        sink.client.indices.create(
+            index=index, body={"settings": index_settings(), "mappings": old}
+        )
+        rows = {str(i): {"id": i, "body": f"b{i}", "n": i} for i in range(20)}
+        got = sink.apply([Change(T, k, 100, i, doc) for i, (k, doc) in enumerate(rows.items())])
+        assert set(_outcomes(got)) == {"applied"}
+        partial = Change(
+            T,
+            "4",
+            200,
+            0,
+            {"id": 4, "body": UNAVAILABLE_VALUE_PLACEHOLDER, "n": 5},
+            frozenset({"body"}),
+        )
+        assert _outcomes(sink.apply([partial])) == ["applied"]
+        rows["4"] = {"id": 4, "body": "b4", "n": 5}
+        assert _outcomes(sink.apply([Change(T, "9", 300, 0, None)])) == ["applied"]
+        del rows["9"]
+        assert _sources(sink, index) == rows
+        mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
+        assert "_source" not in mapping and _F not in mapping["properties"]
+        assert set(sink.client.indices.get_alias(index=index)[index]["aliases"]) == {f"{index}-W"}
+    finally:
+        sink.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from pgcdc.core import row_digest
 from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, SinkError
 from sinks.search_index import (
@@ -15,7 +16,9 @@ from sinks.search_index import (
     dynamic_mapping,
     index_name,
     index_settings,
+    keeps_digest,
     mapping_from_connect_schema,
+    refused_columns,
     row_fields,
 )
 
@@ -145,7 +148,7 @@ def test_mapping_types_every_column() -> None:
     assert p["where"]["properties"]["wkb"] == {"type": "binary"}
     assert p["kv"] == {"type": "object", "enabled": False}
     assert p["odd"]["type"] == "text"  # unknown types pass through as strings
-    assert set(p) == {f["field"] for f in ROW_FIELDS}
+    assert set(p) == {f["field"] for f in ROW_FIELDS} | {row_digest.FIELD}
 
 
 def test_mapping_entries_are_copies() -> None:
@@ -223,4 +226,45 @@ def test_index_settings_keep_tombstones_longer_than_the_default() -> None:
     custom = index_settings(shards=3, replicas=1, refresh_interval="250ms")["index"]
     assert (custom["number_of_shards"], custom["number_of_replicas"]) == (3, 1)
     assert custom["refresh_interval"] == "250ms"
-    assert dynamic_mapping() == {"dynamic": True, "date_detection": False}
+    assert dynamic_mapping() == {
+        "dynamic": True,
+        "date_detection": False,
+        "_source": {"excludes": [row_digest.FIELD]},
+        "properties": row_digest.mapping_properties(),
+    }
+
+
+def test_every_table_mapping_keeps_the_row_digest_out_of_source() -> None:
+    """Both mappings of a table's index map the digest for aggregations and leave it out
+    of ``_source``; the columns' mappings are untouched by it."""
+    from sinks.search_versions import with_version
+
+    typed = mapping_from_connect_schema(ROW_FIELDS)
+    for mapping in (dynamic_mapping(), typed, with_version(typed, "cdc-public.t", 2, 7)):
+        assert keeps_digest(mapping)
+        assert mapping["_source"] == {"excludes": [row_digest.FIELD]}
+        assert mapping["properties"][row_digest.FIELD] == {
+            "properties": {
+                "b": {"type": "long"},
+                "h1": {"type": "long", "index": False},
+                "h2": {"type": "long", "index": False},
+                "h3": {"type": "long", "index": False},
+            }
+        }
+    assert {k: v for k, v in typed["properties"].items() if k != row_digest.FIELD} == {
+        f["field"]: typed["properties"][f["field"]] for f in ROW_FIELDS
+    }
+    # Mappings as an index made before the digest has them (or with other excludes).
+    assert not keeps_digest({"dynamic": True, "properties": {"id": {"type": "long"}}})
+    assert not keeps_digest({"_source": {"excludes": ["other"]}})
+    assert not keeps_digest({"_source": {"enabled": True}})
+    assert len(row_digest.FIELD.encode()) > 63  # never a PostgreSQL column's name
+
+
+def test_the_digest_field_is_never_compared_as_a_column() -> None:
+    """An index's live properties hold the digest's object: no column is judged by it."""
+    live = mapping_from_connect_schema(ROW_FIELDS)["properties"]
+    assert refused_columns(live, ROW_FIELDS) == []
+    # A row struct that named it (no PostgreSQL table can) is still not refused by it.
+    odd = [{"field": row_digest.FIELD, "type": "string"}]
+    assert refused_columns(live, odd) == []

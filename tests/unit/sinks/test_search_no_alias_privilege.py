@@ -12,6 +12,7 @@ import orjson
 import pytest
 from opensearchpy.exceptions import TransportError
 
+from pgcdc.core import row_digest
 from sinks.base import Change, Outcome
 from sinks.search import SearchSink
 
@@ -28,6 +29,7 @@ class NoAliases:
         self.cluster = self
         self.made: dict[str, dict[str, Any]] = {}
         self.bulks: list[bytes] = []
+        self.mappings_read: list[str] = []
 
     def exists(self, index: str) -> bool:
         return index in self.made
@@ -44,6 +46,7 @@ class NoAliases:
         return _MISSING
 
     def get_mapping(self, index: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.mappings_read.append(index)
         if index in self.made:
             return {index: {"mappings": self.made[index]["mappings"]}}
         return _MISSING
@@ -68,7 +71,10 @@ def test_without_the_alias_privilege_it_writes_into_the_index_itself(
             got = sink.apply([Change("public.items", "1", lsn, 0, {"id": 1})])
             assert [r.outcome for r in got] == [Outcome.APPLIED]
     assert list(server.made) == [name] and server.made[name]["aliases"] == {}
-    (head, _source) = server.bulks[0].splitlines()
+    (head, source) = server.bulks[0].splitlines()
+    # The index it made keeps the row digest out of _source: known without reading it.
+    assert orjson.loads(source) == {"id": 1, row_digest.FIELD: row_digest.stored("1", {"id": 1})}
+    assert server.mappings_read == [name, f"{name}-W"]  # looked for before it was made
     assert orjson.loads(head) == {
         "index": {"_index": name, "_id": "1", "version": 100, "version_type": "external_gte"}
     }

@@ -102,7 +102,9 @@ def test_an_action_moved_to_another_index_is_the_line_made_for_it(key: str, lsn:
                 orjson.dumps(key),
                 lsn,
             )
-            assert _moved(op, "cdc-b%s", require_alias=new_alias) == want + tail
+            for digest in (True, False):  # no digest on the op: nothing to keep or cut
+                moved = _moved(op, "cdc-b%s", require_alias=new_alias, digest=digest)
+                assert moved == (want + tail, b"")
             meta = orjson.loads(want)[kind]
             assert meta.get("require_alias", False) is (new_alias and kind == "index")
 
@@ -122,3 +124,99 @@ def test_write_aliases_are_names_opensearch_never_gives_an_index() -> None:
     assert version_of("cdc-public.items", "cdc-public.items-v12") == 12
     assert version_of("cdc-public.items", "cdc-public.items") is None
     assert version_of("cdc-public.items", "cdc-public.items-v1x") is None
+
+
+@given(
+    st.text(min_size=1),
+    st.integers(min_value=0, max_value=MAX_EXTERNAL_VERSION),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3) | st.integers(-(2**63), 2**63 - 1)),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_moved_write_keeps_its_digest_only_where_the_target_takes_it(
+    key: str, lsn: int, doc: dict[str, object], old_alias: bool, new_alias: bool
+) -> None:
+    """The sink's index action carries the row digest of exactly its source; moved (an echo
+    into the serving version, a write sent again) into a target that takes no digest, the
+    source line is exactly the row again, the line made for that target; into one that
+    takes it, the digest stays as it was made."""
+    from pgcdc.core import row_digest
+    from sinks.base import BatchOutcomes
+    from sinks.search import _moved, _Op
+    from sinks.search_requests import action_format
+
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    sink._aliased.update({"cdc-a-W"} if old_alias else set())
+    sink._digests.update({"cdc-a-W": True, "cdc-b%s": False})
+    change = Change("public.t", key, lsn, 0, doc)
+    ops: list[_Op] = []
+    sink._add_index_op(ops, BatchOutcomes([change]), 0, change, "cdc-a-W", doc, None)
+    (op,) = ops
+    head, source, end = op.action.split(b"\n")
+    assert end == b""
+    assert head + b"\n" == action_format("index", "cdc-a-W", require_alias=old_alias) % (
+        orjson.dumps(key),
+        lsn,
+    )
+    held = orjson.loads(source)
+    assert held.pop(row_digest.FIELD) == row_digest.stored(key, doc)
+    assert held == doc and op.digest and source.endswith(op.digest + b"}")
+    assert source.count(orjson.dumps(row_digest.FIELD)) == 1
+
+    fmt = action_format("index", "cdc-b%s", require_alias=new_alias) + b"%b\n"
+    made = fmt % (orjson.dumps(key), lsn, orjson.dumps(doc))
+    assert _moved(op, "cdc-b%s", require_alias=new_alias, digest=False) == (made, b"")
+    moved, kept = _moved(op, "cdc-b%s", require_alias=new_alias, digest=True)
+    assert kept == op.digest and moved.split(b"\n")[1] == source
+    # Into its own target, not taking the digest (e.g. read again after a lost index).
+    same, none = _moved(op, "cdc-a-W", require_alias=old_alias, digest=False)
+    assert none == b"" and same.split(b"\n")[1] == orjson.dumps(doc)
+    assert _moved(op, "cdc-a-W", require_alias=old_alias, digest=True) == (op.action, op.digest)
+
+
+def test_an_empty_row_takes_the_digest_alone_and_gives_it_back() -> None:
+    from pgcdc.core import row_digest
+    from sinks.base import BatchOutcomes
+    from sinks.search import _moved, _Op
+
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    sink._digests["cdc-a-W"] = True
+    change = Change("public.t", "1", 5, 0, {})
+    ops: list[_Op] = []
+    sink._add_index_op(ops, BatchOutcomes([change]), 0, change, "cdc-a-W", {}, None)
+    source = ops[0].action.split(b"\n")[1]
+    assert orjson.loads(source) == {row_digest.FIELD: row_digest.stored("1", {})}
+    moved, _ = _moved(ops[0], "cdc-b", require_alias=False, digest=False)
+    assert moved.split(b"\n")[1] == b"{}"
+
+
+def test_an_index_that_takes_no_digest_gets_the_row_alone() -> None:
+    from sinks.base import BatchOutcomes
+    from sinks.search import _Op
+
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    sink._digests["cdc-old-W"] = False
+    doc = {"id": 1, "n": "x"}
+    change = Change("public.t", "1", 5, 0, doc)
+    ops: list[_Op] = []
+    sink._add_index_op(ops, BatchOutcomes([change]), 0, change, "cdc-old-W", doc, None)
+    assert ops[0].digest == b"" and ops[0].action.split(b"\n")[1] == orjson.dumps(doc)
+
+
+def test_a_tables_targets_are_read_again_once_its_index_is_laid_out_again() -> None:
+    """What a lost index's recovery forgets: whether each of its table's write targets
+    (the serving version, the next one, their write aliases) takes the digest; another
+    table's stay known."""
+    from sinks import search_versions as v
+
+    sink = SearchSink("http://127.0.0.1:1", "t")
+    name, other = sink.index_for("public.a"), sink.index_for("public.b")
+    serving = v.Serving(name, f"{name}-v2", 2)
+    sink._serving[name] = serving
+    sink._writes[name] = v.write_alias(name)
+    sink._builds["public.a"] = (serving, f"{name}-v3")
+    sink._build_writes["public.a"] = v.write_alias(f"{name}-v3")
+    targets = [name, f"{name}-v2", f"{name}-v3", v.write_alias(name), v.write_alias(f"{name}-v3")]
+    sink._digests.update({t: True for t in [*targets, other, v.write_alias(other)]})
+    sink._forget_digests("public.a")
+    assert sink._digests == {other: True, v.write_alias(other): True}

@@ -35,6 +35,8 @@ def as_json(results: Sequence[TableResult], examples: int = EXAMPLES) -> dict[st
                 "rechecks": r.rechecks,
                 "catch_ups": r.catch_ups,
                 "cleared": r.cleared,
+                "folded": r.folded,
+                "buckets_read": r.buckets_read,
             }
             for r in results
         ],

@@ -80,6 +80,8 @@ class TableResult:
     segments_folded: int = 0
     rows_checked: int = 0  # keys compared: PostgreSQL's and the follower's, together
     snapshot_lsn: int | None = None  # the fence LSN of the first PostgreSQL snapshot
+    folded: bool = False  # folded inside the stores (verify_folded), not read back
+    buckets_read: int = 0  # buckets whose folds differed, read row by row
     finished_at: float = 0.0  # Unix seconds
 
     @property
@@ -330,6 +332,8 @@ def verify_folded(
         result.rows_checked = max(first.rows, held_rows)
         result.segments_folded = len(first.folds.keys() | theirs.keys())
         result.snapshot_lsn = first.lsn
+        result.folded = True
+        result.buckets_read = len(buckets)
         results.append(result)
     return results
 

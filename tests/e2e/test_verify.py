@@ -164,6 +164,8 @@ def test_a_clean_pipeline_verifies_clean(running: Running) -> None:
     assert set(results) == {(t, f) for t in tables for f in ("cache", "search")}
     for r in results.values():
         assert r["leader_rows"] == r["follower_rows"] == tables[r["table"]]
+        # Folded inside each store: no bucket differed, so no row was read back.
+        assert r["folded"] is True and r["buckets_read"] == 0, r
         assert r["missing"]["count"] == r["extra"]["count"] == r["differ"]["count"] == 0
     # The human form says so too.
     text = _cdc(running.p, "verify", "--follower", "cache", "items")
@@ -302,6 +304,7 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
             {"3", "5"},
         )
         for result in (cache, hits):
+            assert result["folded"] is True and 1 <= result["buckets_read"] <= 4, result
             assert result["unsettled"]["count"] == 0
             # Each key was confirmed by two fenced re-checks in fresh snapshots.
             assert result["rechecks"] == 2 and result["candidates"] == 4
@@ -328,6 +331,7 @@ def test_drift_of_every_kind_is_found_exactly(running: Running) -> None:
             assert lost["extra"]["count"] == lost["differ"]["count"] == 0
         pairs = got[(PAIRS, "search")]
         assert pairs["missing"]["count"] == 30 and pairs["follower_rows"] == 0
+        assert all(x["folded"] for x in got.values()), got
         assert set(pairs["missing"]["examples"]) <= {
             json.dumps([i, f"k{i}"], separators=(",", ":")) for i in range(1, 31)
         }

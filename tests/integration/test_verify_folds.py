@@ -15,10 +15,11 @@ import orjson
 import pytest
 import redis
 
-from pgcdc.core.row_digest import bucket, digest, key_hash, split60
-from pgcdc.verify.followers import CacheFollower
+from pgcdc.core.row_digest import FIELD, bucket, digest, key_hash, split60, stored
+from pgcdc.verify.followers import CacheFollower, SearchFollower
 from sinks.base import Change
 from sinks.cache import CacheSink
+from sinks.search import SearchSink
 from tests.conftest import Endpoints
 
 pytestmark = pytest.mark.integration
@@ -96,3 +97,47 @@ def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
     assert all(read[k][0] != want.get(k) for k in wrong)
     same = cache.read(T, ["0", "6"])
     assert all(same[k][0] == digest(k, docs[k]) for k in same)
+
+
+@pytest.fixture
+def search(endpoints: Endpoints, index_prefix: str) -> Iterator[SearchFollower]:
+    sink = SearchSink(endpoints.search_url, index_prefix)
+    yield SearchFollower(sink, endpoints.search_url)
+    sink.close()
+
+
+def test_opensearch_folds_what_the_sink_wrote_and_tells_each_drift(
+    search: SearchFollower,
+) -> None:
+    docs = _docs(3_000)
+    search.sink.apply([Change(T, k, 100, 0, d) for k, d in docs.items()])
+    names = sorted(docs["0"])
+    assert search.can_fold(T)
+    assert search.fold(T, names) == _fold(docs)
+    index = search.sink.index_for(T)
+    client = search.sink.client
+    # Drift of each kind, by another writer (none of which keeps a digest).
+    client.update(index=index, id="1", body={"doc": {"name": "by hand"}})  # changed
+    client.update(index=index, id="2", body={"doc": {"note": None}})  # rewritten, equal
+    client.index(index=index, id="stray", body={"id": -1})  # a document too many
+    client.delete(index=index, id="4")  # a document missing
+    # A document restored from an older state: its own kept digest, of its older row.
+    older = {**docs["5"], "price": "0.01"}
+    search.sink.apply([Change(T, "5", 50, 0, older)])  # stale: refused by the version
+    client.index(
+        index=index,
+        id="5",
+        body={**older, FIELD: stored("5", older)},
+        params={"version": "100", "version_type": "external_gte"},
+    )
+    held = search.fold(T, names)
+    expected = _fold(docs)
+    differ = _differing(expected, held)
+    wrong = ["1", "stray", "4", "5"]
+    assert differ == {bucket(key_hash(k)) for k in wrong}
+    got = search.bucket_digests(T, names, differ)
+    want = {k: digest(k, d) for k, d in docs.items() if bucket(key_hash(k)) in differ}
+    assert {k for k in got.keys() | want.keys() if got.get(k) != want.get(k)} == set(wrong)
+    # A dropped index folds to nothing: every row is missing.
+    client.indices.delete(index=index)
+    assert search.can_fold(T) and search.fold(T, names) == {}

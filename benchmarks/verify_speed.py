@@ -64,6 +64,16 @@ def _verify(env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
     return wall, cpu, report
 
 
+def _redis_cpu(url: str) -> float:
+    """The Redis server's CPU seconds so far (its fold runs there)."""
+    r = redis.Redis.from_url(url)
+    try:
+        cpu = r.info("cpu")
+    finally:
+        r.close()
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
 def _diverge(
     redis_url: str, search_url: str, prefix: str, rows: int, n: int
 ) -> dict[str, dict[str, set[str]]]:
@@ -142,10 +152,14 @@ def run(env: BenchEnv, rows: int, divergent: int) -> dict[str, Any]:
             "CDC_POSTGRES__SLOT_NAME": reader.slot,
             "CDC_VERIFY__MAX_ROWS_PER_SECOND": "0",
         }
+        redis_cpu = _redis_cpu(redis_url)
         clean_s, clean_cpu, clean = _verify(verify_env)
+        redis_cpu = _redis_cpu(redis_url) - redis_cpu
         if not clean["clean"]:
             raise RuntimeError(f"the clean pipeline did not verify clean: {_found(clean)}")
-        log.info("clean: %.1f s (%.1f s CPU)", clean_s, clean_cpu)
+        phases = {x["follower"]: x.get("seconds", {}) for x in clean["results"]}
+        log.info("clean: %.1f s (%.1f s CPU; Redis %.1f s CPU); phases %s", clean_s, clean_cpu,
+                 redis_cpu, phases)  # fmt: skip
         made = _diverge(redis_url, search_url, prefix, rows, divergent)
         drift_s, drift_cpu, drift = _verify(verify_env)
         want = {f: {kind: len(keys) for kind, keys in m.items()} for f, m in made.items()}
@@ -168,6 +182,8 @@ def run(env: BenchEnv, rows: int, divergent: int) -> dict[str, Any]:
         "divergent_per_follower": divergent,
         "clean_s": round(clean_s, 1),
         "clean_cpu_s": round(clean_cpu, 1),
+        "clean_redis_cpu_s": round(redis_cpu, 1),
+        "clean_phases_s": phases,
         "clean_rows_per_s": round(rows / clean_s),
         "drift_s": round(drift_s, 1),
         "drift_cpu_s": round(drift_cpu, 1),

@@ -16,6 +16,7 @@ commit record below it (see :mod:`pgcdc.verify`).
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from cdc.publication import captured_tables, publishes_generated
 from cdc.published_rows import from_item
 from cdc.snapshot import each_copy_text_row
 from pgcdc.core.contract import table_id
-from pgcdc.core.errors import ConfigError
+from pgcdc.core.errors import ConfigError, VerifyError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
 from pgcdc.core.row_digest import bucket, folded, key_hash
@@ -168,41 +169,80 @@ class PostgresLeader:
     ) -> LeaderFold:
         """A fresh snapshot of ``table`` folded by bucket (:mod:`pgcdc.core.row_digest`),
         each row rendered as :meth:`read` renders it. ``on_start`` is given the snapshot's
-        fence LSN and the documents' fields (sorted) as soon as the first row is rendered
-        (an empty table: none), while the rest are read."""
+        fence LSN and the documents' fields (the columns, sorted) before any row is read.
+
+        Unpaced, the rows are rendered in a process of its own that reads the snapshot this
+        one exports: rendering is all Python, and here it would hold the interpreter's lock
+        from the threads that drive the followers' folds (each call to Redis waiting its
+        turn leaves Redis idle). Paced (``verify.max_rows_per_second``), here: one token
+        bucket serves the whole pass."""
         schema, name = self._names[table]
         pg = self._settings.postgres
-        folds: Folds = {}
-        count = 0
-        names: tuple[str, ...] = ()
         with connect(pg.dsn.get_secret_value()) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
+                exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+                assert exported is not None
                 lsn = self._fence(conn)
-                _ts, plan, rows = self._each_row(conn, schema, name, None)
-                to_doc = self._converter_for(plan.envelope_schema_json)
-                render = plan.json_row
-                for key, values in rows:
-                    doc = to_doc(orjson.dumps(render(values), default=json_default))
-                    if not count:
-                        names = tuple(sorted(doc))
-                        if on_start is not None:
-                            on_start(lsn, names)
-                    count += 1
-                    b, h1, h2, h3 = folded(key, doc)
-                    f = folds.get(b)
-                    if f is None:
-                        folds[b] = [1, h1, h2, h3]
-                    else:
-                        f[0] += 1
-                        f[1] += h1
-                        f[2] += h2
-                        f[3] += h3
+                _ts, plan, _rows = self._each_row(conn, schema, name, None)
+                names = tuple(sorted(plan.names))
+                if on_start is not None:
+                    on_start(lsn, names)
+                if self._rows_read is not None:
+                    folds, count = self._fold_rows(conn, schema, name)
+                else:
+                    folds, count = self._fold_apart(table, str(exported[0]))
             finally:
                 conn.execute("ROLLBACK")
-        if not count and on_start is not None:
-            on_start(lsn, names)
         return LeaderFold(lsn, folds, count, names)
+
+    def _fold_rows(
+        self, conn: psycopg.Connection[Any], schema: str, name: str
+    ) -> tuple[Folds, int]:
+        """The table's rows in ``conn``'s snapshot folded by bucket, and how many."""
+        folds: Folds = {}
+        count = 0
+        _ts, plan, rows = self._each_row(conn, schema, name, None)
+        to_doc = self._converter_for(plan.envelope_schema_json)
+        render = plan.json_row
+        for key, values in rows:
+            b, h1, h2, h3 = folded(key, to_doc(orjson.dumps(render(values), default=json_default)))
+            count += 1
+            f = folds.get(b)
+            if f is None:
+                folds[b] = [1, h1, h2, h3]
+            else:
+                f[0] += 1
+                f[1] += h1
+                f[2] += h2
+                f[3] += h3
+        return folds, count
+
+    def _fold_apart(self, table: str, snapshot: str) -> tuple[Folds, int]:
+        """:meth:`_fold_rows` in a process of its own, in the exported ``snapshot``."""
+        ctx = multiprocessing.get_context("spawn")
+        here, there = ctx.Pipe(duplex=False)
+        args = (there, self._settings, self._names[table], self._converter_for, self._key_id)
+        child = ctx.Process(target=_fold_apart, args=(*args, snapshot), name="verify-fold")
+        child.start()
+        there.close()
+        try:
+            try:
+                said = here.recv()
+            except EOFError:
+                raise VerifyError(
+                    f"the process folding {table} ended (exit status {child.exitcode})"
+                ) from None
+            if said[0] != "done":
+                raise said[1]
+            got: tuple[Folds, int] = said[1]
+            return got
+        finally:
+            here.close()
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+                child.join()
 
     def read_buckets(self, table: str, buckets: frozenset[int]) -> Snapshot:
         """A fresh snapshot of ``table``'s rows whose ids fall in ``buckets`` (the others
@@ -323,6 +363,34 @@ class PostgresLeader:
                 self._rows_read(count)
 
         return ts, plan, rows()
+
+
+def _fold_apart(
+    out: Any,
+    settings: Settings,
+    names: tuple[str, str],
+    converter_for: ConverterFactory,
+    key_id: KeyId,
+    snapshot: str,
+) -> None:
+    """:meth:`PostgresLeader._fold_rows` in a process of its own, in the exported
+    ``snapshot``: ``("done", (folds, rows))`` or ``("error", exception)`` goes to ``out``."""
+    try:
+        leader = PostgresLeader(settings, [names], converter_for, key_id)
+        with connect(settings.postgres.dsn.get_secret_value()) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+                out.send(("done", leader._fold_rows(conn, *names)))
+            finally:
+                conn.execute("ROLLBACK")
+    except BaseException as e:  # said to the parent, which raises it
+        try:
+            out.send(("error", e))
+        except Exception:  # an exception that does not pickle: its text
+            out.send(("error", VerifyError(f"{type(e).__name__}: {e}")))
+    finally:
+        out.close()
 
 
 def _text(value: object) -> str | None:

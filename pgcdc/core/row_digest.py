@@ -116,6 +116,13 @@ def folded(key: str, doc: Mapping[str, Any]) -> tuple[int, int, int, int]:
     return b, x >> 44, (x >> 24) & _PART, (x >> 4) & _PART
 
 
+def folded_text(key: bytes, text: bytes) -> tuple[int, int, int, int]:
+    """:func:`folded` of a row given as its id's bytes and its :func:`canonical` bytes."""
+    x = int.from_bytes(_sha1(key + b"\0" + text).digest()[:8], "big")
+    b = int.from_bytes(_sha1(key).digest()[:4], "big") >> (32 - BUCKET_BITS)
+    return b, x >> 44, (x >> 24) & _PART, (x >> 4) & _PART
+
+
 def mapping_properties() -> dict[str, Any]:
     """The mapping of :data:`FIELD`: doc values to aggregate, nothing indexed but the key
     hash (ranged over)."""

@@ -1,20 +1,20 @@
-"""A table's rows folded inside Redis: one Lua script that scans the table's row keys and
-computes each row's digest (:mod:`pgcdc.core.row_digest`) from the hash fields Redis holds.
+"""A table's rows as Redis holds them, put together inside Redis and folded here.
 
-Given the table's columns (sorted, with each name's JSON text), the script puts a row's
-fields together as ``{"a":<a's field>,"b":<b's field>,…}``: the bytes ``orjson.dumps`` gives
-the sorted document, as each field holds ``orjson.dumps`` of its column's value. A field that
-is missing, one too many (``HLEN``) or a key that is no hash mark the text with a byte no
-JSON holds (``\\xff``), so such a row never folds like PostgreSQL's. The digest is computed
-from what Redis holds, not kept beside it: a field changed by another client is seen.
+One Lua script scans the table's row keys and, given the table's columns (sorted, with each
+name's JSON text), puts each row's hash fields together as ``{"a":<a's field>,…}``: the
+bytes ``orjson.dumps`` gives the sorted document (:func:`pgcdc.core.row_digest.canonical`), as
+each field holds ``orjson.dumps`` of its column's value. A field that is missing, one too
+many (``HLEN``) or a key that is no hash mark the text with a byte no JSON holds
+(``\\xff``), so such a row never folds like PostgreSQL's. The digest is computed here from
+what Redis holds, not kept beside it: a field changed by another client is seen.
 
-Each call scans until ``budget`` keys were looked at (a few milliseconds of Redis's time,
-which serves the cache in between) and answers:
-
-- ``fold``: ``cursor`` then, per bucket the call met, ``bucket, count, s1, s2, s3`` (the sums
-  of the digest parts, exact in a Lua number below 2**33 rows a call);
-- ``rows``: ``cursor`` then ``id, digest`` (15 hex digits) of the rows in the buckets marked
-  ``1`` in the given map (a byte per bucket).
+Why the split: the fields are put together where they are (one reply of a few thousand
+rows' texts a call, instead of a reply per row to parse), and hashed here, where SHA-1 is
+OpenSSL's (several times faster than the script's ``redis.sha1hex``; Redis's one thread
+serves the cache meanwhile). Each call scans until ``budget`` keys were looked at, a few
+milliseconds of Redis's time, and answers ``cursor, keys looked at`` then ``id, text`` per
+row: every row (a fold), or those in the buckets marked ``1`` in a map of a byte per bucket
+(the rows of differing buckets; the script hashes the ids to tell).
 
 ``SCAN`` may return a key twice: a fold then differs, and the row-by-row comparison of that
 bucket (ids deduplicated) finds the rows equal. Standalone Redis only: in Redis Cluster a
@@ -24,33 +24,34 @@ script may touch only the keys it is given (the caller reads rows back instead).
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import orjson
 from redis.exceptions import NoScriptError
 
-from pgcdc.core.row_digest import BUCKET_BITS
+from pgcdc.core.row_digest import BUCKET_BITS, digest_of_canonical, folded_text
 
 SCRIPT: Final = r"""
 local cursor, match, count, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local plen, mode, map, n = tonumber(ARGV[5]), ARGV[6], ARGV[7], tonumber(ARGV[8])
-local div = tonumber(ARGV[9])
+local plen, map, n, div = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local names, pre = {}, {}
 for i = 1, n do
-  names[i] = ARGV[9 + i]
-  pre[i] = (i > 1 and ',' or '{') .. ARGV[9 + n + i] .. ':'
+  names[i] = ARGV[8 + i]
+  pre[i] = (i > 1 and ',' or '{') .. ARGV[8 + n + i] .. ':'
 end
-local parts = {}
-local out, cnt, s1, s2, s3, order, seen = {}, {}, {}, {}, {}, {}, 0
+local parts, out, j, seen = {}, {0, 0}, 2, 0
 repeat
   local got = redis.call('SCAN', cursor, 'MATCH', match, 'COUNT', count)
   cursor = got[1]
   for _, k in ipairs(got[2]) do
     seen = seen + 1
     local id = string.sub(k, plen + 1)
-    local b = math.floor(tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) / div)
-    if mode == 'fold' or string.byte(map, b + 1) == 49 then
+    if map == '' or
+        string.byte(map, math.floor(tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) / div) + 1)
+        == 49 then
       local text
       if n == 0 then
         local len = redis.pcall('HLEN', k)
@@ -60,52 +61,25 @@ repeat
         if type(vals) ~= 'table' or vals.err then
           text = '\255'
         else
-          local j = 0
+          local m = 0
           for i = 1, n do
-            parts[j + 1] = pre[i]
-            parts[j + 2] = vals[i] or '\255'
-            j = j + 2
+            parts[m + 1] = pre[i]
+            parts[m + 2] = vals[i] or '\255'
+            m = m + 2
           end
-          parts[j + 1] = '}'
-          text = table.concat(parts, '', 1, j + 1)
+          parts[m + 1] = '}'
+          text = table.concat(parts, '', 1, m + 1)
           if redis.call('HLEN', k) ~= n then text = text .. '\255' end
         end
       end
-      local d = redis.sha1hex(id .. '\0' .. text)
-      if mode == 'fold' then
-        local c = cnt[b]
-        if c == nil then
-          cnt[b] = 1
-          s1[b] = tonumber(string.sub(d, 1, 5), 16)
-          s2[b] = tonumber(string.sub(d, 6, 10), 16)
-          s3[b] = tonumber(string.sub(d, 11, 15), 16)
-          order[#order + 1] = b
-        else
-          cnt[b] = c + 1
-          s1[b] = s1[b] + tonumber(string.sub(d, 1, 5), 16)
-          s2[b] = s2[b] + tonumber(string.sub(d, 6, 10), 16)
-          s3[b] = s3[b] + tonumber(string.sub(d, 11, 15), 16)
-        end
-      else
-        out[#out + 1] = id
-        out[#out + 1] = string.sub(d, 1, 15)
-      end
+      out[j + 1] = id
+      out[j + 2] = text
+      j = j + 2
     end
   end
 until cursor == '0' or seen >= budget
-if mode == 'fold' then
-  local j = 0
-  for _, b in ipairs(order) do
-    out[j + 1] = b
-    out[j + 2] = cnt[b]
-    out[j + 3] = s1[b]
-    out[j + 4] = s2[b]
-    out[j + 5] = s3[b]
-    j = j + 5
-  end
-end
-table.insert(out, 1, seen)
-table.insert(out, 1, cursor)
+out[1] = cursor
+out[2] = seen
 return out
 """
 SCRIPT_SHA: Final = hashlib.sha1(SCRIPT.encode(), usedforsecurity=False).hexdigest()
@@ -122,14 +96,11 @@ def glob(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-def _args(
-    prefix: str, names: Sequence[str], mode: str, buckets: frozenset[int] | None
-) -> list[Any]:
+def _args(prefix: str, names: Sequence[str], buckets: frozenset[int] | None) -> list[Any]:
     ordered = sorted(names)
-    size = 1 << BUCKET_BITS
     marks = b""
     if buckets is not None:
-        chosen = bytearray(b"0" * size)
+        chosen = bytearray(b"0" * (1 << BUCKET_BITS))
         for b in buckets:
             chosen[b] = ord("1")
         marks = bytes(chosen)
@@ -138,7 +109,6 @@ def _args(
         SCAN_COUNT,
         BUDGET,
         len(prefix.encode()),
-        mode,
         marks,
         len(ordered),
         1 << (32 - BUCKET_BITS),
@@ -147,8 +117,8 @@ def _args(
     ]
 
 
-def _calls(client: Any, args: list[Any]) -> Iterator[tuple[int, list[Any]]]:
-    """Each call's (keys looked at, answer after the cursor), until the scan ends."""
+def _calls(client: Any, args: list[Any]) -> Iterator[list[Any]]:
+    """The script's answers, call after call, until the scan ends."""
     cursor: Any = b"0"
     first = True
     while first or cursor not in (b"0", "0", 0):
@@ -159,26 +129,60 @@ def _calls(client: Any, args: list[Any]) -> Iterator[tuple[int, list[Any]]]:
             client.script_load(SCRIPT)
             got = client.evalsha(SCRIPT_SHA, 0, cursor, *args)
         cursor = got[0]
-        yield int(got[1]), got[2:]
+        yield got
+
+
+def _rows(client: Any, args: list[Any], took: Any) -> Iterator[tuple[bytes, bytes]]:
+    """Each row's id and text, as the script gives them, until the scan ends. The next call
+    is made by a thread of its own while this one's rows are hashed, so Redis does not wait
+    for the hashing (nor the hashing for Redis)."""
+    answers: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def fetch() -> None:
+        try:
+            for got in _calls(client, args):
+                while not stop.is_set():
+                    try:
+                        answers.put(got, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            answers.put(None)
+        except BaseException as e:  # raised by the reader below
+            answers.put(e)
+
+    fetcher = threading.Thread(target=fetch, name="verify-cache-scan", daemon=True)
+    fetcher.start()
+    try:
+        while (got := answers.get()) is not None:
+            if isinstance(got, BaseException):
+                raise got
+            if took is not None:
+                took(int(got[1]))
+            it = iter(got[2:])
+            yield from zip(it, it, strict=True)
+    finally:
+        stop.set()
+        fetcher.join(timeout=5)
 
 
 def fold(client: Any, prefix: str, names: Sequence[str], took: Any = None) -> Folds:
     """Every row under ``prefix`` (``<key prefix>:<table>:``) folded by bucket; ``took``, if
     given, is told how many keys each call looked at (the pacer)."""
     out: Folds = {}
-    for seen, flat in _calls(client, _args(prefix, names, "fold", None)):
-        if took is not None:
-            took(seen)
-        it = iter(flat)  # integers: bucket, count, s1, s2, s3, …
-        for b, c, s1, s2, s3 in zip(it, it, it, it, it, strict=True):
-            got = out.get(b)
-            if got is None:
-                out[b] = [c, s1, s2, s3]
-            else:
-                got[0] += c
-                got[1] += s1
-                got[2] += s2
-                got[3] += s3
+    for key, text in _rows(client, _args(prefix, names, None), took):
+        b, h1, h2, h3 = folded_text(key, text)
+        f = out.get(b)
+        if f is None:
+            out[b] = [1, h1, h2, h3]
+        else:
+            f[0] += 1
+            f[1] += h1
+            f[2] += h2
+            f[3] += h3
     return out
 
 
@@ -186,11 +190,7 @@ def rows(
     client: Any, prefix: str, names: Sequence[str], buckets: frozenset[int], took: Any = None
 ) -> dict[str, int]:
     """Each row id in ``buckets`` and its 60-bit digest."""
-    out: dict[str, int] = {}
-    for seen, flat in _calls(client, _args(prefix, names, "rows", buckets)):
-        if took is not None:
-            took(seen)
-        for i in range(0, len(flat), 2):
-            key = flat[i].decode() if isinstance(flat[i], bytes) else flat[i]
-            out[key] = int(flat[i + 1], 16)
-    return out
+    return {
+        key.decode(): digest_of_canonical(key.decode(), text)
+        for key, text in _rows(client, _args(prefix, names, buckets), took)
+    }

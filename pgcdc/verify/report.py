@@ -37,6 +37,7 @@ def as_json(results: Sequence[TableResult], examples: int = EXAMPLES) -> dict[st
                 "cleared": r.cleared,
                 "folded": r.folded,
                 "buckets_read": r.buckets_read,
+                "seconds": {k: round(v, 3) for k, v in r.seconds.items()},
             }
             for r in results
         ],

@@ -82,6 +82,7 @@ class TableResult:
     snapshot_lsn: int | None = None  # the fence LSN of the first PostgreSQL snapshot
     folded: bool = False  # folded inside the stores (verify_folded), not read back
     buckets_read: int = 0  # buckets whose folds differed, read row by row
+    seconds: dict[str, float] = field(default_factory=dict)  # where a folded pass's time went
     finished_at: float = 0.0  # Unix seconds
 
     @property
@@ -293,25 +294,34 @@ def verify_folded(
     :func:`verify_table`'s comparison and fenced re-checks, as every key does unfolded."""
     if not followers:
         return []
+    started_at = time.monotonic()
+    spent: dict[str, dict[str, float]] = {f.name: {} for f in followers}
     with ThreadPoolExecutor(len(followers), thread_name_prefix="verify-follower") as pool:
         held: list[Future[Mapping[int, Sequence[int]]]] = []
 
         def behind_fence(
             follower: FoldingFollower, lsn: int, names: Sequence[str]
         ) -> Mapping[int, Sequence[int]]:
+            t0 = time.monotonic()
             wait_fenced(follower, lsn, fence_timeout_s)
-            return follower.fold(table, names)
+            t1 = time.monotonic()
+            got = follower.fold(table, names)
+            spent[follower.name].update(fence_s=t1 - t0, fold_s=time.monotonic() - t1)
+            return got
 
         def started(lsn: int, names: Sequence[str]) -> None:
             held.extend(pool.submit(behind_fence, f, lsn, names) for f in followers)
 
         first = leader.fold(table, on_start=started)
+        leader_s = time.monotonic() - started_at
         folds = [h.result() for h in held]
     differing = [_differing(first.folds, f) for f in folds]
     union = frozenset().union(*differing)
+    folded_at = time.monotonic()
     rows = leader.read_buckets(table, union) if union else _Rows(first.lsn, {})
     results = []
     for follower, theirs, buckets in zip(followers, folds, differing, strict=True):
+        began = time.monotonic()
         kept: dict[str, int] = {}
         mine: dict[str, Mapping[str, Any]] = {}
         if buckets:
@@ -334,6 +344,12 @@ def verify_folded(
         result.snapshot_lsn = first.lsn
         result.folded = True
         result.buckets_read = len(buckets)
+        result.seconds = {
+            "leader_fold": leader_s,
+            **{k: v for k, v in spent[follower.name].items()},
+            "folds_done": folded_at - started_at,
+            "buckets_and_rechecks": time.monotonic() - began,
+        }
         results.append(result)
     return results
 

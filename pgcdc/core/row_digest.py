@@ -65,7 +65,8 @@ def digest(key: str, doc: Mapping[str, Any]) -> int:
 def digest_of_canonical(key: str, text: bytes) -> int:
     """:func:`digest` of a row given as its :func:`canonical` bytes (a Redis hash's fields
     put together, a document's ``_source``)."""
-    return int.from_bytes(_sha1(key.encode() + b"\0" + text).digest()[:8], "big") >> 4
+    raw = key.encode(errors="surrogateescape")  # an id read from Redis that is no UTF-8
+    return int.from_bytes(_sha1(raw + b"\0" + text).digest()[:8], "big") >> 4
 
 
 def split60(d: int) -> tuple[int, int, int]:

@@ -32,7 +32,7 @@ from typing import Any, Final
 import orjson
 from redis.exceptions import NoScriptError
 
-from pgcdc.core.row_digest import BUCKET_BITS, digest_of_canonical, folded_text
+from pgcdc.core.row_digest import BUCKET_BITS, folded_text
 
 SCRIPT: Final = r"""
 local cursor, match, count, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -189,8 +189,10 @@ def fold(client: Any, prefix: str, names: Sequence[str], took: Any = None) -> Fo
 def rows(
     client: Any, prefix: str, names: Sequence[str], buckets: frozenset[int], took: Any = None
 ) -> dict[str, int]:
-    """Each row id in ``buckets`` and its 60-bit digest."""
-    return {
-        key.decode(): digest_of_canonical(key.decode(), text)
-        for key, text in _rows(client, _args(prefix, names, buckets), took)
-    }
+    """Each row id in ``buckets`` and its 60-bit digest (an id that is no UTF-8, which no
+    PostgreSQL key gives, with its bytes escaped)."""
+    out: dict[str, int] = {}
+    for key, text in _rows(client, _args(prefix, names, buckets), took):
+        _b, h1, h2, h3 = folded_text(key, text)
+        out[key.decode(errors="surrogateescape")] = (h1 << 40) | (h2 << 20) | h3
+    return out

@@ -141,9 +141,9 @@ class CacheFollower:
         if self.pacer is not None:
             self.pacer.take(len(ordered))
         for key in ordered:
-            row_key = self.sink.row_key(table, key)
+            row_key = _raw(self.sink.row_key(table, key))
             pipe.hgetall(row_key) if self.sink.value_mode == "hash" else pipe.get(row_key)
-            pipe.get(self.sink.version_key(table, key))
+            pipe.get(_raw(self.sink.version_key(table, key)))
         # A row key of another type (someone's SET) answers WRONGTYPE: a row that differs.
         answers = pipe.execute(raise_on_error=False)
         out: dict[str, tuple[int | None, int | None]] = {}
@@ -344,8 +344,8 @@ class CacheRemoval:
         ordered = sorted(keys)
         pipe = self.sink.client.pipeline(transaction=False)
         for key in ordered:
-            pipe.exists(self.sink.row_key(table, key))
-            pipe.get(self.sink.version_key(table, key))
+            pipe.exists(_raw(self.sink.row_key(table, key)))
+            pipe.get(_raw(self.sink.version_key(table, key)))
         answers = pipe.execute()
         out: dict[str, tuple[int | None, Any]] = {}
         for i, key in enumerate(ordered):
@@ -356,7 +356,8 @@ class CacheRemoval:
         return out
 
     def remove_if(self, table: str, key: str, token: Any) -> bool:
-        row_key, version_key = self.sink.row_key(table, key), self.sink.version_key(table, key)
+        row_key = _raw(self.sink.row_key(table, key))
+        version_key = _raw(self.sink.version_key(table, key))
         return bool(self.sink.client.eval(_REMOVE_IF_UNCHANGED, 2, row_key, version_key, token))
 
 
@@ -394,6 +395,11 @@ class SearchRemoval:
         except NotFoundError:  # gone since: nothing to remove
             return False
         return bool(answer.get("result") == "deleted")
+
+
+def _raw(key: str) -> bytes:
+    """A Redis key as bytes; an id read from Redis that is no UTF-8 keeps its bytes."""
+    return key.encode(errors="surrogateescape")
 
 
 def _text(b: bytes | str) -> str:

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import redis
 
-from pgcdc.core.row_digest import FIELD, bucket, digest, key_hash, split60, stored
+from pgcdc.core.row_digest import FIELD, bucket, digest, folded_text, key_hash, split60, stored
 from pgcdc.verify.followers import CacheFollower, SearchFollower
 from sinks.base import Change
 from sinks.cache import CacheSink
@@ -83,12 +83,15 @@ def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
     raw.delete(row + "4")  # a row missing
     raw.set(row + "5", b"not a hash")  # a row of another type
     raw.hset(row + "stray", mapping={"id": b"-1"})  # a row too many
+    raw.hset(row.encode() + b"\xff\xfe", mapping={"id": b"-2"})  # and one whose id is no UTF-8
     raw.close()
     held = cache.fold(T, names)
     wrong = ["1", "2", "3", "4", "5", "stray"]
     expected = _fold(docs)
     differ = _differing(expected, held)
-    assert differ == {bucket(key_hash(k)) for k in wrong}
+    odd = b"\xff\xfe".decode(errors="surrogateescape")
+    assert differ == {bucket(key_hash(k)) for k in wrong} | {folded_text(b"\xff\xfe", b"")[0]}
+    wrong.append(odd)
     got = cache.bucket_digests(T, names, differ)
     want = {k: digest(k, d) for k, d in docs.items() if bucket(key_hash(k)) in differ}
     assert {k for k in got.keys() | want.keys() if got.get(k) != want.get(k)} == set(wrong)

@@ -418,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                 "verify_exit": code,
                 "divergent_keys": divergent,
                 "divergent_total": sum(divergent.values()),
+                # How the oracle compared: folded inside the stores, or read back.
+                "verify_folded": {
+                    f"{r['table']} {r['follower']}": r.get("folded") for r in found["results"]
+                },
             },
             indent=2,
         )

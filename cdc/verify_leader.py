@@ -34,7 +34,7 @@ from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, VerifyError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
-from pgcdc.core.row_digest import bucket, folded, key_hash
+from pgcdc.core.row_digest import Folds, bucket, fold_into, folded, key_hash
 from pgcdc.core.settings import Settings
 from schemas.formats import json_default
 from schemas.model import TableSchema
@@ -48,10 +48,6 @@ KeyId = Callable[[Mapping[str, Any]], str]
 # Told of the rows each read returned, before the next is read: verify.max_rows_per_second's
 # pacer (pgcdc.verify.pacing.RowPacer.take), which waits as long as the rate asks.
 RowsRead = Callable[[int], object]
-
-
-# bucket → [rows, sum of part 1, part 2, part 3] (pgcdc.core.row_digest)
-Folds = dict[int, list[int]]
 
 
 @dataclass(frozen=True)
@@ -206,16 +202,9 @@ class PostgresLeader:
         to_doc = self._converter_for(plan.envelope_schema_json)
         render = plan.json_row
         for key, values in rows:
-            b, h1, h2, h3 = folded(key, to_doc(orjson.dumps(render(values), default=json_default)))
+            doc = to_doc(orjson.dumps(render(values), default=json_default))
+            fold_into(folds, *folded(key, doc))
             count += 1
-            f = folds.get(b)
-            if f is None:
-                folds[b] = [1, h1, h2, h3]
-            else:
-                f[0] += 1
-                f[1] += h1
-                f[2] += h2
-                f[3] += h3
         return folds, count
 
     def _fold_apart(self, table: str, snapshot: str) -> tuple[Folds, int]:

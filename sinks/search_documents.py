@@ -102,7 +102,7 @@ class DocumentWriter:
         exists, and wait until its shard answers."""
         if index in self._ready:
             return
-        body = {"settings": self._settings, "mappings": dynamic_mapping()}
+        body = {"settings": self._settings, "mappings": dynamic_mapping(digest=False)}
 
         def create() -> None:
             if not self.client.indices.exists(index=index):

@@ -172,13 +172,16 @@ def index_settings(
     }
 
 
-def dynamic_mapping() -> dict[str, Any]:
+def dynamic_mapping(*, digest: bool = True) -> dict[str, Any]:
     """Mapping for a table whose schema is unknown: fields are typed by their first value.
 
     Date detection is off, so a string column whose first value looks like a date stays a
-    string and later values cannot fail to parse. The row digest's field is mapped and left
-    out of ``_source`` (:func:`keeps_digest` holds for it).
+    string and later values cannot fail to parse. With ``digest`` (a table's index) the row
+    digest's field is mapped and left out of ``_source`` (:func:`keeps_digest` holds for it);
+    the joined documents' indices keep none.
     """
+    if not digest:
+        return {"dynamic": True, "date_detection": False}
     return {
         "dynamic": True,
         "date_detection": False,

@@ -124,6 +124,30 @@ def folded_text(key: bytes, text: bytes) -> tuple[int, int, int, int]:
     return b, x >> 44, (x >> 24) & _PART, (x >> 4) & _PART
 
 
+# bucket → [rows, sum of part 1, part 2, part 3]
+Folds = dict[int, list[int]]
+
+
+def fold_into(folds: Folds, b: int, h1: int, h2: int, h3: int) -> None:
+    """Add one row (its bucket and digest parts) to ``folds``."""
+    f = folds.get(b)
+    if f is None:
+        folds[b] = [1, h1, h2, h3]
+    else:
+        f[0] += 1
+        f[1] += h1
+        f[2] += h2
+        f[3] += h3
+
+
+def fold_docs(rows: Mapping[str, Mapping[str, Any]]) -> Folds:
+    """The folds of documents held in memory (id → document)."""
+    folds: Folds = {}
+    for key, doc in rows.items():
+        fold_into(folds, *folded(key, doc))
+    return folds
+
+
 def mapping_properties() -> dict[str, Any]:
     """The mapping of :data:`FIELD`: doc values to aggregate, nothing indexed but the key
     hash (ranged over)."""

@@ -32,7 +32,7 @@ from typing import Any, Final
 import orjson
 from redis.exceptions import NoScriptError
 
-from pgcdc.core.row_digest import BUCKET_BITS, folded_text
+from pgcdc.core.row_digest import BUCKET_BITS, Folds, fold_into, folded_text
 
 SCRIPT: Final = r"""
 local cursor, match, count, budget = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -86,9 +86,6 @@ SCRIPT_SHA: Final = hashlib.sha1(SCRIPT.encode(), usedforsecurity=False).hexdige
 
 BUDGET: Final = 2000  # keys a call looks at, at least (a few ms of Redis's time)
 SCAN_COUNT: Final = 1000
-
-# bucket → [count, s1, s2, s3]
-Folds = dict[int, list[int]]
 
 
 def glob(text: str) -> str:
@@ -174,15 +171,7 @@ def fold(client: Any, prefix: str, names: Sequence[str], took: Any = None) -> Fo
     given, is told how many keys each call looked at (the pacer)."""
     out: Folds = {}
     for key, text in _rows(client, _args(prefix, names, None), took):
-        b, h1, h2, h3 = folded_text(key, text)
-        f = out.get(b)
-        if f is None:
-            out[b] = [1, h1, h2, h3]
-        else:
-            f[0] += 1
-            f[1] += h1
-            f[2] += h2
-            f[3] += h3
+        fold_into(out, *folded_text(key, text))
     return out
 
 

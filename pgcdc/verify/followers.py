@@ -28,16 +28,17 @@ from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
 from pgcdc.core.row_digest import (
     BUCKET_BITS,
     FIELD,
+    Folds,
     bucket,
     canonical,
     digest,
     digest_of_canonical,
+    fold_into,
     key_hash,
     split60,
 )
 from pgcdc.core.search_documents import every_document
 from pgcdc.verify import cache_fold
-from pgcdc.verify.cache_fold import Folds
 from pgcdc.verify.pacing import RowPacer, paced
 from sinks.cache import CacheSink
 from sinks.cache_script import parse_version
@@ -237,12 +238,7 @@ class SearchFollower:
         if self.pacer is not None:
             self.pacer.take(sum(f[0] for f in out.values()))
         for key, d in self._unkept(index).items():
-            h1, h2, h3 = split60(d)
-            f = out.setdefault(bucket(key_hash(key)), [0, 0, 0, 0])
-            f[0] += 1
-            f[1] += h1
-            f[2] += h2
-            f[3] += h3
+            fold_into(out, bucket(key_hash(key)), *split60(d))
         return out
 
     def _unkept(self, index: str, buckets: frozenset[int] | None = None) -> dict[str, int]:

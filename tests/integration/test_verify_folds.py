@@ -15,7 +15,15 @@ import orjson
 import pytest
 import redis
 
-from pgcdc.core.row_digest import FIELD, bucket, digest, folded_text, key_hash, split60, stored
+from pgcdc.core.row_digest import (
+    FIELD,
+    bucket,
+    digest,
+    fold_docs,
+    folded_text,
+    key_hash,
+    stored,
+)
 from pgcdc.verify.followers import CacheFollower, SearchFollower
 from sinks.base import Change
 from sinks.cache import CacheSink
@@ -45,16 +53,6 @@ def _docs(n: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def _fold(rows: Mapping[str, Doc]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for k, doc in rows.items():
-        f = out.setdefault(bucket(key_hash(k)), [0, 0, 0, 0])
-        f[0] += 1
-        for i, p in enumerate(split60(digest(k, doc))):
-            f[1 + i] += p
-    return out
-
-
 def _differing(a: Mapping[int, list[int]], b: Mapping[int, list[int]]) -> frozenset[int]:
     return frozenset(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
@@ -73,7 +71,7 @@ def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
     cache.sink.apply([Change(T, k, 100, 0, d) for k, d in docs.items()])
     names = sorted(docs["0"])
     assert cache.can_fold(T)
-    assert cache.fold(T, names) == _fold(docs)
+    assert cache.fold(T, names) == fold_docs(docs)
     # Drift of each kind, by another client.
     raw = redis.Redis.from_url(endpoints.redis_url)
     row = f"{key_prefix}:{T}:"
@@ -87,7 +85,7 @@ def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
     raw.close()
     held = cache.fold(T, names)
     wrong = ["1", "2", "3", "4", "5", "stray"]
-    expected = _fold(docs)
+    expected = fold_docs(docs)
     differ = _differing(expected, held)
     odd = b"\xff\xfe".decode(errors="surrogateescape")
     assert differ == {bucket(key_hash(k)) for k in wrong} | {folded_text(b"\xff\xfe", b"")[0]}
@@ -116,7 +114,7 @@ def test_opensearch_folds_what_the_sink_wrote_and_tells_each_drift(
     search.sink.apply([Change(T, k, 100, 0, d) for k, d in docs.items()])
     names = sorted(docs["0"])
     assert search.can_fold(T)
-    assert search.fold(T, names) == _fold(docs)
+    assert search.fold(T, names) == fold_docs(docs)
     index = search.sink.index_for(T)
     client = search.sink.client
     # Drift of each kind, by another writer (none of which keeps a digest).
@@ -134,7 +132,7 @@ def test_opensearch_folds_what_the_sink_wrote_and_tells_each_drift(
         params={"version": "100", "version_type": "external_gte"},
     )
     held = search.fold(T, names)
-    expected = _fold(docs)
+    expected = fold_docs(docs)
     differ = _differing(expected, held)
     wrong = ["1", "stray", "4", "5"]
     assert differ == {bucket(key_hash(k)) for k in wrong}

@@ -14,22 +14,12 @@ from typing import Any
 
 import pytest
 
-from pgcdc.core.row_digest import bucket, digest, key_hash, split60
+from pgcdc.core.row_digest import bucket, digest, fold_docs, key_hash
 from pgcdc.verify.run import FoldingFollower, verify_folded, verify_pass_table
 
 pytestmark = pytest.mark.unit
 
 Doc = Mapping[str, Any]
-
-
-def _fold(rows: Mapping[str, Doc]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for k, doc in rows.items():
-        f = out.setdefault(bucket(key_hash(k)), [0, 0, 0, 0])
-        f[0] += 1
-        for i, p in enumerate(split60(digest(k, doc))):
-            f[1 + i] += p
-    return out
 
 
 @dataclass(frozen=True)
@@ -69,7 +59,7 @@ class Leader:
         names = sorted(next(iter(self.rows.values()), {}))
         if on_start is not None:
             on_start(self.lsn, names)
-        return LeaderFolds(self.lsn, _fold(self.rows), len(self.rows), names)
+        return LeaderFolds(self.lsn, fold_docs(self.rows), len(self.rows), names)
 
     def read_buckets(self, table: str, buckets: frozenset[int]) -> Snap:
         self.buckets_read.append(buckets)
@@ -101,7 +91,7 @@ class Follower:
         return self.foldable
 
     def fold(self, table: str, names: Sequence[str]) -> dict[int, list[int]]:
-        return _fold(self.held)
+        return fold_docs(self.held)
 
     def bucket_digests(
         self, table: str, names: Sequence[str], buckets: frozenset[int]

@@ -787,8 +787,7 @@ def _verify_pass(
         if which in ("search", "all"):
             search = SearchSink.from_settings(settings.search)
             stack.callback(search.close)
-            url = settings.search.url.get_secret_value()
-            search_follower = SearchFollower(search, url, pacer=pacer)
+            search_follower = SearchFollower(search, pacer=pacer)
             followers.append(search_follower)
             removals["search"] = SearchRemoval(search_follower)
         results: list[TableResult] = []

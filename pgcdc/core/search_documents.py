@@ -74,3 +74,36 @@ def every_document(
             # If this fails the scroll expires by itself after _KEEP.
             with contextlib.suppress(urllib.error.URLError, OSError):
                 _call("DELETE", f"{base}/_search/scroll", {"scroll_id": scroll_id}, timeout)
+
+
+def every_hit(
+    client: Any,
+    index: str,
+    *,
+    page: int = 2000,
+    query: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """:func:`every_document` through an ``opensearchpy.OpenSearch`` client, so with its TLS
+    and credentials (``cdc verify`` reads with the search follower's own client)."""
+    try:
+        client.indices.refresh(index=index)
+    except Exception as e:  # a missing index has no documents
+        if getattr(e, "status_code", None) == 404:
+            return
+        raise
+    body: dict[str, Any] = {"size": page, "sort": ["_doc"], **(extra or {})}
+    if query is not None:
+        body["query"] = query
+    answer = client.search(index=index, body=body, params={"scroll": _KEEP})
+    scroll_id = answer.get("_scroll_id")
+    try:
+        while hits := answer["hits"]["hits"]:
+            yield from hits
+            answer = client.scroll(body={"scroll": _KEEP, "scroll_id": scroll_id})
+            scroll_id = answer.get("_scroll_id", scroll_id)
+    finally:
+        if scroll_id:
+            # If this fails the scroll expires by itself after _KEEP.
+            with contextlib.suppress(Exception):
+                client.clear_scroll(body={"scroll_id": scroll_id})

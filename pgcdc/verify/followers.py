@@ -10,7 +10,8 @@ A row is compared in the form its follower holds it, made by the same code that 
   ``_source``, compared as parsed JSON (the index keeps ``_source`` as sent).
 
 The follower's rows are read back with the tools the demo and the tests use
-(:func:`pgcdc.core.cache_hashes.every_hash`, :func:`pgcdc.core.search_documents.every_document`),
+(:func:`pgcdc.core.cache_hashes.every_hash`, :func:`pgcdc.core.search_documents.every_hit`,
+through the search follower's own client: its TLS and credentials),
 and a candidate key's row and version through the sinks' own key names.
 """
 
@@ -37,7 +38,7 @@ from pgcdc.core.row_digest import (
     key_hash,
     split60,
 )
-from pgcdc.core.search_documents import every_document
+from pgcdc.core.search_documents import every_hit
 from pgcdc.verify import cache_fold
 from pgcdc.verify.pacing import RowPacer, paced
 from sinks.cache import CacheSink
@@ -166,12 +167,10 @@ class SearchFollower:
     def __init__(
         self,
         sink: SearchSink,
-        search_url: str,
         job: str = SEARCH_JOB,
         pacer: RowPacer | None = None,
     ) -> None:
         self.sink = sink
-        self.search_url = search_url
         self.job = job
         self.pacer = pacer  # verify.max_rows_per_second, over every read of a pass
 
@@ -185,7 +184,7 @@ class SearchFollower:
         index = self.sink.index_for(table)
         return {
             h["_id"]: digest_of_canonical(h["_id"], canonical(h["_source"]))
-            for h in paced(every_document(self.search_url, index, page=5000), self.pacer)
+            for h in paced(every_hit(self.sink.client, index, page=5000), self.pacer)
         }
 
     def can_fold(self, table: str) -> bool:
@@ -246,7 +245,7 @@ class SearchFollower:
         digest of their ``_source``."""
         query = {"bool": {"must_not": {"exists": {"field": f"{FIELD}.b"}}}}
         out: dict[str, int] = {}
-        hits = every_document(self.search_url, index, page=5000, query=query)
+        hits = every_hit(self.sink.client, index, page=5000, query=query)
         for h in paced(hits, self.pacer):
             key = h["_id"]
             if buckets is None or bucket(key_hash(key)) in buckets:
@@ -284,7 +283,7 @@ class SearchFollower:
             }
             extra = {"_source": False, "docvalue_fields": fields}
             for h in paced(
-                every_document(self.search_url, index, page=5000, query=query, extra=extra),
+                every_hit(self.sink.client, index, page=5000, query=query, extra=extra),
                 self.pacer,
             ):
                 v = h.get("fields", {})

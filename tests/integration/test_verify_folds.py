@@ -103,7 +103,7 @@ def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
 @pytest.fixture
 def search(endpoints: Endpoints, index_prefix: str) -> Iterator[SearchFollower]:
     sink = SearchSink(endpoints.search_url, index_prefix)
-    yield SearchFollower(sink, endpoints.search_url)
+    yield SearchFollower(sink)
     sink.close()
 
 

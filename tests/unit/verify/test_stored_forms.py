@@ -32,7 +32,7 @@ def _cache(mode: str = "hash") -> CacheFollower:
 
 
 def _search() -> SearchFollower:
-    return SearchFollower(SimpleNamespace(), "http://127.0.0.1:1")  # type: ignore[arg-type]
+    return SearchFollower(SimpleNamespace())  # type: ignore[arg-type]
 
 
 def _docs() -> list[tuple[dict[str, Any], dict[str, Any]]]:

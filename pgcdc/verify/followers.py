@@ -64,10 +64,6 @@ def document_converter(envelope_schema_json: bytes) -> Callable[[bytes], Documen
     return to_doc
 
 
-def _glob(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
 def _hash_form(fields: Mapping[str, bytes]) -> bytes:
     """A Redis hash (column → JSON text) as :func:`pgcdc.core.row_digest.canonical` gives
     the document it holds: fields sorted, each value as it is."""
@@ -104,10 +100,10 @@ class CacheFollower:
         prefix = f"{self.sink.key_prefix}:{table}:"
         client = self.sink.client
         if self.sink.value_mode == "hash":
-            for k, fields in every_hash(client, _glob(prefix) + "*"):
+            for k, fields in every_hash(client, cache_fold.glob(prefix) + "*"):
                 yield _text(k)[len(prefix) :], fields
             return
-        keys = [_text(k) for k in client.scan_iter(match=_glob(prefix) + "*", count=5000)]
+        keys = [_text(k) for k in client.scan_iter(match=cache_fold.glob(prefix) + "*", count=5000)]
         for start in range(0, len(keys), 1000):
             part = keys[start : start + 1000]
             yield from ((k[len(prefix) :], v) for k, v in zip(part, client.mget(part), strict=True))

@@ -6,7 +6,7 @@ PYTEST_ARGS ?= --durations=40
 
 .PHONY: install stack demo test test-containers test-newest test-matrix unit lint bench bench-rebuild verify-load soak clean-stack docker-up docker-down docker-images demo-docker
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed $(VENV)/.native
 
 # Python prerequisites come from PyPI, pinned by constraints.txt (the lock).
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -19,6 +19,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	PYTHONWARNINGS=ignore::UserWarning $(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@# Bytecode in pyspark's zips, which Spark puts first on every Python process's path.
 	$(PY) -m pgcdc.stack.pyspark_bytecode
+	@touch $@
+
+# pgcdc's native module (native/, Rust: pgcdc/core/native.py), built where cargo is (rustup's
+# ~/.cargo/bin counts); without it pgcdc takes the Python twins of the same code, slower.
+$(VENV)/.native: $(VENV)/.installed native/pyproject.toml native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+	@export PATH="$$PATH:$$HOME/.cargo/bin"; \
+	if command -v cargo >/dev/null; then \
+		echo "building pgcdc's native module (native/, cargo)"; \
+		$(VENV)/bin/pip install -q --disable-pip-version-check ./native || exit 1; \
+	else \
+		echo "note: no cargo here: pgcdc runs without its native module (cdc verify is slower)"; \
+	fi
 	@touch $@
 
 # Real servers on 127.0.0.1 without Docker; state in .stack/, downloads cached in .cache/.

@@ -26,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import orjson
 from redis.exceptions import NoScriptError
 
+from pgcdc.core import native
 from pgcdc.core.row_digest import BUCKET_BITS, Folds, fold_into, folded_text
 
 SCRIPT: Final = r"""
@@ -93,20 +95,24 @@ def glob(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
+def _marks(buckets: frozenset[int] | None) -> bytes:
+    """A byte a bucket, ``1`` for those in ``buckets`` (empty for None: every row)."""
+    if buckets is None:
+        return b""
+    chosen = bytearray(b"0" * (1 << BUCKET_BITS))
+    for b in buckets:
+        chosen[b] = ord("1")
+    return bytes(chosen)
+
+
 def _args(prefix: str, names: Sequence[str], buckets: frozenset[int] | None) -> list[Any]:
     ordered = sorted(names)
-    marks = b""
-    if buckets is not None:
-        chosen = bytearray(b"0" * (1 << BUCKET_BITS))
-        for b in buckets:
-            chosen[b] = ord("1")
-        marks = bytes(chosen)
     return [
         glob(prefix) + "*",
         SCAN_COUNT,
         BUDGET,
         len(prefix.encode()),
-        marks,
+        _marks(buckets),
         len(ordered),
         1 << (32 - BUCKET_BITS),
         *ordered,
@@ -166,9 +172,75 @@ def _rows(client: Any, args: list[Any], took: Any) -> Iterator[tuple[bytes, byte
         fetcher.join(timeout=5)
 
 
+def _native_pass(
+    client: Any, prefix: str, names: Sequence[str], buckets: frozenset[int] | None, took: Any
+) -> Any:
+    """The pass done by the native module (:mod:`pgcdc.core.native`), on a connection of its
+    own: ``SCAN`` and an ``HGETALL`` of each key it gives, pipelined (each request holds the
+    next ``SCAN`` first, so its reply comes back while Redis still answers the last
+    request's ``HGETALL``: Redis always has the next request waiting), each reply parsed,
+    put together as the script puts it, hashed and folded in Rust. Redis spends half the
+    time the script costs it (no Lua), and the parse here a tenth of what Python's would.
+    Answers the module's ``CacheFold``, done."""
+    mod = native.module()
+    assert mod is not None
+    ordered = sorted(names)
+    marks = _marks(buckets)
+    state = mod.CacheFold(
+        len(prefix.encode()),
+        [n.encode() for n in ordered],
+        [orjson.dumps(n) for n in ordered],
+        (glob(prefix) + "*").encode(),
+        SCAN_COUNT,
+        marks or None,
+    )
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        sock = conn._sock
+
+        def more() -> None:
+            data = sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("Redis closed the connection in the middle of a scan")
+            state.feed(data)
+
+        sock.sendall(state.first())
+        expected: deque[tuple[bool, int]] = deque([(True, 0)])
+        while expected:
+            scans, rows = expected.popleft()
+            if scans:
+                while (got := state.scan()) is None:
+                    more()
+                request, scans_next, keys = got
+                if took is not None:
+                    took(keys)
+                if request:
+                    sock.sendall(request)
+                    expected.append((scans_next, keys))
+            while rows:
+                rows -= state.rows(rows)
+                if rows:
+                    more()
+    finally:
+        # Whatever the conversation left unread goes with the connection.
+        conn.disconnect()
+        pool.release(conn)
+    return state
+
+
+def _native(client: Any) -> bool:
+    """Whether the native pass serves ``client``: the module is installed and the client is
+    one standalone server's (a cluster's keys are not one ``SCAN``'s)."""
+    return native.module() is not None and hasattr(client, "connection_pool")
+
+
 def fold(client: Any, prefix: str, names: Sequence[str], took: Any = None) -> Folds:
     """Every row under ``prefix`` (``<key prefix>:<table>:``) folded by bucket; ``took``, if
     given, is told how many keys each call looked at (the pacer)."""
+    if _native(client):
+        got: Folds = _native_pass(client, prefix, names, None, took).folds()
+        return got
     out: Folds = {}
     for key, text in _rows(client, _args(prefix, names, None), took):
         fold_into(out, *folded_text(key, text))
@@ -180,6 +252,9 @@ def rows(
 ) -> dict[str, int]:
     """Each row id in ``buckets`` and its 60-bit digest (an id that is no UTF-8, which no
     PostgreSQL key gives, with its bytes escaped)."""
+    if _native(client):
+        state = _native_pass(client, prefix, names, buckets, took)
+        return {k.decode(errors="surrogateescape"): d for k, d in state.digests()}
     out: dict[str, int] = {}
     for key, text in _rows(client, _args(prefix, names, buckets), took):
         _b, h1, h2, h3 = folded_text(key, text)

@@ -15,6 +15,7 @@ import orjson
 import pytest
 import redis
 
+from pgcdc.core import native
 from pgcdc.core.row_digest import (
     FIELD,
     bucket,
@@ -24,6 +25,7 @@ from pgcdc.core.row_digest import (
     key_hash,
     stored,
 )
+from pgcdc.verify import cache_fold
 from pgcdc.verify.followers import CacheFollower, SearchFollower
 from sinks.base import Change
 from sinks.cache import CacheSink
@@ -64,14 +66,34 @@ def cache(endpoints: Endpoints, key_prefix: str) -> Iterator[CacheFollower]:
     sink.close()
 
 
+@pytest.mark.parametrize("native_module", ["on", "off"])
 def test_redis_folds_what_the_sink_wrote_and_tells_each_drift(
-    cache: CacheFollower, endpoints: Endpoints, key_prefix: str
+    cache: CacheFollower,
+    endpoints: Endpoints,
+    key_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    native_module: str,
 ) -> None:
+    """The same, whether the native module's pipelined ``HGETALL`` folds (``on``) or the
+    Lua script does (``off``)."""
+    monkeypatch.setenv("PGCDC_NATIVE", native_module)
+    if native_module == "on" and native.module() is None:
+        pytest.skip("pgcdc_native is not installed (make install builds it where cargo is)")
+    passes: list[bool] = []
+    pass_of = cache_fold._native_pass
+    monkeypatch.setattr(cache_fold, "_native_pass", lambda *a: passes.append(True) or pass_of(*a))
     docs = _docs(3_000)
     cache.sink.apply([Change(T, k, 100, 0, d) for k, d in docs.items()])
     names = sorted(docs["0"])
     assert cache.can_fold(T)
     assert cache.fold(T, names) == fold_docs(docs)
+    assert bool(passes) == (native_module == "on")  # the path asked for was taken
+    if native_module == "on":  # a client that speaks RESP3 (HGETALL answers maps)
+        resp3 = redis.Redis.from_url(endpoints.redis_url, protocol=3)
+        try:
+            assert cache_fold.fold(resp3, f"{key_prefix}:{T}:", names) == fold_docs(docs)
+        finally:
+            resp3.close()
     # Drift of each kind, by another client.
     raw = redis.Redis.from_url(endpoints.redis_url)
     row = f"{key_prefix}:{T}:"

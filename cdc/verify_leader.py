@@ -19,7 +19,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import psycopg
@@ -30,21 +30,42 @@ from cdc.connection import connect
 from cdc.publication import captured_tables, publishes_generated
 from cdc.published_rows import from_item
 from cdc.snapshot import each_copy_text_row
+from pgcdc.core import native
 from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, VerifyError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
-from pgcdc.core.row_digest import Folds, bucket, fold_into, folded, key_hash
+from pgcdc.core.row_digest import Folds, bucket, canonical, fold_into, folded, key_hash
 from pgcdc.core.settings import Settings
 from schemas.formats import json_default
 from schemas.model import TableSchema
 from schemas.plan import EncodePlan
 
-# The followers' document of a row, from its Debezium ``after`` JSON, per table (made once
-# from the table's envelope schema JSON).
-DocumentConverter = Callable[[bytes], dict[str, Any]]
+
+class DocumentConverter(Protocol):
+    """The followers' document of a row, from its Debezium ``after`` JSON, per table (made
+    once from the table's envelope schema JSON)."""
+
+    def __call__(self, after_json: bytes, /) -> dict[str, Any]: ...
+
+    def from_after(self, after: Mapping[str, Any], /) -> dict[str, Any]:
+        """The same, given the ``after`` that JSON gives back unchanged (its values are
+        text, integers, booleans or nulls)."""
+        ...
+
+
 ConverterFactory = Callable[[bytes], DocumentConverter]
+# The types of values that come back from JSON as they went in (a float may not: NaN).
+_AS_THEY_ARE = frozenset({str, int, bool, type(None)})
 KeyId = Callable[[Mapping[str, Any]], str]
+# Unpaced, a table of at least this many pages is folded by FOLD_PROCESSES processes, each
+# over its own range of the table's pages (a TID range scan), in one exported snapshot.
+FOLD_PROCESSES = 2
+_SPLIT_PAGES = 2048  # 16 MB: under it, a second process costs more than it saves
+
+# A range of a table's pages, ``[first, end)``; ``end`` None: to the table's end.
+Pages = tuple[int, int | None]
+
 # Told of the rows each read returned, before the next is read: verify.max_rows_per_second's
 # pacer (pgcdc.verify.pacing.RowPacer.take), which waits as long as the rate asks.
 RowsRead = Callable[[int], object]
@@ -167,10 +188,12 @@ class PostgresLeader:
         each row rendered as :meth:`read` renders it. ``on_start`` is given the snapshot's
         fence LSN and the documents' fields (the columns, sorted) before any row is read.
 
-        Unpaced, the rows are rendered in a process of its own that reads the snapshot this
+        Unpaced, the rows are rendered in processes of their own that read the snapshot this
         one exports: rendering is all Python, and here it would hold the interpreter's lock
         from the threads that drive the followers' folds (each call to Redis waiting its
-        turn leaves Redis idle). Paced (``verify.max_rows_per_second``), here: one token
+        turn leaves Redis idle); a plain table of many pages is split into
+        :data:`FOLD_PROCESSES` ranges of pages, a process each, so that rendering, the one
+        long stretch of the pass, takes every core the stores leave idle. Paced (``verify.max_rows_per_second``), here: one token
         bucket serves the whole pass."""
         schema, name = self._names[table]
         pg = self._settings.postgres
@@ -187,51 +210,86 @@ class PostgresLeader:
                 if self._rows_read is not None:
                     folds, count = self._fold_rows(conn, schema, name)
                 else:
-                    folds, count = self._fold_apart(table, str(exported[0]))
+                    ranges = _page_ranges(conn, schema, name, FOLD_PROCESSES)
+                    folds, count = self._fold_apart(table, str(exported[0]), ranges)
             finally:
                 conn.execute("ROLLBACK")
         return LeaderFold(lsn, folds, count, names)
 
     def _fold_rows(
-        self, conn: psycopg.Connection[Any], schema: str, name: str
+        self, conn: psycopg.Connection[Any], schema: str, name: str, pages: Pages | None = None
     ) -> tuple[Folds, int]:
-        """The table's rows in ``conn``'s snapshot folded by bucket, and how many."""
-        folds: Folds = {}
-        count = 0
-        _ts, plan, rows = self._each_row(conn, schema, name, None)
+        """The table's rows in ``conn``'s snapshot (those in ``pages``, if given) folded by
+        bucket, and how many."""
+        _ts, plan, rows = self._each_row(conn, schema, name, None, pages)
         to_doc = self._converter_for(plan.envelope_schema_json)
-        render = plan.json_row
+        render, from_after, plain = plan.json_row, to_doc.from_after, _AS_THEY_ARE.issuperset
+        folds: Folds = {}
+        mod = native.module()
+        folder = None if mod is None else mod.Folder()  # the hashing and adding up in Rust
+        count = 0
         for key, values in rows:
-            doc = to_doc(orjson.dumps(render(values), default=json_default))
-            fold_into(folds, *folded(key, doc))
+            after = render(values)
+            if plain(map(type, after.values())):  # JSON would give it back as it is
+                doc = from_after(after)
+            else:
+                doc = to_doc(orjson.dumps(after, default=json_default))
+            if folder is not None:
+                folder.add(key.encode(), canonical(doc))
+            else:
+                fold_into(folds, *folded(key, doc))
             count += 1
+        if folder is not None:
+            folds = folder.folds()
         return folds, count
 
-    def _fold_apart(self, table: str, snapshot: str) -> tuple[Folds, int]:
-        """:meth:`_fold_rows` in a process of its own, in the exported ``snapshot``."""
+    def _fold_apart(
+        self, table: str, snapshot: str, ranges: Sequence[Pages | None]
+    ) -> tuple[Folds, int]:
+        """:meth:`_fold_rows` of each range of pages in a process of its own, in the
+        exported ``snapshot``, their folds added up."""
         ctx = multiprocessing.get_context("spawn")
-        here, there = ctx.Pipe(duplex=False)
-        args = (there, self._settings, self._names[table], self._converter_for, self._key_id)
-        child = ctx.Process(target=_fold_apart, args=(*args, snapshot), name="verify-fold")
-        child.start()
-        there.close()
+        args = (self._settings, self._names[table], self._converter_for, self._key_id, snapshot)
+        children = []
         try:
-            try:
-                said = here.recv()
-            except EOFError:
-                raise VerifyError(
-                    f"the process folding {table} ended (exit status {child.exitcode})"
-                ) from None
-            if said[0] != "done":
-                raise said[1]
-            got: tuple[Folds, int] = said[1]
-            return got
+            for i, pages in enumerate(ranges):
+                here, there = ctx.Pipe(duplex=False)
+                child = ctx.Process(
+                    target=_fold_apart, args=(there, *args, pages), name=f"verify-fold-{i}"
+                )
+                child.start()
+                there.close()
+                children.append((here, child))
+            folds: Folds = {}
+            count = 0
+            for here, child in children:
+                try:
+                    said = here.recv()
+                except EOFError:
+                    raise VerifyError(
+                        f"the process folding {table} ended (exit status {child.exitcode})"
+                    ) from None
+                if said[0] != "done":
+                    raise said[1]
+                part, rows = said[1]
+                for b, (n, h1, h2, h3) in part.items():
+                    f = folds.get(b)
+                    if f is None:
+                        folds[b] = [n, h1, h2, h3]
+                    else:
+                        f[0] += n
+                        f[1] += h1
+                        f[2] += h2
+                        f[3] += h3
+                count += rows
+            return folds, count
         finally:
-            here.close()
-            child.join(timeout=5)
-            if child.is_alive():
-                child.kill()
-                child.join()
+            for here, child in children:
+                here.close()
+                child.join(timeout=5)
+                if child.is_alive():
+                    child.kill()
+                    child.join()
 
     def read_buckets(self, table: str, buckets: frozenset[int]) -> Snapshot:
         """A fresh snapshot of ``table``'s rows whose ids fall in ``buckets`` (the others
@@ -313,8 +371,10 @@ class PostgresLeader:
         schema: str,
         name: str,
         keys: Collection[str] | None,
+        pages: Pages | None = None,
     ) -> tuple[TableSchema, EncodePlan, Iterator[tuple[str, Sequence[Any]]]]:
-        """:meth:`_rows`, the rows read as they are taken (inside ``conn``'s transaction)."""
+        """:meth:`_rows`, the rows read as they are taken (inside ``conn``'s transaction);
+        with ``pages``, only the rows in that range of the table's pages."""
         pg = self._settings.postgres
         catalog = SchemaCatalog(
             conn, pg.message_key_columns, generated=publishes_generated(conn, pg.publication_name)
@@ -329,6 +389,11 @@ class PostgresLeader:
             where = sql.SQL(" WHERE {}::text = ANY({})").format(
                 sql.Identifier(by_id), sql.Literal(sorted(keys))
             )
+        elif pages is not None:
+            first, end = pages
+            where = sql.SQL(" WHERE ctid >= {}::tid").format(sql.Literal(f"({first},0)"))
+            if end is not None:
+                where = sql.SQL("{} AND ctid < {}::tid").format(where, sql.Literal(f"({end},0)"))
         query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
             cols, from_item(conn, schema, name), where
         )
@@ -354,6 +419,26 @@ class PostgresLeader:
         return ts, plan, rows()
 
 
+def _page_ranges(
+    conn: psycopg.Connection[Any], schema: str, name: str, parts: int
+) -> list[Pages | None]:
+    """``parts`` ranges of the table's pages, as it is in ``conn``'s snapshot (the last one
+    open, for pages added since its size was read); ``[None]`` (the whole table, one
+    process) for a small table, or for one that is not a plain table (a partitioned one's
+    rows are in its partitions, each with pages of its own)."""
+    row = conn.execute(
+        "SELECT c.relkind, pg_catalog.pg_relation_size(c.oid)"
+        " / pg_catalog.current_setting('block_size')::bigint"
+        " FROM pg_catalog.pg_class c WHERE c.oid = %s::regclass",
+        (sql.Identifier(schema, name).as_string(conn),),
+    ).fetchone()
+    if row is None or row[0] != "r" or parts < 2 or int(row[1]) < _SPLIT_PAGES:
+        return [None]
+    size = int(row[1])
+    cuts = [size * i // parts for i in range(parts + 1)]
+    return [(cuts[i], cuts[i + 1] if i + 1 < parts else None) for i in range(parts)]
+
+
 def _fold_apart(
     out: Any,
     settings: Settings,
@@ -361,16 +446,18 @@ def _fold_apart(
     converter_for: ConverterFactory,
     key_id: KeyId,
     snapshot: str,
+    pages: Pages | None,
 ) -> None:
-    """:meth:`PostgresLeader._fold_rows` in a process of its own, in the exported
-    ``snapshot``: ``("done", (folds, rows))`` or ``("error", exception)`` goes to ``out``."""
+    """:meth:`PostgresLeader._fold_rows` (of ``pages``, if given) in a process of its own,
+    in the exported ``snapshot``: ``("done", (folds, rows))`` or ``("error", exception)``
+    goes to ``out``."""
     try:
         leader = PostgresLeader(settings, [names], converter_for, key_id)
         with connect(settings.postgres.dsn.get_secret_value()) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-                out.send(("done", leader._fold_rows(conn, *names)))
+                out.send(("done", leader._fold_rows(conn, *names, pages)))
             finally:
                 conn.execute("ROLLBACK")
     except BaseException as e:  # said to the parent, which raises it

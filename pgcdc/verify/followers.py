@@ -17,7 +17,7 @@ and a candidate key's row and version through the sinks' own key names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -52,16 +52,29 @@ Document = dict[str, Any]
 NOT_A_ROW = -1
 
 
-def document_converter(envelope_schema_json: bytes) -> Callable[[bytes], Document]:
+class DocumentConverter:
     """Debezium ``after`` JSON → the document the sinks are given, by the jobs' converter for
     the table's envelope schema."""
-    convert = RowConverter(after_schema(orjson.loads(envelope_schema_json)))
 
-    def to_doc(after_json: bytes) -> Document:
-        doc, _ = convert(orjson.loads(after_json))
+    __slots__ = ("_convert",)
+
+    def __init__(self, envelope_schema_json: bytes) -> None:
+        self._convert = RowConverter(after_schema(orjson.loads(envelope_schema_json)))
+
+    def __call__(self, after_json: bytes) -> Document:
+        doc, _ = self._convert(orjson.loads(after_json))
         return doc
 
-    return to_doc
+    def from_after(self, after: Mapping[str, Any]) -> Document:
+        """The document of an ``after`` already parsed (or one whose values are JSON's own:
+        text, integers, booleans and nulls, which JSON gives back as they were)."""
+        doc, _ = self._convert(after)
+        return doc
+
+
+def document_converter(envelope_schema_json: bytes) -> DocumentConverter:
+    """The :class:`DocumentConverter` of a table's envelope schema."""
+    return DocumentConverter(envelope_schema_json)
 
 
 def _hash_form(fields: Mapping[str, bytes]) -> bytes:

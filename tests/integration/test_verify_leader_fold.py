@@ -1,0 +1,62 @@
+"""PostgreSQL's side of a folded ``cdc verify`` (:meth:`cdc.verify_leader.PostgresLeader.fold`):
+split into ranges of the table's pages, a process each, in one exported snapshot, it folds
+exactly as one read of the table does, and as the Python fold of the documents that read
+renders; with the native module (``pgcdc_native``) and without.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import cdc.verify_leader as leader_module
+from cdc.verify_leader import PostgresLeader
+from pgcdc.core import native
+from pgcdc.core.row_digest import fold_docs
+from pgcdc.core.settings import load_settings
+from pgcdc.verify.followers import document_converter
+from sinks.base import key_id
+
+pytestmark = pytest.mark.integration
+
+T = "public.items"
+
+
+@pytest.mark.parametrize("native_module", ["on", "off"])
+def test_a_table_folded_in_ranges_of_pages_folds_as_one_read(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch, native_module: str
+) -> None:
+    monkeypatch.setenv("PGCDC_NATIVE", native_module)  # the fold's processes inherit it
+    if native_module == "on" and native.module() is None:
+        pytest.skip("pgcdc_native is not installed (make install builds it where cargo is)")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        # Few rows a page (fillfactor 10), so that a few thousand rows fill many pages. Even
+        # rows hold an array and JSON (rendered through JSON text), odd ones only values JSON
+        # gives back as they are (the fold's shortcut).
+        conn.execute(
+            "CREATE TABLE public.items (id bigint PRIMARY KEY, name text, price numeric(10,2),"
+            " at timestamptz, tags text[], note jsonb) WITH (fillfactor = 10)"
+        )
+        conn.execute(
+            "INSERT INTO public.items SELECT g, 'item ' || g || E' {x}\\t\u00e9', g / 4.0,"
+            " '2026-01-01'::timestamptz + g * interval '1.5 s',"
+            " CASE WHEN g % 2 = 0 THEN ARRAY['a', g::text] END,"
+            " CASE WHEN g % 2 = 0 THEN jsonb_build_object('z', g, 'a', null) END"
+            " FROM generate_series(1, 3000) g"
+        )
+        pages = leader_module._page_ranges(conn, "public", "items", 2)
+    assert pages == [None]  # under the size worth a second process
+    monkeypatch.setattr(leader_module, "_SPLIT_PAGES", 1)
+    with psycopg.connect(pg_database) as conn:
+        pages = leader_module._page_ranges(conn, "public", "items", 2)
+    assert len(pages) == 2 and pages[0] is not None and pages[1] is not None, pages
+    assert pages[0][1] == pages[1][0] and pages[1][1] is None  # adjoining, the last open
+
+    settings = load_settings(None, {"postgres": {"dsn": pg_database}})
+    leader = PostgresLeader(settings, [("public", "items")], document_converter, key_id)
+    split = leader.fold(T)
+    monkeypatch.setattr(leader_module, "FOLD_PROCESSES", 1)
+    whole = leader.fold(T)
+    docs = leader.read(T).rows
+    assert split.rows == whole.rows == len(docs) == 3000
+    assert split.folds == whole.folds == fold_docs(docs)

@@ -31,9 +31,18 @@ fn number(buf: &[u8], s: usize, e: usize) -> Result<i64, String> {
         .ok_or_else(|| "a length that is no number".to_string())
 }
 
+/// Arrays a reply to `SCAN` or `HGETALL` nests: two. Deeper is no such reply (and a server
+/// sending thousands would otherwise exhaust the stack).
+const MAX_DEPTH: usize = 8;
+const MAX_BULK: i64 = 1 << 32;
+
 /// The reply starting at `at` and where it ends, `None` if the buffer does not hold it whole,
 /// an error if the bytes are no reply.
 pub fn parse(buf: &[u8], at: usize) -> Result<Option<(Reply, usize)>, String> {
+    parse_at(buf, at, 0)
+}
+
+fn parse_at(buf: &[u8], at: usize, depth: usize) -> Result<Option<(Reply, usize)>, String> {
     let Some(&kind) = buf.get(at) else { return Ok(None) };
     let Some(eol) = line(buf, at + 1) else { return Ok(None) };
     let next = eol + 2;
@@ -47,6 +56,11 @@ pub fn parse(buf: &[u8], at: usize) -> Result<Option<(Reply, usize)>, String> {
             if len < 0 {
                 return Ok(Some((Reply::Null, next)));
             }
+            // A string past 4 GiB is none Redis gives (its strings stop at 512 MB unless
+            // proto-max-bulk-len says more): no reply, rather than a wait for it.
+            if len > MAX_BULK {
+                return Err("a string longer than any Redis holds".to_string());
+            }
             let end = next + len as usize;
             if end + 2 > buf.len() {
                 return Ok(None);
@@ -58,11 +72,22 @@ pub fn parse(buf: &[u8], at: usize) -> Result<Option<(Reply, usize)>, String> {
             if n < 0 {
                 return Ok(Some((Reply::Null, next)));
             }
-            let items = if kind == b'%' { 2 * n as usize } else { n as usize };
+            if depth >= MAX_DEPTH {
+                return Err("arrays nested deeper than any reply to SCAN or HGETALL".to_string());
+            }
+            let items = usize::try_from(n)
+                .ok()
+                .and_then(|n| if kind == b'%' { n.checked_mul(2) } else { Some(n) })
+                .ok_or_else(|| "an array longer than any buffer".to_string())?;
+            // Each item takes 3 bytes at the least: until the buffer holds that much, the
+            // reply is not whole (and nothing is allocated for a count no reply has).
+            if items.saturating_mul(3) > buf.len() - next {
+                return Ok(None);
+            }
             let mut out = Vec::with_capacity(items);
             let mut pos = next;
             for _ in 0..items {
-                match parse(buf, pos)? {
+                match parse_at(buf, pos, depth + 1)? {
                     None => return Ok(None),
                     Some((r, end)) => {
                         out.push(r);

@@ -38,3 +38,29 @@ def test_the_module_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.module() is None
     monkeypatch.setenv("PGCDC_NATIVE", "on")
     assert (native.module() is None) == (mod is None)
+
+
+@needs_module
+def test_bytes_that_are_no_reply_are_refused_not_a_crash() -> None:
+    """What a server (or something posing as one) sends that is no reply to ``SCAN``: a
+    length past any buffer, arrays nested past any reply, a type no reply has. Each raises
+    ``ValueError``; a reply not yet whole waits."""
+    assert mod is not None
+
+    def scan(data: bytes) -> object:
+        state = mod.CacheFold(3, [b"a"], [b'"a"'], b"p:*", 10)
+        state.feed(data)
+        return state.scan()
+
+    for bad in (
+        b"$18446744073709551615\r\n",
+        b"$9223372036854775807\r\nx\r\n",
+        b"*1\r\n" * 100 + b":1\r\n",
+        b"!3\r\nabc\r\n",
+    ):
+        with pytest.raises(ValueError):
+            scan(bad)
+    assert scan(b"*2\r\n$1\r\n0\r\n*1000000\r\n") is None  # an array not yet whole
+    request, scans, keys = scan(b"*2\r\n$2\r\n17\r\n*1\r\n$4\r\np:k1\r\n")
+    assert (scans, keys) == (True, 1) and request.startswith(b"*6\r\n$4\r\nSCAN\r\n$2\r\n17\r\n")
+    assert request.endswith(b"*2\r\n$7\r\nHGETALL\r\n$4\r\np:k1\r\n")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Protocol
 
 import orjson
@@ -29,14 +30,23 @@ from cdc.catalog import SchemaCatalog
 from cdc.connection import connect
 from cdc.publication import captured_tables, publishes_generated
 from cdc.published_rows import from_item
-from cdc.snapshot import each_copy_text_row
+from cdc.snapshot import each_copy_text_row, parse_copy_line
 from pgcdc.core import native
 from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, VerifyError
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import split_qualified
-from pgcdc.core.row_digest import Folds, bucket, canonical, fold_into, folded, key_hash
+from pgcdc.core.row_digest import (
+    Folds,
+    add_folds,
+    bucket,
+    canonical,
+    fold_into,
+    folded,
+    key_hash,
+)
 from pgcdc.core.settings import Settings
+from pgcdc.verify.copy_render import copy_rows
 from schemas.formats import json_default
 from schemas.model import TableSchema
 from schemas.plan import EncodePlan
@@ -65,6 +75,8 @@ _SPLIT_PAGES = 2048  # 16 MB: under it, a second process costs more than it save
 
 # A range of a table's pages, ``[first, end)``; ``end`` None: to the table's end.
 Pages = tuple[int, int | None]
+
+_PACED_STEP = 500  # rows read between two words to the pacer
 
 # Told of the rows each read returned, before the next is read: verify.max_rows_per_second's
 # pacer (pgcdc.verify.pacing.RowPacer.take), which waits as long as the rate asks.
@@ -220,15 +232,18 @@ class PostgresLeader:
         self, conn: psycopg.Connection[Any], schema: str, name: str, pages: Pages | None = None
     ) -> tuple[Folds, int]:
         """The table's rows in ``conn``'s snapshot (those in ``pages``, if given) folded by
-        bucket, and how many."""
-        _ts, plan, rows = self._each_row(conn, schema, name, None, pages)
+        bucket, and how many. With the native module, the COPY lines of a table whose
+        columns it knows (:mod:`pgcdc.verify.copy_render`) are rendered and folded there, and
+        only the lines it hands back are rendered here."""
+        _ts, plan, query, at = self._copy_query(conn, schema, name, None, pages)
         to_doc = self._converter_for(plan.envelope_schema_json)
         render, from_after, plain = plan.json_row, to_doc.from_after, _AS_THEY_ARE.issuperset
         folds: Folds = {}
         mod = native.module()
         folder = None if mod is None else mod.Folder()  # the hashing and adding up in Rust
         count = 0
-        for key, values in rows:
+
+        def fold(key: str, values: Sequence[Any]) -> None:
             after = render(values)
             if plain(map(type, after.values())):  # JSON would give it back as it is
                 doc = from_after(after)
@@ -238,10 +253,35 @@ class PostgresLeader:
                 folder.add(key.encode(), canonical(doc))
             else:
                 fold_into(folds, *folded(key, doc))
-            count += 1
+
+        lines = copy_rows(plan, at)
+        if lines is None:
+            for key, values in self._copy_rows(conn, plan, query, at, None):
+                fold(key, values)
+                count += 1
+        else:
+            for left in self._native_rows(conn, query, lines):
+                values = parse_copy_line(left.decode())
+                fold(self._key(plan, at, values), values)
+                count += 1
+            count += lines.rows
+            add_folds(folds, lines.folds())
         if folder is not None:
-            folds = folder.folds()
+            add_folds(folds, folder.folds())
         return folds, count
+
+    def _native_rows(
+        self, conn: psycopg.Connection[Any], query: sql.Composed, lines: Any
+    ) -> Iterator[bytes]:
+        """The COPY's lines given to ``lines`` (a ``pgcdc_native.CopyRows``) in batches;
+        yields those it hands back."""
+        step = _PACED_STEP if self._rows_read is not None else 4096
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            each = iter(copy)
+            while batch := list(islice(each, step)):
+                yield from lines.add(b"".join(batch))
+                if self._rows_read is not None:
+                    self._rows_read(len(batch))  # the pace holds COPY back: the server waits
 
     def _fold_apart(
         self, table: str, snapshot: str, ranges: Sequence[Pages | None]
@@ -272,15 +312,7 @@ class PostgresLeader:
                 if said[0] != "done":
                     raise said[1]
                 part, rows = said[1]
-                for b, (n, h1, h2, h3) in part.items():
-                    f = folds.get(b)
-                    if f is None:
-                        folds[b] = [n, h1, h2, h3]
-                    else:
-                        f[0] += n
-                        f[1] += h1
-                        f[2] += h2
-                        f[3] += h3
+                add_folds(folds, part)
                 count += rows
             return folds, count
         finally:
@@ -371,10 +403,24 @@ class PostgresLeader:
         schema: str,
         name: str,
         keys: Collection[str] | None,
-        pages: Pages | None = None,
     ) -> tuple[TableSchema, EncodePlan, Iterator[tuple[str, Sequence[Any]]]]:
-        """:meth:`_rows`, the rows read as they are taken (inside ``conn``'s transaction);
-        with ``pages``, only the rows in that range of the table's pages."""
+        """:meth:`_rows`, the rows read as they are taken (inside ``conn``'s transaction)."""
+        ts, plan, query, at = self._copy_query(conn, schema, name, keys)
+        wanted = None if keys is None else set(keys)
+        return ts, plan, self._copy_rows(conn, plan, query, at, wanted)
+
+    def _copy_query(
+        self,
+        conn: psycopg.Connection[Any],
+        schema: str,
+        name: str,
+        keys: Collection[str] | None,
+        pages: Pages | None = None,
+    ) -> tuple[TableSchema, EncodePlan, sql.Composed, int | None]:
+        """The table's schema and encode plan, the COPY of its rows (with ``keys``, of
+        those rows when the key allows it; with ``pages``, of the rows in that range of
+        the table's pages), and the index of the column whose text is the document id (None:
+        the id is made from the key's JSON)."""
         pg = self._settings.postgres
         catalog = SchemaCatalog(
             conn, pg.message_key_columns, generated=publishes_generated(conn, pg.publication_name)
@@ -397,26 +443,38 @@ class PostgresLeader:
         query = sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT").format(
             cols, from_item(conn, schema, name), where
         )
-        wanted = None if keys is None else set(keys)
         at = None if by_id is None else [c.name for c in ts.columns].index(by_id)
+        return ts, plan, query, at
 
-        def rows() -> Iterator[tuple[str, Sequence[Any]]]:
-            step, count = 500, 0
-            with conn.cursor() as cur, cur.copy(query) as copy:
-                for values in each_copy_text_row(copy):
-                    key = values[at] if at is not None else None
-                    if not isinstance(key, str):  # a key of several columns, or of others
-                        key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
-                    if wanted is None or key in wanted:
-                        yield key, values
-                    count += 1
-                    if count == step and self._rows_read is not None:
-                        self._rows_read(count)  # the pace holds COPY back: the server waits
-                        count = 0
-            if count and self._rows_read is not None:
-                self._rows_read(count)
+    def _key(self, plan: EncodePlan, at: int | None, values: Sequence[Any]) -> str:
+        """A COPY row's document id: column ``at``'s text, or made from the key's JSON."""
+        key = values[at] if at is not None else None
+        if not isinstance(key, str):  # a key of several columns, or of others
+            key = self._key_id(orjson.loads(orjson.dumps(plan.json_key(values))))
+        return key
 
-        return ts, plan, rows()
+    def _copy_rows(
+        self,
+        conn: psycopg.Connection[Any],
+        plan: EncodePlan,
+        query: sql.Composed,
+        at: int | None,
+        wanted: Collection[str] | None,
+    ) -> Iterator[tuple[str, Sequence[Any]]]:
+        """The COPY's rows as text values with their document ids (those in ``wanted``, if
+        given), read as they are taken."""
+        step, count = _PACED_STEP, 0
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            for values in each_copy_text_row(copy):
+                key = self._key(plan, at, values)
+                if wanted is None or key in wanted:
+                    yield key, values
+                count += 1
+                if count == step and self._rows_read is not None:
+                    self._rows_read(count)  # the pace holds COPY back: the server waits
+                    count = 0
+        if count and self._rows_read is not None:
+            self._rows_read(count)
 
 
 def _page_ranges(

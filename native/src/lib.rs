@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use sha1::{Digest, Sha1};
 
+mod copy_rows;
 mod resp;
 
 use resp::{parse, Reply};
@@ -261,16 +262,10 @@ impl CacheFold {
                 self.buf = buf;
                 self.pos = end;
                 let id = key.get(self.prefix_len..).unwrap_or(b"");
-                let (b, h1, h2, h3) = folded_text(id, &self.text);
                 match &self.chosen {
-                    None => {
-                        let f = &mut self.folds[b];
-                        f[0] += 1;
-                        f[1] += h1;
-                        f[2] += h2;
-                        f[3] += h3;
-                    }
+                    None => fold_row(&mut self.folds, id, &self.text),
                     Some(chosen) => {
+                        let (b, h1, h2, h3) = folded_text(id, &self.text);
                         if chosen[b] {
                             self.digests.push((id.to_vec(), (h1 << 40) | (h2 << 20) | h3));
                         }
@@ -313,18 +308,23 @@ impl Folder {
 
     /// Folds one row: its id's bytes and its canonical text.
     fn add(&mut self, id: &[u8], text: &[u8]) {
-        let (b, h1, h2, h3) = folded_text(id, text);
-        let f = &mut self.folds[b];
-        f[0] += 1;
-        f[1] += h1;
-        f[2] += h2;
-        f[3] += h3;
+        fold_row(&mut self.folds, id, text);
     }
 
     /// Bucket → `[rows, part 1, part 2, part 3]` (buckets with rows).
     fn folds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         folds_dict(py, &self.folds)
     }
+}
+
+/// Folds one row (its id and canonical text) into its bucket.
+fn fold_row(folds: &mut [[u64; 4]], id: &[u8], text: &[u8]) {
+    let (b, h1, h2, h3) = folded_text(id, text);
+    let f = &mut folds[b];
+    f[0] += 1;
+    f[1] += h1;
+    f[2] += h2;
+    f[3] += h3;
 }
 
 fn folds_dict<'py>(py: Python<'py>, folds: &[[u64; 4]]) -> PyResult<Bound<'py, PyDict>> {
@@ -347,6 +347,7 @@ fn folded(id: &[u8], text: &[u8]) -> (usize, u64, u64, u64) {
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheFold>()?;
     m.add_class::<Folder>()?;
+    m.add_class::<copy_rows::CopyRows>()?;
     m.add_function(wrap_pyfunction!(folded, m)?)?;
     Ok(())
 }

@@ -140,6 +140,19 @@ def fold_into(folds: Folds, b: int, h1: int, h2: int, h3: int) -> None:
         f[3] += h3
 
 
+def add_folds(into: Folds, part: Folds) -> None:
+    """Add ``part``'s folds (other rows of the same table) to ``into``."""
+    for b, (n, h1, h2, h3) in part.items():
+        f = into.get(b)
+        if f is None:
+            into[b] = [n, h1, h2, h3]
+        else:
+            f[0] += n
+            f[1] += h1
+            f[2] += h2
+            f[3] += h3
+
+
 def fold_docs(rows: Mapping[str, Mapping[str, Any]]) -> Folds:
     """The folds of documents held in memory (id → document)."""
     folds: Folds = {}

@@ -14,6 +14,7 @@ from cdc.verify_leader import PostgresLeader
 from pgcdc.core import native
 from pgcdc.core.row_digest import fold_docs
 from pgcdc.core.settings import load_settings
+from pgcdc.verify import copy_render
 from pgcdc.verify.followers import document_converter
 from sinks.base import key_id
 
@@ -60,3 +61,49 @@ def test_a_table_folded_in_ranges_of_pages_folds_as_one_read(
     docs = leader.read(T).rows
     assert split.rows == whole.rows == len(docs) == 3000
     assert split.folds == whole.folds == fold_docs(docs)
+
+
+def test_native_rendering_of_copy_lines_folds_as_python(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of the types the native module renders from COPY text
+    (:mod:`pgcdc.verify.copy_render`): its rows folded there, and those it hands back (an
+    escape, infinity, a placeholder's text, a null where a fill goes) by Python, give the
+    fold of the documents Python renders from a read of the table."""
+    if native.module() is None:
+        pytest.skip("pgcdc_native is not installed (make install builds it where cargo is)")
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.plain (id bigint PRIMARY KEY, n int, ok boolean, name text,"
+            " price numeric(10,2), tiny numeric(20,9), whole numeric(30), at timestamptz,"
+            " at3 timestamptz(3), u uuid, doc jsonb)"
+        )
+        conn.execute(
+            "INSERT INTO public.plain SELECT g, g * 7, g % 3 = 0,"
+            " CASE g % 50 WHEN 0 THEN E'tab\\there' WHEN 1 THEN '__debezium_unavailable_value'"
+            " ELSE 'name ' || g || ' \u00e9 \"q\"' END,"
+            " g / 4.0, g / 1e9, g * 1e20, CASE WHEN g % 97 = 0 THEN 'infinity'"
+            " ELSE '2026-01-01'::timestamptz + g * interval '1.25 s' END,"
+            " '2026-01-01'::timestamptz + g * interval '1.0005 s',"
+            " md5(g::text)::uuid, CASE WHEN g % 2 = 0 THEN jsonb_build_object('z', g) END"
+            " FROM generate_series(1, 3000) g"
+        )
+    settings = load_settings(None, {"postgres": {"dsn": pg_database}})
+    leader = PostgresLeader(settings, [("public", "plain")], document_converter, key_id)
+    made = []
+
+    def spy(*args: object) -> object:
+        rows = copy_render.copy_rows(*args)  # type: ignore[arg-type]
+        made.append(rows)
+        return rows
+
+    monkeypatch.setattr(leader_module, "copy_rows", spy)
+    with psycopg.connect(pg_database) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        folds, count = leader._fold_rows(conn, "public", "plain")
+        conn.execute("ROLLBACK")
+    docs = leader.read("public.plain").rows
+    assert count == len(docs) == 3000
+    assert folds == fold_docs(docs)
+    (rows,) = made
+    assert rows is not None and 2800 < rows.rows < 3000  # most native, the odd ones Python's

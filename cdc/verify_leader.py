@@ -46,7 +46,7 @@ from pgcdc.core.row_digest import (
     key_hash,
 )
 from pgcdc.core.settings import Settings
-from pgcdc.verify.copy_render import copy_rows
+from pgcdc.verify import copy_render
 from schemas.formats import json_default
 from schemas.model import TableSchema
 from schemas.plan import EncodePlan
@@ -200,13 +200,14 @@ class PostgresLeader:
         each row rendered as :meth:`read` renders it. ``on_start`` is given the snapshot's
         fence LSN and the documents' fields (the columns, sorted) before any row is read.
 
-        Unpaced, the rows are rendered in processes of their own that read the snapshot this
-        one exports: rendering is all Python, and here it would hold the interpreter's lock
-        from the threads that drive the followers' folds (each call to Redis waiting its
-        turn leaves Redis idle); a plain table of many pages is split into
-        :data:`FOLD_PROCESSES` ranges of pages, a process each, so that rendering, the one
-        long stretch of the pass, takes every core the stores leave idle. Paced (``verify.max_rows_per_second``), here: one token
-        bucket serves the whole pass."""
+        Unpaced, the rows are rendered in a process of their own that reads the snapshot
+        this one exports: here, reading and rendering would hold the interpreter's lock from
+        the threads that drive the followers' folds (each call to Redis waiting its turn
+        leaves Redis idle). A plain table of many pages whose rows Python renders (not the
+        native module, :mod:`pgcdc.verify.copy_render`) is split into
+        :data:`FOLD_PROCESSES` ranges of pages, a process each, so that rendering, then the
+        one long stretch of the pass, takes every core the stores leave idle. Paced
+        (``verify.max_rows_per_second``), here: one token bucket serves the whole pass."""
         schema, name = self._names[table]
         pg = self._settings.postgres
         with connect(pg.dsn.get_secret_value()) as conn:
@@ -215,14 +216,18 @@ class PostgresLeader:
                 exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
                 assert exported is not None
                 lsn = self._fence(conn)
-                _ts, plan, _rows = self._each_row(conn, schema, name, None)
+                _ts, plan, _query, at = self._copy_query(conn, schema, name, None)
                 names = tuple(sorted(plan.names))
                 if on_start is not None:
                     on_start(lsn, names)
                 if self._rows_read is not None:
                     folds, count = self._fold_rows(conn, schema, name)
                 else:
-                    ranges = _page_ranges(conn, schema, name, FOLD_PROCESSES)
+                    # Rows the native module renders cost a tenth of Python's: one process
+                    # reads them faster than the stores fold theirs, and a second would
+                    # only take CPU from those.
+                    parts = 1 if copy_render.renders(plan, at) else FOLD_PROCESSES
+                    ranges = _page_ranges(conn, schema, name, parts)
                     folds, count = self._fold_apart(table, str(exported[0]), ranges)
             finally:
                 conn.execute("ROLLBACK")
@@ -254,7 +259,7 @@ class PostgresLeader:
             else:
                 fold_into(folds, *folded(key, doc))
 
-        lines = copy_rows(plan, at)
+        lines = copy_render.copy_rows(plan, at)
         if lines is None:
             for key, values in self._copy_rows(conn, plan, query, at, None):
                 fold(key, values)

@@ -74,6 +74,11 @@ def column_kinds(plan: EncodePlan) -> list[tuple[str, int]] | None:
     return kinds
 
 
+def renders(plan: EncodePlan, id_at: int | None) -> bool:
+    """Whether :func:`copy_rows` gives the table's COPY lines to the native module."""
+    return native.module() is not None and id_at is not None and column_kinds(plan) is not None
+
+
 def copy_rows(plan: EncodePlan, id_at: int | None) -> Any:
     """A ``pgcdc_native.CopyRows`` for the table's COPY lines whose document id is the text
     of column ``id_at``; None without the native module, without such a column, or when

@@ -91,13 +91,14 @@ def test_native_rendering_of_copy_lines_folds_as_python(
     settings = load_settings(None, {"postgres": {"dsn": pg_database}})
     leader = PostgresLeader(settings, [("public", "plain")], document_converter, key_id)
     made = []
+    copy_rows, page_ranges = copy_render.copy_rows, leader_module._page_ranges
 
     def spy(*args: object) -> object:
-        rows = copy_render.copy_rows(*args)  # type: ignore[arg-type]
+        rows = copy_rows(*args)  # type: ignore[arg-type]
         made.append(rows)
         return rows
 
-    monkeypatch.setattr(leader_module, "copy_rows", spy)
+    monkeypatch.setattr(copy_render, "copy_rows", spy)
     with psycopg.connect(pg_database) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         folds, count = leader._fold_rows(conn, "public", "plain")
@@ -107,3 +108,13 @@ def test_native_rendering_of_copy_lines_folds_as_python(
     assert folds == fold_docs(docs)
     (rows,) = made
     assert rows is not None and 2800 < rows.rows < 3000  # most native, the odd ones Python's
+
+    # A pass over it takes one process, however many pages: the native rendering outpaces
+    # the stores' folds, and a second process would take CPU from them.
+    parts = []
+    monkeypatch.setattr(leader_module, "_SPLIT_PAGES", 1)
+    monkeypatch.setattr(
+        leader_module, "_page_ranges", lambda *a: parts.append(a[-1]) or page_ranges(*a)
+    )
+    assert leader.fold("public.plain").folds == folds
+    assert parts == [1]

@@ -195,6 +195,7 @@ class SearchSink:
     ) -> None:
         check_index_prefix(index_prefix)
         self.evolve_indices = evolve_indices
+        self._stored_digest = row_digest.stored_function()  # hashed natively where it can be
         self.build_check_interval_s = build_check_interval_s
         # Tables whose next index version is being built: what searches read, and the next.
         self._builds: dict[str, tuple[versions.Serving, str]] = {}
@@ -1013,7 +1014,7 @@ class SearchSink:
             return
         digest = b""
         if source[-1:] == b"}" and self._keeps_digest(index):  # an object: the row
-            kept = orjson.dumps(row_digest.stored(change.key, values))
+            kept = orjson.dumps(self._stored_digest(change.key, values))
             digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + kept
             source = source[:-1] + digest + b"}"
         fmt = self._action_format("index", index)

@@ -17,17 +17,25 @@ const PART: u64 = (1 << 20) - 1;
 /// A byte no JSON text holds: marks a row that can never fold like PostgreSQL's.
 const MARK: u8 = 0xff;
 
-/// A row's bucket and its digest's three 20-bit parts, as `pgcdc.core.row_digest.folded_text`.
-fn folded_text(id: &[u8], text: &[u8]) -> (usize, u64, u64, u64) {
+/// The first 32 bits of the SHA-1 of a row's id: `pgcdc.core.row_digest.key_hash`.
+fn key_hash(id: &[u8]) -> u32 {
+    u32::from_be_bytes(Sha1::digest(id)[..4].try_into().unwrap())
+}
+
+/// The three 20-bit parts of a row's digest (the SHA-1 of its id, a NUL and its text).
+fn digest_parts(id: &[u8], text: &[u8]) -> (u64, u64, u64) {
     let mut h = Sha1::new();
     h.update(id);
     h.update([0u8]);
     h.update(text);
-    let d = h.finalize();
-    let x = u64::from_be_bytes(d[..8].try_into().unwrap());
-    let k = Sha1::digest(id);
-    let b = u32::from_be_bytes(k[..4].try_into().unwrap()) >> (32 - BUCKET_BITS);
-    (b as usize, x >> 44, (x >> 24) & PART, (x >> 4) & PART)
+    let x = u64::from_be_bytes(h.finalize()[..8].try_into().unwrap());
+    (x >> 44, (x >> 24) & PART, (x >> 4) & PART)
+}
+
+/// A row's bucket and its digest's three 20-bit parts, as `pgcdc.core.row_digest.folded_text`.
+fn folded_text(id: &[u8], text: &[u8]) -> (usize, u64, u64, u64) {
+    let (h1, h2, h3) = digest_parts(id, text);
+    ((key_hash(id) >> (32 - BUCKET_BITS)) as usize, h1, h2, h3)
 }
 
 fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
@@ -343,11 +351,21 @@ fn folded(id: &[u8], text: &[u8]) -> (usize, u64, u64, u64) {
     folded_text(id, text)
 }
 
+/// `pgcdc.core.row_digest.stored`'s numbers of a row given as its id's bytes and canonical
+/// text: the id's 32-bit key hash and the digest's three 20-bit parts (what the search
+/// follower keeps beside each document).
+#[pyfunction]
+fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
+    let (h1, h2, h3) = digest_parts(id, text);
+    (key_hash(id), h1, h2, h3)
+}
+
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheFold>()?;
     m.add_class::<Folder>()?;
     m.add_class::<copy_rows::CopyRows>()?;
     m.add_function(wrap_pyfunction!(folded, m)?)?;
+    m.add_function(wrap_pyfunction!(stored, m)?)?;
     Ok(())
 }

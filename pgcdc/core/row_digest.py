@@ -20,10 +20,12 @@ and is read back and compared as it is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import orjson
+
+from pgcdc.core import native
 
 
 def _sha1(data: bytes) -> Any:
@@ -107,6 +109,21 @@ def stored(key: str, doc: Mapping[str, Any]) -> dict[str, int]:
         "h2": (x >> 24) & _PART,
         "h3": (x >> 4) & _PART,
     }
+
+
+def stored_function() -> Callable[[str, Mapping[str, Any]], dict[str, int]]:
+    """:func:`stored`, or its twin that hashes in the native module when that is installed
+    (the same numbers: ``tests/unit/verify/test_native.py``)."""
+    mod = native.module()
+    if mod is None:
+        return stored
+    parts = mod.stored
+
+    def stored_natively(key: str, doc: Mapping[str, Any]) -> dict[str, int]:
+        b, h1, h2, h3 = parts(key.encode(), canonical(doc))
+        return {"b": b, "h1": h1, "h2": h2, "h3": h3}
+
+    return stored_natively
 
 
 def folded(key: str, doc: Mapping[str, Any]) -> tuple[int, int, int, int]:

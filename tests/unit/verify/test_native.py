@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.core import native
-from pgcdc.core.row_digest import Folds, fold_into, folded_text
+from pgcdc.core.row_digest import Folds, fold_into, folded_text, stored, stored_function
 
 pytestmark = pytest.mark.unit
 
@@ -33,9 +33,31 @@ def test_the_native_fold_is_the_python_fold(rows: list[tuple[bytes, bytes]]) -> 
     assert folder.folds() == want
 
 
+LONGS = st.integers(-(2**63), 2**63 - 1)  # what a document holds: JSON's integers
+
+
+@needs_module
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(max_size=30),
+    st.dictionaries(
+        st.text(max_size=10),
+        st.one_of(st.none(), st.booleans(), LONGS, st.text(), st.lists(LONGS)),
+        max_size=12,
+    ),
+)
+def test_the_digest_the_search_follower_keeps_is_pythons(key: str, doc: dict[str, object]) -> None:
+    """What the search follower keeps beside a document, hashed natively, is
+    :func:`~pgcdc.core.row_digest.stored`'s."""
+    natively = stored_function()
+    assert natively is not stored  # the native twin
+    assert natively(key, doc) == stored(key, doc)
+
+
 def test_the_module_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGCDC_NATIVE", "off")
     assert native.module() is None
+    assert stored_function() is stored
     monkeypatch.setenv("PGCDC_NATIVE", "on")
     assert (native.module() is None) == (mod is None)
 

@@ -276,15 +276,27 @@ class PostgresLeader:
         return folds, count
 
     def _native_rows(
-        self, conn: psycopg.Connection[Any], query: sql.Composed, lines: Any
+        self,
+        conn: psycopg.Connection[Any],
+        query: sql.Composed,
+        lines: Any,
+        picked: dict[str, dict[str, Any]] | None = None,
     ) -> Iterator[bytes]:
-        """The COPY's lines given to ``lines`` (a ``pgcdc_native.CopyRows``) in batches;
-        yields those it hands back."""
+        """The COPY's lines given to ``lines`` (a ``pgcdc_native.CopyRows``) in batches, to
+        fold, or with ``picked``, to put the documents of the rows in its chosen buckets
+        there; yields the lines it hands back."""
         step = _PACED_STEP if self._rows_read is not None else 4096
         with conn.cursor() as cur, cur.copy(query) as copy:
             each = iter(copy)
             while batch := list(islice(each, step)):
-                yield from lines.add(b"".join(batch))
+                data = b"".join(batch)
+                if picked is None:
+                    yield from lines.add(data)
+                else:
+                    taken, left = lines.pick(data)
+                    for key, text in taken:  # the canonical text is the document's JSON
+                        picked[key.decode()] = orjson.loads(text)
+                    yield from left
                 if self._rows_read is not None:
                     self._rows_read(len(batch))  # the pace holds COPY back: the server waits
 
@@ -330,20 +342,33 @@ class PostgresLeader:
 
     def read_buckets(self, table: str, buckets: frozenset[int]) -> Snapshot:
         """A fresh snapshot of ``table``'s rows whose ids fall in ``buckets`` (the others
-        are read and passed over before they are rendered)."""
+        are read and passed over before they are rendered; with the native module, a line
+        it renders is rendered before its id's bucket is known, in Rust)."""
         schema, name = self._names[table]
         pg = self._settings.postgres
         with connect(pg.dsn.get_secret_value()) as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 lsn = self._fence(conn)
-                _ts, plan, rows = self._each_row(conn, schema, name, None)
+                _ts, plan, query, at = self._copy_query(conn, schema, name, None)
                 to_doc = self._converter_for(plan.envelope_schema_json)
-                docs = {
-                    key: to_doc(orjson.dumps(plan.json_row(values), default=json_default))
-                    for key, values in rows
-                    if bucket(key_hash(key)) in buckets
-                }
+
+                def doc(values: Sequence[Any]) -> dict[str, Any]:
+                    return to_doc(orjson.dumps(plan.json_row(values), default=json_default))
+
+                lines = copy_render.copy_rows(plan, at)
+                docs: dict[str, dict[str, Any]] = {}
+                if lines is None:
+                    for key, values in self._copy_rows(conn, plan, query, at, None):
+                        if bucket(key_hash(key)) in buckets:
+                            docs[key] = doc(values)
+                else:
+                    lines.choose(sorted(buckets))
+                    for left in self._native_rows(conn, query, lines, docs):
+                        values = parse_copy_line(left.decode())
+                        key = self._key(plan, at, values)
+                        if bucket(key_hash(key)) in buckets:
+                            docs[key] = doc(values)
             finally:
                 conn.execute("ROLLBACK")
         return Snapshot(lsn, docs)

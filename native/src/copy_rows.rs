@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::{fold_row, folds_dict, BUCKET_BITS};
+use crate::{fold_row, folds_dict, key_hash, BUCKET_BITS};
 
 /// How a column's COPY text becomes its document value.
 #[derive(Clone, Copy)]
@@ -47,6 +47,8 @@ pub struct CopyRows {
     rows: u64,
     fields: Vec<Option<(usize, usize)>>,
     text: Vec<u8>,
+    /// The buckets whose rows `pick` gives (none until `choose`).
+    chosen: Vec<bool>,
 }
 
 fn kind_of(name: &str, arg: i64) -> PyResult<Kind> {
@@ -305,6 +307,7 @@ impl CopyRows {
             rows: 0,
             fields: Vec::new(),
             text: Vec::new(),
+            chosen: vec![false; 1 << BUCKET_BITS],
         })
     }
 
@@ -329,6 +332,47 @@ impl CopyRows {
             left
         });
         Ok(left.into_iter().map(|(a, b)| PyBytes::new(py, &data[a..b])).collect())
+    }
+
+    /// The buckets whose rows `pick` gives.
+    fn choose(&mut self, buckets: Vec<usize>) -> PyResult<()> {
+        self.chosen.fill(false);
+        for b in buckets {
+            *self
+                .chosen
+                .get_mut(b)
+                .ok_or_else(|| PyValueError::new_err(format!("no bucket {b}")))? = true;
+        }
+        Ok(())
+    }
+
+    /// `(id, canonical text)` of each line of `data` this code renders whose id falls in a
+    /// chosen bucket, and the lines it does not render (all of them, whatever their bucket),
+    /// without their newlines, in their order.
+    #[allow(clippy::type_complexity)]
+    fn pick<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+    ) -> (Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>, Vec<Bound<'py, PyBytes>>) {
+        let mut taken = Vec::new();
+        let mut left = Vec::new();
+        let mut start = 0;
+        while start < data.len() {
+            let end = data[start..].iter().position(|&c| c == b'\n').map_or(data.len(), |p| start + p);
+            let line = &data[start..end];
+            match self.render(line) {
+                Some((a, b)) => {
+                    let id = &line[a..b];
+                    if self.chosen[(key_hash(id) >> (32 - BUCKET_BITS)) as usize] {
+                        taken.push((PyBytes::new(py, id), PyBytes::new(py, &self.text)));
+                    }
+                }
+                None => left.push(PyBytes::new(py, line)),
+            }
+            start = end + 1;
+        }
+        (taken, left)
     }
 
     /// One line's `(id, canonical text)`, or None when it is left to Python (for the tests

@@ -12,7 +12,7 @@ mod resp;
 
 use resp::{parse, Reply};
 
-const BUCKET_BITS: u32 = 15;
+pub(crate) const BUCKET_BITS: u32 = 15;
 const PART: u64 = (1 << 20) - 1;
 /// A byte no JSON text holds: marks a row that can never fold like PostgreSQL's.
 const MARK: u8 = 0xff;

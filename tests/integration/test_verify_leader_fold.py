@@ -12,7 +12,7 @@ import pytest
 import cdc.verify_leader as leader_module
 from cdc.verify_leader import PostgresLeader
 from pgcdc.core import native
-from pgcdc.core.row_digest import fold_docs
+from pgcdc.core.row_digest import bucket, fold_docs, key_hash
 from pgcdc.core.settings import load_settings
 from pgcdc.verify import copy_render
 from pgcdc.verify.followers import document_converter
@@ -108,6 +108,15 @@ def test_native_rendering_of_copy_lines_folds_as_python(
     assert folds == fold_docs(docs)
     (rows,) = made
     assert rows is not None and 2800 < rows.rows < 3000  # most native, the odd ones Python's
+
+    # Buckets read row by row: the rows of those buckets, rendered natively or by Python,
+    # are the documents Python renders.
+    chosen = frozenset(bucket(key_hash(k)) for k in list(docs)[::7])
+    picked = leader.read_buckets("public.plain", chosen)
+    assert len(made) == 2 and made[1] is not None  # the native path, again
+    want = {k: d for k, d in docs.items() if bucket(key_hash(k)) in chosen}
+    odd = {k for k in docs if int(k) % 50 in (0, 1) or int(k) % 97 == 0}  # Python renders
+    assert picked.rows == want and odd & set(want) and set(want) - odd
 
     # A pass over it takes one process, however many pages: the native rendering outpaces
     # the stores' folds, and a second process would take CPU from them.

@@ -360,8 +360,13 @@ fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
     (key_hash(id), h1, h2, h3)
 }
 
+/// What the module offers, as a number: `pgcdc.core.native.INTERFACE` must be the same, or
+/// pgcdc does not use it (a module built from older sources would lack what it calls).
+const INTERFACE: u32 = 2;
+
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("INTERFACE", INTERFACE)?;
     m.add_class::<CacheFold>()?;
     m.add_class::<Folder>()?;
     m.add_class::<copy_rows::CopyRows>()?;

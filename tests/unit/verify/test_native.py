@@ -4,6 +4,11 @@ for row and added up, for any id and text."""
 
 from __future__ import annotations
 
+import importlib
+import logging
+import sys
+import types
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,6 +57,36 @@ def test_the_digest_the_search_follower_keeps_is_pythons(key: str, doc: dict[str
     natively = stored_function()
     assert natively is not stored  # the native twin
     assert natively(key, doc) == stored(key, doc)
+
+
+def test_an_installed_module_is_of_this_interface() -> None:
+    """The module's number and pgcdc's agree: else every native test above would skip
+    quietly (``make install`` builds the module again)."""
+    try:
+        installed = importlib.import_module("pgcdc_native")
+    except ImportError:
+        pytest.skip("pgcdc_native is not installed (make install builds it where cargo is)")
+    assert getattr(installed, "INTERFACE", None) == native.INTERFACE
+
+
+def test_a_module_of_another_interface_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A module built from older sources (a checkout updated without ``make install``) is
+    left aside with one log line, not called into a crash."""
+    stale = types.ModuleType("pgcdc_native")  # as stop 50 built it: no INTERFACE
+    monkeypatch.setitem(sys.modules, "pgcdc_native", stale)
+    monkeypatch.setattr(native, "_told", set())
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.module() is None
+        assert native.module() is None
+        assert stored_function() is stored
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pgcdc_native is of interface None, this pgcdc needs {native.INTERFACE}: running "
+        "without it (make install builds it again)"
+    ]
+    stale.INTERFACE = native.INTERFACE  # type: ignore[attr-defined]
+    assert native.module() is stale
 
 
 def test_the_module_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from cdc import copy_render
 from cdc.catalog import SchemaCatalog
 from cdc.connection import connect
 from cdc.publication import captured_tables, publishes_generated
@@ -46,7 +47,6 @@ from pgcdc.core.row_digest import (
     key_hash,
 )
 from pgcdc.core.settings import Settings
-from pgcdc.verify import copy_render
 from schemas.formats import json_default
 from schemas.model import TableSchema
 from schemas.plan import EncodePlan
@@ -204,7 +204,7 @@ class PostgresLeader:
         this one exports: here, reading and rendering would hold the interpreter's lock from
         the threads that drive the followers' folds (each call to Redis waiting its turn
         leaves Redis idle). A plain table of many pages whose rows Python renders (not the
-        native module, :mod:`pgcdc.verify.copy_render`) is split into
+        native module, :mod:`cdc.copy_render`) is split into
         :data:`FOLD_PROCESSES` ranges of pages, a process each, so that rendering, then the
         one long stretch of the pass, takes every core the stores leave idle. Paced
         (``verify.max_rows_per_second``), here: one token bucket serves the whole pass."""
@@ -238,7 +238,7 @@ class PostgresLeader:
     ) -> tuple[Folds, int]:
         """The table's rows in ``conn``'s snapshot (those in ``pages``, if given) folded by
         bucket, and how many. With the native module, the COPY lines of a table whose
-        columns it knows (:mod:`pgcdc.verify.copy_render`) are rendered and folded there, and
+        columns it knows (:mod:`cdc.copy_render`) are rendered and folded there, and
         only the lines it hands back are rendered here."""
         _ts, plan, query, at = self._copy_query(conn, schema, name, None, pages)
         to_doc = self._converter_for(plan.envelope_schema_json)

@@ -20,11 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
-from pgcdc.core.contract import (
-    UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
-    UNAVAILABLE_VALUE_PLACEHOLDERS,
-    VersionOrder,
-)
+from pgcdc.core.contract import PLACEHOLDER_TEXTS, VersionOrder
 
 T = TypeVar("T")
 
@@ -35,17 +31,6 @@ class Outcome(StrEnum):
     APPLIED = "applied"
     SKIPPED = "skipped"  # a newer version is held, or a newer change of the batch won
     FAILED = "failed"
-
-
-# Debezium writes the placeholder as text, as one-element arrays for array columns, and as
-# the placeholder's bytes for binary columns: base64 or hex text, by binary.handling.mode.
-PLACEHOLDER_TEXTS: Final = frozenset(
-    (
-        *UNAVAILABLE_VALUE_PLACEHOLDERS,
-        UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
-        UNAVAILABLE_VALUE_PLACEHOLDER_HEX.upper(),
-    )
-)
 
 
 @dataclass(frozen=True, slots=True)

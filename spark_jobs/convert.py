@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from pgcdc.core.contract import PLACEHOLDER_TEXTS
 from schemas.convert import (
     DATE_NEGATIVE_INFINITY_DAYS,
     DATE_POSITIVE_INFINITY_DAYS,
@@ -33,7 +34,7 @@ from schemas.convert import (
     TIMESTAMP_POSITIVE_INFINITY_MICROS,
 )
 from schemas.pgtext import civil_from_days
-from sinks.base import PLACEHOLDER_TEXTS, is_placeholder
+from sinks.base import is_placeholder
 
 Converter = Callable[[Any], Any]
 EPOCH = dt.datetime(1970, 1, 1)

@@ -31,7 +31,8 @@ from typing import Any
 import orjson
 from pyspark.sql import Row
 
-from sinks.base import PLACEHOLDER_TEXTS, is_placeholder
+from pgcdc.core.contract import PLACEHOLDER_TEXTS
+from sinks.base import is_placeholder
 from spark_jobs.parse import CHANGE, DEAD, NOT_DEBEZIUM, SCHEMA, parsed_after
 
 # A commit LSN header beyond 2**63-1 reads as null: it sorts after every other version, so

@@ -246,6 +246,16 @@ UNAVAILABLE_VALUE_PLACEHOLDERS: Final = (
     UNAVAILABLE_VALUE_PLACEHOLDER,
     UNAVAILABLE_VALUE_PLACEHOLDER_B64,
 )
+# Every text a follower takes for the placeholder: Debezium writes it as text, as
+# one-element arrays for array columns, and as the placeholder's bytes for binary columns:
+# base64 or hex text, by binary.handling.mode.
+PLACEHOLDER_TEXTS: Final = frozenset(
+    (
+        *UNAVAILABLE_VALUE_PLACEHOLDERS,
+        UNAVAILABLE_VALUE_PLACEHOLDER_HEX,
+        UNAVAILABLE_VALUE_PLACEHOLDER_HEX.upper(),
+    )
+)
 
 # -- followers -----------------------------------------------------------------------------
 

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 
 import cdc.verify_leader as leader_module
+from cdc import copy_render
 from cdc.verify_leader import PostgresLeader
 from pgcdc.core import native
 from pgcdc.core.row_digest import bucket, fold_docs, key_hash
 from pgcdc.core.settings import load_settings
-from pgcdc.verify import copy_render
 from pgcdc.verify.followers import document_converter
 from sinks.base import key_id
 
@@ -67,7 +67,7 @@ def test_native_rendering_of_copy_lines_folds_as_python(
     pg_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table of the types the native module renders from COPY text
-    (:mod:`pgcdc.verify.copy_render`): its rows folded there, and those it hands back (an
+    (:mod:`cdc.copy_render`): its rows folded there, and those it hands back (an
     escape, infinity, a placeholder's text, a null where a fill goes) by Python, give the
     fold of the documents Python renders from a read of the table."""
     if native.module() is None:

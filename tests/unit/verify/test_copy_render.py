@@ -15,16 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.copy_render import column_kinds, copy_rows
 from cdc.snapshot import parse_copy_line
 from pgcdc.core import native
+from pgcdc.core.contract import PLACEHOLDER_TEXTS
 from pgcdc.core.row_digest import canonical, fold_docs
 from pgcdc.core.settings import DecimalHandling, SchemaSettings
-from pgcdc.verify.copy_render import column_kinds, copy_rows
 from pgcdc.verify.followers import document_converter
 from schemas.formats import json_default
 from schemas.model import Column, PgType, TableSchema
 from schemas.plan import EncodePlan
-from sinks.base import PLACEHOLDER_TEXTS
 from tests.unit.schemas.conftest import load_fixture
 
 pytestmark = [

@@ -31,12 +31,12 @@ from typing import Any
 import orjson
 
 from pgcdc.core import native
+from pgcdc.core.contract import PLACEHOLDER_TEXTS
 from schemas import oids
 from schemas.connect import DECIMAL_NAME
 from schemas.convert import to_bool
 from schemas.plan import EncodePlan
 from schemas.typemap import resolve_domain
-from sinks.base import PLACEHOLDER_TEXTS
 
 _ZONED = "io.debezium.time.ZonedTimestamp"
 _MAX_WIDTH = 6  # microseconds: timestamptz's finest

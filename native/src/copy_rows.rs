@@ -268,6 +268,20 @@ impl CopyRows {
     }
 }
 
+/// The spans of `data`'s lines, each without its newline (a last line may have none).
+fn line_spans(data: &[u8]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= data.len() {
+            return None;
+        }
+        let end = data[start..].iter().position(|&c| c == b'\n').map_or(data.len(), |p| start + p);
+        let span = (start, end);
+        start = end + 1;
+        Some(span)
+    })
+}
+
 /// A field's span, or None for `\N` (null).
 fn field(line: &[u8], a: usize, b: usize) -> Option<(usize, usize)> {
     if &line[a..b] == b"\\N" {
@@ -316,9 +330,7 @@ impl CopyRows {
     fn add<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let left = py.detach(|| {
             let mut left = Vec::new();
-            let mut start = 0;
-            while start < data.len() {
-                let end = data[start..].iter().position(|&c| c == b'\n').map_or(data.len(), |p| start + p);
+            for (start, end) in line_spans(data) {
                 let line = &data[start..end];
                 match self.render(line) {
                     Some((a, b)) => {
@@ -327,7 +339,6 @@ impl CopyRows {
                     }
                     None => left.push((start, end)),
                 }
-                start = end + 1;
             }
             left
         });
@@ -357,9 +368,7 @@ impl CopyRows {
     ) -> (Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>, Vec<Bound<'py, PyBytes>>) {
         let mut taken = Vec::new();
         let mut left = Vec::new();
-        let mut start = 0;
-        while start < data.len() {
-            let end = data[start..].iter().position(|&c| c == b'\n').map_or(data.len(), |p| start + p);
+        for (start, end) in line_spans(data) {
             let line = &data[start..end];
             match self.render(line) {
                 Some((a, b)) => {
@@ -370,7 +379,6 @@ impl CopyRows {
                 }
                 None => left.push(PyBytes::new(py, line)),
             }
-            start = end + 1;
         }
         (taken, left)
     }

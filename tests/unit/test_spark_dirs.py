@@ -3,24 +3,20 @@ folders named for a process that is gone (pgcdc/stack/spark_dirs.py)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from pgcdc.stack import spark_dirs
+from tests import spark_submit_script
 
 pytestmark = [
     pytest.mark.unit,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc"),
 ]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def gone_pid() -> int:
@@ -65,22 +61,11 @@ def test_a_root_that_is_not_ours_is_not_used(tmp_path: Path) -> None:
     assert spark_dirs.own_dir(under=link) is None
 
 
-def _submit() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader(
-        "spark_submit", str(ROOT / "scripts/spark-submit")
-    )
-    spec = importlib.util.spec_from_loader("spark_submit", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def test_spark_submit_gives_the_job_its_folder_unless_the_user_chose(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(spark_dirs, "root", lambda: tmp_path)
-    s = _submit()
+    s = spark_submit_script.load()
     env: dict[str, str] = {}
     s.with_own_scratch(["spark_jobs/sync.py"], env)
     assert env["SPARK_LOCAL_DIRS"] == str(spark_dirs.own_dir(under=tmp_path))

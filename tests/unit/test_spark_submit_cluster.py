@@ -3,30 +3,20 @@ settings given as Spark configuration reach the settings."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from pyspark import SparkConf
 
 from spark_jobs.source import settings_env_from_conf
+from tests import spark_submit_script
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _submit() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader(
-        "spark_submit", str(ROOT / "scripts/spark-submit")
-    )
-    spec = importlib.util.spec_from_loader("spark_submit", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+_submit = spark_submit_script.load
 
 
 JARS = [Path("/jars/a.jar")]

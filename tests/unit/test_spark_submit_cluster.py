@@ -13,8 +13,6 @@ from tests import spark_submit_script
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 _submit = spark_submit_script.load
 

@@ -8,7 +8,7 @@ machine's OOM killer, a container stopped) leaves them: on a standalone cluster 
 the executors' environment unpacked, about 520 MB, and a development machine whose jobs were
 killed by tests filled its disk with them.
 
-So each job gets ``<tmp>/pgcdc-spark-<uid>/<pid>-<start>`` (``SPARK_LOCAL_DIRS``): the JVM's pid
+So each job gets ``<tmp>/pgcdc-spark-<uid>-<pid namespace>/<pid>-<start>`` (``SPARK_LOCAL_DIRS``): the JVM's pid
 (``scripts/spark-submit`` execs it, so its pid is the launcher's) and that process's start
 time, which tells it from a later process given the same pid. A folder of that form whose
 process is gone is removed when the next job starts; nothing else is touched. Linux only
@@ -28,9 +28,15 @@ _NAME = re.compile(r"(\d+)-(\d+)")
 
 
 def root() -> Path:
-    """Where this user's jobs' folders are: ``pgcdc-spark-<uid>`` in the temporary
-    directory."""
-    return Path(tempfile.gettempdir()) / f"pgcdc-spark-{os.getuid()}"
+    """Where this user's jobs' folders are: ``pgcdc-spark-<uid>-<pid namespace>`` in the
+    temporary directory. A pid tells processes apart only inside its namespace: a job in
+    another container that shares the temporary directory has a root of its own, and its
+    folders are never taken for those of gone processes."""
+    try:
+        space = re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        space = "0"
+    return Path(tempfile.gettempdir()) / f"pgcdc-spark-{os.getuid()}-{space}"
 
 
 def start_time(pid: int) -> int | None:
@@ -72,10 +78,13 @@ def own_dir(pid: int | None = None, under: Path | None = None) -> Path | None:
     if started is None:
         return None
     under = root() if under is None else under
-    under.mkdir(mode=0o700, exist_ok=True)
-    if under.is_symlink() or under.stat().st_uid != os.getuid():
-        return None  # not ours: Spark's default stands
-    remove_dead(under)
-    mine = under / f"{pid}-{started}"
-    mine.mkdir(mode=0o700, exist_ok=True)
+    try:
+        under.mkdir(mode=0o700, exist_ok=True)
+        if under.is_symlink() or under.stat().st_uid != os.getuid():
+            return None  # not ours: Spark's default stands
+        remove_dead(under)
+        mine = under / f"{pid}-{started}"
+        mine.mkdir(mode=0o700, exist_ok=True)
+    except OSError:  # a temporary directory we cannot write: Spark's default stands
+        return None
     return mine

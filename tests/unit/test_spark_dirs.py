@@ -75,3 +75,14 @@ def test_spark_submit_gives_the_job_its_folder_unless_the_user_chose(
     env = {}
     s.with_own_scratch(["--conf", "spark.local.dir=/data/x", "spark_jobs/sync.py"], env)
     assert env == {}
+
+
+def test_the_root_is_this_users_in_this_pid_namespace() -> None:
+    space = os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    assert spark_dirs.root().name == f"pgcdc-spark-{os.getuid()}-{space}"
+
+
+def test_a_root_that_cannot_be_made_is_not_used(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert spark_dirs.own_dir(under=blocked / "root") is None

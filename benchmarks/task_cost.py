@@ -59,11 +59,14 @@ def _produce(bootstrap: str, recs: list[tuple[Any, ...]], topic: str) -> None:
 
 def _timed(profile: bool, fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """``fn(*args)`` and the CPU seconds it took (with its cProfile printed if asked)."""
+    from spark_jobs.gc_pause import gc_paused
+
     prof = cProfile.Profile(time.process_time) if profile else None
     c0 = time.process_time()
     if prof is not None:
         prof.enable()
-    out = fn(*args)
+    with gc_paused():  # as the task runs each stage (spark_jobs.apply_loop.apply_ranges)
+        out = fn(*args)
     if prof is not None:
         prof.disable()
     cpu = time.process_time() - c0

@@ -135,12 +135,18 @@ def batch_spans(log_text: str) -> list[tuple[int, float, float, int]]:
 def steady(
     stats: ProcStats, started: float, spans: list[tuple[int, float, float, int]]
 ) -> tuple[float, float] | None:
-    """(CPU µs per change, changes/s) over a job's batches after its first, or None."""
+    """(CPU µs per change, changes/s) over a job's batches after its first, or None when
+    they are too few to say: under a tenth of the changes, or under two seconds. A tree's
+    CPU is sampled about once a second and loses a process's seconds when it exits (a
+    worker at the end of a run): a trailing batch of three changes once read as
+    -146,667 µs a change."""
     later = spans[1:]
     changes = sum(c for *_, c in later)
-    if not changes:
+    if not later or changes * 10 < sum(c for *_, c in spans):
         return None
     start, end = later[0][1], later[-1][2]
+    if end - start < 2.0:
+        return None
     cpu = cpu_at(stats, started, end) - cpu_at(stats, started, start)
     return cpu / changes * 1e6, changes / max(end - start, 1e-3)
 

@@ -60,10 +60,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import orjson
 from opensearchpy import OpenSearch
@@ -123,7 +123,9 @@ _MGET_CHUNK: Final = 500
 # What a bulk answer's items need to say (:func:`sinks.search_requests.item_outcome`): the
 # rest of each item (index, id, version, shards, sequence numbers) is most of the answer, for
 # OpenSearch to write and for the client to parse (stdlib json, in the task's time).
-_BULK_ITEMS: Final = "items.*.status,items.*.result,items.*.error"
+_BULK_ITEMS: Final = "errors,items.*.status,items.*.result,items.*.error"
+# How a bulk answer in which no item failed starts (``errors`` comes before ``items``).
+_NO_ERRORS: Final = '{"errors":false,'
 # What a source line takes after its other fields: the row digest's field and object.
 _DIGEST_FIELD: Final = orjson.dumps(row_digest.FIELD) + b":"
 _DIGEST_AFTER: Final = b"," + _DIGEST_FIELD
@@ -156,10 +158,43 @@ class AnswerReader(JSONSerializer):
     3 µs a change (``python -m benchmarks.task_cost``). Requests are written as before."""
 
     def loads(self, s: str) -> Any:
+        if s.startswith(_NO_ERRORS):
+            # A bulk answer in which every item went through: its items are read only if
+            # asked for (SearchSink._bulk_request needs none of them then).
+            return {"errors": False, "items": _Items(s)}
         try:
             return orjson.loads(s)
         except orjson.JSONDecodeError as e:
             raise SerializationError(s, e) from e
+
+
+class _Items(Sequence[Any]):
+    """A bulk answer's items, parsed the first time they are looked at."""
+
+    __slots__ = ("_answer", "_items")
+
+    def __init__(self, answer: str) -> None:
+        self._answer: str | None = answer
+        self._items: list[Any] = []
+
+    def _parsed(self) -> list[Any]:
+        if self._answer is not None:
+            answer, self._answer = self._answer, None
+            self._items = list(orjson.loads(answer).get("items") or ())
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        return self._parsed()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._parsed())
 
 
 class SearchSink:
@@ -1130,6 +1165,13 @@ class SearchSink:
                 log.warning("bulk request failed (attempt %d): %s", attempt + 1, e)
                 self._retrying.pause(attempt)
                 continue
+            if response.get("errors") is False:
+                # No item failed: each is 2xx, or 404 for a delete of a document never held,
+                # which the loop below takes as applied too (item_outcome).
+                for op in pending:
+                    if not op.echo:
+                        outcomes.set(op.slot, Outcome.APPLIED, op.note)
+                return
             again: list[_Op] = []
             lost: list[_Op] = []
             for op, item in zip(pending, response["items"], strict=True):

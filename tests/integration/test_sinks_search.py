@@ -635,3 +635,32 @@ def test_an_index_made_before_digests_gets_the_rows_alone(
         assert set(sink.client.indices.get_alias(index=index)[index]["aliases"]) == {f"{index}-W"}
     finally:
         sink.close()
+
+
+def test_a_bulk_answer_without_errors_is_not_read_item_by_item(sink: SearchSink) -> None:
+    """A bulk answer whose ``errors`` is false makes every change of the request applied,
+    its items never parsed; one with an error is read item by item."""
+    answers: list[Any] = []
+    reader = sink.client.transport.serializer
+    loads = reader.loads
+
+    def kept(s: str) -> Any:
+        answers.append(loads(s))
+        return answers[-1]
+
+    reader.loads = kept  # type: ignore[method-assign]
+    try:
+        # A new document, and a delete of one never held (404 not_found, no error).
+        results = sink.apply([Change(T, "1", 100, 0, {"id": 1}), Change(T, "9", 100, 1, None)])
+        assert _outcomes(results) == ["applied", "applied"]
+        bulk = answers[-1]
+        assert bulk["errors"] is False and bulk["items"]._answer is not None  # never parsed
+        # Its items, read when asked for, are those OpenSearch answered.
+        assert [next(iter(i.values()))["status"] for i in bulk["items"]] == [201, 404]
+        # A stale write is an error (409): read item by item, it is skipped.
+        results = sink.apply([Change(T, "1", 50, 0, {"id": 1}), Change(T, "2", 100, 0, {"id": 2})])
+        assert _outcomes(results) == ["skipped", "applied"]
+        assert answers[-1]["errors"] is True and isinstance(answers[-1]["items"], list)
+    finally:
+        reader.loads = loads  # type: ignore[method-assign]
+    assert _doc(sink, "1") == {"version": 100, "source": {"id": 1}}

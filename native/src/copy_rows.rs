@@ -139,22 +139,30 @@ fn decimal(out: &mut Vec<u8>, s: &[u8], scale: usize) -> bool {
     if num.len() > MAX_DIGITS {
         return false;
     }
+    out.push(b'"');
+    decimal_str(out, neg, &num, scale);
+    out.push(b'"');
+    true
+}
+
+/// `str(Decimal(f"{unscaled}E{-scale}"))` of the unscaled integer whose digits are `num`
+/// (no leading zero but the one of zero), negative when `neg`: _pydecimal's __str__, plain
+/// when the exponent is <= 0 and the point falls after the sixth place past it, else
+/// scientific with one digit before the point.
+pub(crate) fn decimal_str(out: &mut Vec<u8>, neg: bool, num: &[u8], scale: usize) {
     let zero = num == b"0";
-    // _pydecimal's __str__: plain when the exponent is <= 0 and the point falls after the
-    // sixth place past it, else scientific with one digit before the point.
     let exp = -(scale as i64);
     let left = exp + num.len() as i64;
     let dot = if left > -6 { left } else { 1 };
-    out.push(b'"');
     if neg && !zero {
         out.push(b'-');
     }
     if dot <= 0 {
         out.extend_from_slice(b"0.");
         out.extend(std::iter::repeat_n(b'0', (-dot) as usize));
-        out.extend_from_slice(&num);
+        out.extend_from_slice(num);
     } else if dot as usize >= num.len() {
-        out.extend_from_slice(&num); // exp is <= 0: no zeros to add
+        out.extend_from_slice(num); // exp is <= 0: no zeros to add
     } else {
         out.extend_from_slice(&num[..dot as usize]);
         out.push(b'.');
@@ -163,8 +171,6 @@ fn decimal(out: &mut Vec<u8>, s: &[u8], scale: usize) -> bool {
     if left != dot {
         out.extend_from_slice(format!("E{:+}", left - dot).as_bytes());
     }
-    out.push(b'"');
-    true
 }
 
 /// timestamptz text already in UTC (`YYYY-MM-DD HH:MM:SS[.f…]+00`, the session's TimeZone)

@@ -8,6 +8,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use sha1::{Digest, Sha1};
 
 mod copy_rows;
+mod fast_changes;
 mod resp;
 
 use resp::{parse, Reply};
@@ -362,7 +363,7 @@ fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
 
 /// What the module offers, as a number: `pgcdc.core.native.INTERFACE` must be the same, or
 /// pgcdc does not use it (a module built from older sources would lack what it calls).
-const INTERFACE: u32 = 2;
+const INTERFACE: u32 = 3;
 
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -370,6 +371,7 @@ fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CacheFold>()?;
     m.add_class::<Folder>()?;
     m.add_class::<copy_rows::CopyRows>()?;
+    m.add_class::<fast_changes::FastChanges>()?;
     m.add_function(wrap_pyfunction!(folded, m)?)?;
     m.add_function(wrap_pyfunction!(stored, m)?)?;
     Ok(())

@@ -13,7 +13,9 @@ the local stack (``scripts/stack``):
   reduced rows into Redis, OpenSearch, and both (the change built once for both);
 * ``ranges``: the task itself, :func:`spark_jobs.apply_loop.apply_ranges` of the whole range
   into both followers, end to end (the stages chained as a job's task runs them; what the
-  task does around them, such as its garbage collection, counted too).
+  task does around them, such as its garbage collection, counted too); with ``--apply
+  native``, ``spark.apply = "native"`` (:mod:`spark_jobs.fast_changes`) in place of the
+  read's parse, reduce and change building.
 
 The records are the envelope benchmark's 10-column table, encoded by the reader's own
 :class:`schemas.envelope.EventEncoder` with its version headers (as ``benchmarks.transfer``
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=50_000)
     p.add_argument("--repeats", type=int, default=3, help="the best of this many runs a stage")
     p.add_argument("--profile", choices=STAGES, help="print this stage's cProfile (last run)")
+    p.add_argument(
+        "--apply",
+        choices=("python", "native"),
+        default="python",
+        help="spark.apply of the ranges stage (native: spark_jobs.fast_changes)",
+    )
     a = p.parse_args(argv)
 
     import pyarrow as pa
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         del got, rows, reduced
         ids = pa.RecordBatch.from_pylist([{"id": 0}])
         for i in range(a.repeats):
-            into = _settings(prefix, f"{prefix}ranges{i}")
+            into = _settings(prefix, f"{prefix}ranges{i}", a.apply)
             followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
             out, cpu = _timed(
                 i == a.repeats - 1 and a.profile == "ranges",
@@ -157,8 +165,9 @@ def _list(items: Any) -> list[Any]:
     return list(items)
 
 
-def _settings(topic_prefix: str, follower_prefix: str) -> Settings:
+def _settings(topic_prefix: str, follower_prefix: str, apply: str = "python") -> Settings:
     return Settings(
+        spark={"apply": apply},  # type: ignore[arg-type]
         kafka={"topic_prefix": topic_prefix},  # type: ignore[arg-type]
         redis={"key_prefix": follower_prefix},  # type: ignore[arg-type]
         search={"index_prefix": follower_prefix},  # type: ignore[arg-type]

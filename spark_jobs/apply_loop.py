@@ -51,10 +51,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings, ValueFormat
-from pgcdc.core.spark_settings import ParsePath, ReadPath
+from pgcdc.core.spark_settings import ApplyPath, ParsePath, ReadPath
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
+from spark_jobs.fast_changes import native_rows
 from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import Range, plan_ranges, range_starts, read_range
@@ -392,13 +393,36 @@ def apply_ranges(
     reduced and applied, the garbage collector paused meanwhile
     (:mod:`spark_jobs.gc_pause`)."""
     conf = client_config(settings.kafka)
+    native = settings.spark.apply is ApplyPath.NATIVE
     for batch in batches:
         for i in batch.column("id").to_pylist():
             with gc_paused():
-                records = read_range(conf, ranges[i])
-                rows = record_parser(settings, heartbeat_topic).rows(records)
-                stats = stats_batch(apply_events(settings, followers, rows))
+                reduced = None
+                if native and settings.schema_.value_format is not ValueFormat.AVRO:
+                    reduced = _native_reduced(settings, heartbeat_topic, conf, ranges[i])
+                built = 0 if reduced is None else len(reduced) - 1  # its schema row
+                if reduced is None:
+                    records = read_range(conf, ranges[i])
+                    rows = record_parser(settings, heartbeat_topic).rows(records)
+                    reduced = latest_per_key(rows)
+                done = list(apply_partition(settings, followers, reduced))
+                for s in done:
+                    s.native = built
+                stats = stats_batch(done)
             yield stats
+
+
+def _native_reduced(
+    settings: Settings, heartbeat_topic: str | None, conf: Mapping[str, str], r: Range
+) -> list[dict[str, Any]] | None:
+    """``r`` read and reduced by :func:`spark_jobs.fast_changes.native_rows`, or None when
+    the range is not for it (the caller reads it again, for the Python way: the parts read
+    so far are not held)."""
+    records = read_range(conf, r)
+    try:
+        return native_rows(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
+    finally:
+        records.close()  # its consumer, when the range was left part way
 
 
 def _apply_chunk(
@@ -1051,7 +1075,7 @@ class ApplyBatch:
             if total.busy:
                 log.info(
                     "batch %d: %sapplied=%d skipped=%d failed=%d dead_lettered=%d keyless=%d "
-                    "truncates=%d watermark=%d (%.0f ms)",
+                    "truncates=%d watermark=%d%s (%.0f ms)",
                     batch_id,
                     f"{f.job} " if len(self.followers) > 1 else "",
                     total.applied,
@@ -1061,6 +1085,7 @@ class ApplyBatch:
                     total.keyless,
                     total.truncates,
                     marked,
+                    f" native={total.native}" if total.native else "",
                     seconds * 1e3,
                     extra={**extra, "follower": f.job},
                 )

@@ -2,7 +2,9 @@
 
 Reduces nothing: every change row is already the newest event of its key
 (:func:`spark_jobs.reduce.latest_per_key` is the one reduction of a batch). Runs inside
-the Python workers.
+the Python workers. A row of the native path (``spark.apply = "native"``,
+:mod:`spark_jobs.fast_changes`) carries its change built already (``built``): it is taken as
+it is, its schema registered as the Python path's would be.
 
 A record that cannot become a change (a key that is not a JSON object, a c/u/r event
 without an ``after`` image, a value its schema cannot decode) raises :class:`RecordError`:
@@ -62,6 +64,11 @@ class ChangeBuilder:
 
     def __call__(self, r: Mapping[str, Any]) -> Change:
         """The change of row ``r``; RecordError if it holds none a follower can apply."""
+        built = r.get("built") if type(r) is dict else None
+        if built is not None:  # the native path's (spark_jobs.fast_changes)
+            if built.doc is not None:
+                self._converter(r["table"], r["schema_id"], built.commit_lsn)
+            return built  # type: ignore[no-any-return]
         table: str = r["table"]
         if r["commit_lsn"] is None:
             raise SinkError(

@@ -152,6 +152,46 @@ _BY_NAME: dict[str, Converter] = {
 }
 
 
+# Each converter of _BY_NAME as the native path names it (pgcdc_native.FastChanges): kind and
+# units a second. VariableScaleDecimal has none: a table with one is converted here.
+_NATIVE_BY_NAME: dict[str, tuple[str, int]] = {
+    "io.debezium.time.Date": ("date", 0),
+    "io.debezium.time.Timestamp": ("timestamp", 1_000),
+    "io.debezium.time.MicroTimestamp": ("timestamp", 1_000_000),
+    "io.debezium.time.NanoTimestamp": ("timestamp", 1_000_000_000),
+    "io.debezium.time.Time": ("time", 1_000),
+    "io.debezium.time.MicroTime": ("time", 1_000_000),
+    "io.debezium.time.NanoTime": ("time", 1_000_000_000),
+    "org.apache.kafka.connect.data.Date": ("date", 0),
+    "org.apache.kafka.connect.data.Timestamp": ("timestamp", 1_000),
+    "org.apache.kafka.connect.data.Time": ("time", 1_000),
+}
+
+
+def native_kinds(row_schema: Mapping[str, Any] | None) -> list[tuple[str, str, int]] | None:
+    """(column, kind, argument) of each column, as ``pgcdc_native.FastChanges`` takes them
+    (kind ``""`` for a column :class:`RowConverter` leaves as it is); None when a column has
+    no native kind (a VariableScaleDecimal, an array of converted values) or there is no
+    schema."""
+    if not row_schema:
+        return None
+    kinds = []
+    for f in row_schema.get("fields", ()):
+        name = f.get("name")
+        if name == "org.apache.kafka.connect.data.Decimal":
+            scale = int(f.get("parameters", {}).get("scale", 0))
+            if scale < 0:
+                return None
+            kinds.append((f["field"], "decimal", scale))
+        elif name in _NATIVE_BY_NAME:
+            kinds.append((f["field"], *_NATIVE_BY_NAME[name]))
+        elif field_converter(f) is _identity:
+            kinds.append((f["field"], "", 0))
+        else:
+            return None
+    return kinds
+
+
 def field_converter(schema: Mapping[str, Any]) -> Converter:
     """The converter for one Connect field schema (JsonConverter's schema JSON)."""
     name = schema.get("name")

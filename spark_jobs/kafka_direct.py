@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -197,7 +197,7 @@ def range_starts(ranges: Iterable[Range]) -> Offsets:
 
 def read_range(
     conf: Mapping[str, str], r: Range, stall_s: float = _STALL_S
-) -> Iterator[KafkaRecord]:
+) -> Generator[KafkaRecord, None, None]:
     """The records of ``r`` from Kafka, in offset order (a compacted topic has gaps), a few
     hundred at a time and at most :data:`_PREFETCH_KB` prefetched (one larger record, up to
     the broker's limit, still comes whole)."""

@@ -199,6 +199,21 @@ def _heartbeat_lsn(value: bytes | None) -> int | None:
     return _long(lsn)
 
 
+def key_prefix(key: bytes | None) -> bytes | None:
+    """What a key of JsonConverter's envelope (schemas on) starts with up to its payload:
+    ``{"schema":`` + its schema's JSON as orjson writes it + ``,"payload":``, when ``key``
+    starts with exactly that (rule 5's keys of one table share it), else None."""
+    parsed = _json(key) if key is not None else None
+    if not isinstance(parsed, dict) or parsed.get("payload") is None:
+        return None
+    schema = parsed.get("schema")
+    if not isinstance(schema, dict):
+        return None
+    prefix = _SCHEMA_OPEN + _as_json_text(schema).encode() + _PAYLOAD_OPEN
+    assert key is not None
+    return prefix if key.startswith(prefix) else None
+
+
 class RecordParser:
     """Parses the records of one task (rules in the module's docstring); keeps the ids of
     the schemas it met, so equal schemas get one id and their JSON is carried once."""
@@ -216,6 +231,11 @@ class RecordParser:
         self._carried: set[tuple[Any, Any]] = set()
         # topic → the bytes its values start with up to the payload, and that schema's JSON.
         self._known: dict[str, tuple[bytes, str]] = {}
+
+    def known_schema(self, topic: str) -> tuple[bytes, str] | None:
+        """What the values of ``topic`` start with up to their payload, and that schema's
+        JSON, once a value with a schema was parsed whole (rule 14), else None."""
+        return self._known.get(topic)
 
     def rows(self, records: Iterable[KafkaRecord]) -> Iterator[dict[str, Any]]:
         """The classified row of each record, in order."""

@@ -19,6 +19,8 @@ class BatchStats:
     heartbeat_lsn: int = 0
     newest_commit_ms: int = 0  # commit time (source.ts_ms) of the newest change seen
     keyless_tables: set[str] = field(default_factory=set)
+    # Changes of the direct read's native path (spark.apply = native: spark_jobs.fast_changes).
+    native: int = 0
     job: str = ""  # the follower these counts are of
     # Set when the follower was unreachable (the sink's retries exhausted): the reason; the
     # counts are then void and the batch runs again for that follower.
@@ -35,6 +37,7 @@ class BatchStats:
         self.heartbeat_lsn = max(self.heartbeat_lsn, other.heartbeat_lsn)
         self.newest_commit_ms = max(self.newest_commit_ms, other.newest_commit_ms)
         self.keyless_tables |= other.keyless_tables
+        self.native += other.native
 
     @property
     def busy(self) -> bool:

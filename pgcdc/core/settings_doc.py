@@ -140,6 +140,9 @@ MEANINGS = {
     "spark.concurrent_followers": "the shared job's tasks write each chunk of changes to their "
     "followers at the same time, a thread per follower (each follower's chunks in order), and "
     "build the next chunk meanwhile; false: one follower after the other",
+    "spark.apply": "with `spark.read = direct`: `native` takes a range of one table's common "
+    "records (one schema, version headers, no unchanged columns, plain values) from bytes to "
+    "changes in pgcdc's native module; other ranges, or no module: `python`",
     "spark.job_endpoints": "job name → URL of its `--health-port`; `cdc status` shows its metrics",
     "spark.starting_offsets": "where a job without a checkpoint starts: `earliest` or `latest`",
     "metrics_port": "port of the Prometheus metrics endpoint (none: off)",

@@ -42,15 +42,17 @@ CDC = [sys.executable, "-m", "cdc"]
 
 
 def spark_paths() -> dict[str, str]:
-    """How the tests' jobs read and parse (``spark.read``, ``spark.parse``): the test run's
-    ``CDC_SPARK__READ`` and ``CDC_SPARK__PARSE`` (default: the settings' defaults, ``direct``
-    and ``jvm``), so the same tests prove every path."""
+    """How the tests' jobs read, parse and apply (``spark.read``, ``spark.parse``,
+    ``spark.apply``): the test run's ``CDC_SPARK__READ``, ``CDC_SPARK__PARSE`` and
+    ``CDC_SPARK__APPLY`` (default: the settings' defaults, ``direct``, ``jvm`` and
+    ``python``), so the same tests prove every path."""
     from pgcdc.core.spark_settings import SparkSettings
 
     default = SparkSettings(checkpoint_dir="unused")
     return {
         "read": os.environ.get("CDC_SPARK__READ", default.read.value),
         "parse": os.environ.get("CDC_SPARK__PARSE", default.parse.value),
+        "apply": os.environ.get("CDC_SPARK__APPLY", default.apply.value),
     }
 
 
@@ -81,6 +83,7 @@ class Pipeline:
             CDC_SPARK__CHECKPOINT_DIR=str(self.checkpoint_dir),
             CDC_SPARK__READ=spark_paths()["read"],
             CDC_SPARK__PARSE=spark_paths()["parse"],
+            CDC_SPARK__APPLY=spark_paths()["apply"],
         )
         env.update(self.settings_env)
         env.update(extra)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from pgcdc.core import native
 from pgcdc.core.contract import CACHE_JOB, SEARCH_JOB
 from spark_jobs.checkpoint_lock import LOCK_FILE
 from tests.conftest import Endpoints, wait_until
@@ -76,33 +77,38 @@ def _equal(p: Pipeline, state: object) -> bool:
     return not diff(leader_state(p.dsn, TABLE), state(p, TABLE))  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("read", ["spark", "direct"])
+@pytest.mark.parametrize("read", ["spark", "direct", "native"])
 def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read: str) -> None:
     """With either read; the direct one in several batches, its checkpoint written through
     Hadoop's FileSystem API (spark.checkpoint_files = filesystem), the other's through
-    FileContext (the default)."""
-    _write(pipeline, 0 if read == "spark" else 1)
+    FileContext (the default); ``native``: the direct read with ``spark.apply = native``
+    (spark_jobs/fast_changes.py), whose batches say how many changes it built."""
+    if read == "native" and not hasattr(native.module(), "FastChanges"):
+        pytest.skip("pgcdc's native module is not built (make install, with cargo)")
+    _write(pipeline, {"spark": 0, "direct": 1, "native": 3}[read])  # the test below: 1, 2
+    path = "direct" if read == "native" else read
     # Each read path with its own checkpoint: the direct one starts from offset 0 too.
-    files = "filesystem" if read == "direct" else "filecontext"
+    files = "filesystem" if path == "direct" else "filecontext"
     p = replace(
         pipeline,
         checkpoint_dir=pipeline.checkpoint_dir / read,
         settings_env=(
             *pipeline.settings_env,
-            ("CDC_SPARK__READ", read),
+            ("CDC_SPARK__READ", path),
             ("CDC_SPARK__CHECKPOINT_FILES", files),
+            ("CDC_SPARK__APPLY", "native" if read == "native" else "python"),
         ),
     )
     # The direct read in batches of 150, from offset 0: each batch's ranges come from the
     # checkpoint's offsets log, the first's too (from "earliest": no Spark job collects them).
-    limit = ("--max-offsets-per-trigger", "150") if read == "direct" else ()
+    limit = ("--max-offsets-per-trigger", "150") if path == "direct" else ()
     run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS, *limit)
     log = (tmp_path / "sync.log").read_text(errors="replace")
-    assert f" read={read} " in log, log[-3000:]
+    assert f" read={path} " in log, log[-3000:]
     logged = "batch 0: the offset ranges come from the checkpoint's offsets log" in log
-    assert logged == (read == "direct"), log[-3000:]
-    # FileContext's local file system writes a checksum file beside each file; the raw
-    # local file system that filesystem uses does not, and the job held the checkpoint's lock.
+    assert logged == (path == "direct"), log[-3000:]
+    built = re.findall(r"batch \d+: cache_sync applied=\d+ .* native=(\d+) ", log)
+    assert bool(built) == (read == "native"), log[-3000:]
     checkpoint = p.checkpoint_dir / "sync"
     offsets = [f.name for f in (checkpoint / "offsets").iterdir()]
     assert "0" in offsets

@@ -1,0 +1,100 @@
+"""The direct read's records taken to changes natively (``spark.apply = "native"``).
+
+A range's records usually share one shape: the events of one table, each key and value
+enveloped with the same schema, with the reader's version headers and no unchanged column.
+``pgcdc_native.FastChanges`` takes such a range in one call from the records' bytes to each
+key's newest change, converted as :class:`spark_jobs.convert.RowConverter` converts it, with
+no Python object made per record before the change itself. The rules are those of
+:mod:`spark_jobs.parse` (the envelope, the key, the version headers), of
+:func:`spark_jobs.reduce.latest_per_key` (the newest by commit LSN, order and offset) and of
+:mod:`spark_jobs.changes`; ``tests/unit/test_fast_changes.py`` holds the two paths to the same
+changes.
+
+A range with any record off that shape (a heartbeat, a dead letter, a truncate, a keyless
+table, unchanged columns, a second schema, a value outside the converters' plain cases, a
+nested value) gives None, and the Python path takes the whole range: what a record means is
+decided in one place only. So does a range when the native module is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from itertools import islice
+from typing import Any
+
+import orjson
+
+from pgcdc.core import native
+from pgcdc.core.contract import (
+    HEADER_COMMIT_LSN,
+    HEADER_ORDER,
+    HEADER_UNCHANGED,
+    PLACEHOLDER_TEXTS,
+)
+from sinks.base import Change
+from spark_jobs.convert import after_schema, native_kinds
+from spark_jobs.parse import CHANGE, SCHEMA, KafkaRecord, RecordParser, key_prefix
+
+log = logging.getLogger(__name__)
+
+_HEADERS = (HEADER_COMMIT_LSN, HEADER_ORDER, HEADER_UNCHANGED)
+_PLACEHOLDERS = sorted(PLACEHOLDER_TEXTS)
+# Records handed to the native module at a time: the range's records are not all held at
+# once (a 4 kB record each), only each key's newest change.
+_PART = 4096
+
+
+def native_rows(
+    parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
+) -> list[dict[str, Any]] | None:
+    """The reduced rows of one range's ``records`` (one topic partition, read in parts of
+    :data:`_PART` records), each change built already (``built``, which
+    :class:`spark_jobs.changes.ChangeBuilder` returns as it is), and its schema row; None
+    when the range is not for this path (the module's docstring), or the native module is
+    missing. ``parser`` is the range's own (it learns the schema from the first value)."""
+    mod = native.module()
+    if mod is None:
+        return None
+    it = iter(records)
+    part = list(islice(it, _PART))
+    first = next((r for r in part if r.value is not None), None)
+    if first is None or first.topic == heartbeat_topic:
+        return None
+    row = parser(first)
+    known = parser.known_schema(first.topic)
+    keys = key_prefix(first.key)
+    if row["kind"] != CHANGE or known is None or keys is None:
+        return None
+    prefix, schema_json = known
+    kinds = native_kinds(after_schema(orjson.loads(schema_json)))
+    if kinds is None:
+        return None
+    fast = mod.FastChanges(prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
+    while part:
+        if not fast.add(part):
+            return None
+        part = list(islice(it, _PART))
+    topic, table, partition = first.topic, row["table"], first.partition
+    rows: list[dict[str, Any]] = [
+        {"kind": SCHEMA, "topic": topic, "table": table, "schema_id": 0, "schema_json": schema_json}
+    ]
+    append = rows.append
+    for offset, key, lsn, order, doc, ts_ms in fast.changes():
+        append(
+            {
+                "kind": CHANGE,
+                "topic": topic,
+                "table": table,
+                "partition": partition,
+                "offset": offset,
+                "schema_id": 0,
+                "source_ts_ms": ts_ms,
+                "built": (
+                    Change(table, key, lsn, order, None)
+                    if doc is None
+                    else Change(table, key, lsn, order, doc, frozenset(), True)
+                ),
+            }
+        )
+    return rows

@@ -1,0 +1,380 @@
+"""The direct read's native path (``spark.apply = "native"``, :mod:`spark_jobs.fast_changes`)
+against the Python path it stands in for (:mod:`spark_jobs.parse`, :func:`latest_per_key`,
+:class:`ChangeBuilder`): wherever the native path takes a range, both give the same changes,
+value for value and type for type, and the Python path finds nothing in that range to
+dead-letter or skip. No Spark, no servers."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.envelope import rows as table_rows
+from benchmarks.envelope import sources, table
+from pgcdc.core import native
+from pgcdc.core.contract import (
+    HEADER_COMMIT_LSN,
+    HEADER_ORDER,
+    HEADER_UNCHANGED,
+    UNAVAILABLE_VALUE_PLACEHOLDER,
+)
+from pgcdc.core.settings import SchemaSettings
+from schemas.envelope import EventEncoder
+from sinks.base import Change
+from spark_jobs import convert
+from spark_jobs.changes import ChangeBuilder, RecordError
+from spark_jobs.fast_changes import native_rows
+from spark_jobs.parse import CHANGE, SCHEMA, KafkaRecord, RecordParser
+from spark_jobs.reduce import latest_per_key
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(
+        native.module() is None or not hasattr(native.module(), "FastChanges"),
+        reason="pgcdc's native module is not built (make install, with cargo)",
+    ),
+]
+
+PREFIX = "srv"
+TOPIC = "srv.public.things"
+BEATS = "__cdc-heartbeat.srv"
+
+
+def _python(records: list[KafkaRecord]) -> tuple[list[Change], list[str]]:
+    """The Python path's changes, and what it found that is no change it applies (a dead
+    letter, a keyless or truncate record, a change the builder refuses)."""
+    rows = latest_per_key(RecordParser(PREFIX, BEATS).rows(records))
+    schemas = {r["schema_id"]: r["schema_json"] for r in rows if r["kind"] == SCHEMA}
+    build = ChangeBuilder(schemas)
+    changes, others = [], []
+    for r in rows:
+        if r["kind"] == CHANGE:
+            try:
+                changes.append(build(r))
+            except RecordError as e:
+                others.append(f"refused: {e}")
+        elif r["kind"] != SCHEMA:
+            others.append(r["kind"])
+    return changes, others
+
+
+def _native(records: list[KafkaRecord]) -> list[Change] | None:
+    rows = native_rows(RecordParser(PREFIX, BEATS), records, BEATS)
+    if rows is None:
+        return None
+    schemas = {r["schema_id"]: r["schema_json"] for r in rows if r["kind"] == SCHEMA}
+    build = ChangeBuilder(schemas)
+    return [build(r) for r in rows if r["kind"] == CHANGE]
+
+
+def _same(records: list[KafkaRecord]) -> bool:
+    """Whether the native path took the records; when it did, its changes are the Python
+    path's exactly (order, values, their types, the documents' column order)."""
+    fast = _native(records)
+    if fast is None:
+        return False
+    slow, others = _python(records)
+    assert others == []
+    assert fast == slow
+    for a, b in zip(fast, slow, strict=True):
+        assert a.split == b.split
+        if a.doc is not None:
+            assert b.doc is not None
+            assert list(a.doc.items()) == list(b.doc.items())
+            assert [type(v) for v in a.doc.values()] == [type(v) for v in b.doc.values()]
+    return True
+
+
+def _headers(lsn: int, order: int | None) -> list[tuple[str, bytes | None]]:
+    out: list[tuple[str, bytes | None]] = [(HEADER_COMMIT_LSN, str(lsn).encode())]
+    if order is not None:
+        out.append((HEADER_ORDER, str(order).encode()))
+    return out
+
+
+# -- the reader's own records --------------------------------------------------------------
+
+
+def test_the_readers_own_records_take_the_native_path() -> None:
+    """Records of the reader's encoder (the benchmarks' 10-column table: numeric, dates,
+    timestamps, booleans, floats, text), keys written several times, deletes and
+    tombstones: taken natively, the same changes as the Python path."""
+    enc = EventEncoder(SchemaSettings(), PREFIX, "db")
+    tbl = table()
+    (source,) = sources(1)
+    records = []
+    for n, row in enumerate(table_rows(300)):
+        key = str(n % 120)  # 120 keys, written up to three times
+        row = (key, *row[1:])
+        op = "c" if n < 120 else "u"
+        k, v = enc.encode_key(tbl, row), enc.encode_value(tbl, op, None, row, source)
+        records.append(KafkaRecord(TOPIC, 0, len(records), k, v, _headers(1000 + n, n % 3)))
+        if n % 37 == 5:  # a delete and its tombstone
+            d = enc.encode_value(tbl, "d", row, None, source)
+            records.append(KafkaRecord(TOPIC, 0, len(records), k, d, _headers(1000 + n, 9)))
+            records.append(KafkaRecord(TOPIC, 0, len(records), k, None, _headers(1000 + n, 9)))
+    assert _same(records)
+    fast = _native(records)
+    assert fast is not None and len(fast) == 120
+    assert any(c.doc is None for c in fast) and any(c.doc is not None for c in fast)
+
+
+# -- a table of every kind, generated --------------------------------------------------------
+
+
+def _field(name: str, kind: str, semantic: str | None = None, **params: str) -> dict[str, Any]:
+    f: dict[str, Any] = {"type": kind, "optional": True, "field": name}
+    if semantic is not None:
+        f["name"] = semantic
+        f["version"] = 1
+    if params:
+        f["parameters"] = params
+    return f
+
+
+COLUMNS = [
+    _field("s", "string"),
+    _field("n", "int64"),
+    _field("f", "double"),
+    _field("b", "boolean"),
+    _field("d2", "bytes", "org.apache.kafka.connect.data.Decimal", scale="2"),
+    _field("d0", "bytes", "org.apache.kafka.connect.data.Decimal", scale="0"),
+    _field("day", "int32", "io.debezium.time.Date"),
+    _field("ts", "int64", "io.debezium.time.MicroTimestamp"),
+    _field("tsm", "int64", "io.debezium.time.Timestamp"),
+    _field("tsn", "int64", "io.debezium.time.NanoTimestamp"),
+    _field("t", "int64", "io.debezium.time.MicroTime"),
+    _field("tm", "int32", "org.apache.kafka.connect.data.Time"),
+    _field("z", "string", "io.debezium.time.ZonedTimestamp"),
+]
+KEYS = [_field("id", "int64"), _field("code", "string")]
+
+
+def _row_schema(fields: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return {"type": "struct", "fields": fields, "optional": True, "name": name}
+
+
+def _envelope_schema(fields: list[dict[str, Any]]) -> dict[str, Any]:
+    row = _row_schema(fields, "srv.public.things.Value")
+    source = _row_schema([_field("ts_ms", "int64"), _field("lsn", "int64")], "source")
+    return {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {**source, "optional": False, "field": "source"},
+            _field("op", "string"),
+            _field("ts_ms", "int64"),
+        ],
+        "optional": False,
+        "name": "srv.public.things.Envelope",
+    }
+
+
+def _decimal(n: int) -> str:
+    size = max(1, (n.bit_length() + 8) // 8)
+    return base64.b64encode(n.to_bytes(size, "big", signed=True)).decode()
+
+
+_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(['a"b', "a\\b", "tab\there", "new\nline", "é ✓ 𝄞", "\x01", "", "1e5"]),
+)
+_ODD_TEXT = st.one_of(_TEXT, st.just(UNAVAILABLE_VALUE_PLACEHOLDER))
+_I64 = st.integers(-(2**63), 2**63 - 1)
+_MICROS = st.integers(-62_135_596_800 * 10**6, 253_402_300_799 * 10**6)  # years 1 to 9999
+# Values in the converters' plain cases, which the native path takes.
+_PLAIN: dict[str, st.SearchStrategy[Any]] = {
+    "s": _TEXT,
+    "n": st.one_of(_I64, st.integers(0, 2**64 - 1)),
+    "f": st.floats(allow_nan=False, allow_infinity=False),
+    "b": st.booleans(),
+    "d2": st.integers(-(10**37), 10**37).map(_decimal),
+    "d0": st.integers(-(10**20), 10**20).map(_decimal),
+    "day": st.integers(-719_162, 2_932_896),
+    "ts": _MICROS,
+    "tsm": _MICROS.map(lambda us: us // 1000),
+    "tsn": _I64,
+    "t": st.integers(0, 86_400_000_000),
+    "tm": st.integers(0, 86_400_000),
+    "z": _TEXT,
+}
+# And beyond them: placeholders, a bool or text for a date, dates and times out of range,
+# decimals of over 16 bytes, not base64.
+_ODD: dict[str, st.SearchStrategy[Any]] = {
+    "s": _ODD_TEXT,
+    "n": _I64,
+    "f": st.just(-0.0),
+    "b": st.booleans(),
+    "d2": st.one_of(st.integers(-(10**45), 10**45).map(_decimal), _ODD_TEXT, st.integers(-5, 5)),
+    "d0": st.sampled_from(["A", "AA==", "////", "gA=="]),
+    "day": st.one_of(st.integers(-(2**31), 2**31), st.booleans(), _ODD_TEXT),
+    "ts": st.one_of(_I64, st.booleans()),
+    "tsm": _I64,
+    "tsn": st.one_of(_ODD_TEXT, st.floats(allow_nan=False, allow_infinity=False)),
+    "t": st.integers(-(10**12), 10**14),
+    "tm": st.integers(-5, 10**10),
+    "z": _ODD_TEXT,
+}
+
+
+@st.composite
+def _after(draw: st.DrawFn, odd: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"id": draw(st.integers(0, 3)), "code": draw(st.sampled_from("ab"))}
+    for f in COLUMNS:
+        name = f["field"]
+        values = st.one_of(_PLAIN[name], _ODD[name]) if odd else _PLAIN[name]
+        row[name] = draw(st.one_of(st.none(), values))
+    return row
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> list[KafkaRecord]:
+    composite = draw(st.booleans())
+    key_fields = KEYS if composite else KEYS[:1]
+    key_schema = _row_schema(key_fields, "srv.public.things.Key")
+    schema = _envelope_schema([*KEYS, *COLUMNS])
+    # Most ranges hold plain values only; the others each record at times.
+    odd_range = draw(st.integers(0, 3)) == 0
+    out = []
+    for offset in range(draw(st.integers(1, 12))):
+        after = draw(_after(odd_range and draw(st.booleans())))
+        key = {f["field"]: after[f["field"]] for f in key_fields}
+        k = orjson.dumps({"schema": key_schema, "payload": key})
+        op = draw(st.sampled_from("cucurd"))
+        payload = {
+            "before": None,
+            "after": None if op == "d" else after,
+            "source": {"ts_ms": draw(st.one_of(st.none(), _I64)), "lsn": 5},
+            "op": op,
+            "ts_ms": 1,
+        }
+        v: bytes | None = orjson.dumps({"schema": schema, "payload": payload})
+        if op == "d" and draw(st.booleans()):
+            v = None  # a tombstone
+        headers = _headers(draw(st.integers(0, 40)), draw(st.one_of(st.none(), st.integers(0, 3))))
+        if draw(st.integers(0, 30)) == 0:
+            headers.append((HEADER_UNCHANGED, b'["s"]'))
+        if draw(st.integers(0, 10)) == 0:
+            headers.insert(0, ("other", None))
+        out.append(KafkaRecord(TOPIC, 0, offset, k, v, headers))
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_records())
+def test_generated_records_give_the_python_paths_changes(records: list[KafkaRecord]) -> None:
+    """Every column kind with values in and out of the converters' plain cases; keys of one
+    and of two columns; repeated keys, deletes, tombstones; version headers with and without
+    an order, unchanged columns, other headers."""
+    event("native" if _same(records) else "python")
+
+
+def test_the_generated_tables_plain_records_are_taken_natively() -> None:
+    """The path the generated test compares is taken: a range of plain values."""
+    after = {"id": 1, "code": "a", "s": "x", "n": 5, "f": 1.5, "b": True, "d2": _decimal(-12345)}
+    after |= {"d0": _decimal(10**19), "day": 19_000, "ts": 1_700_000_000_123_456}
+    after |= {"tsm": -1, "tsn": 1_700_000_000_000_000_001, "t": 3_600_000_001, "tm": 61_000}
+    after |= {"z": "2024-01-01T00:00:00Z"}
+    schema = _envelope_schema([*KEYS, *COLUMNS])
+    key = orjson.dumps({"schema": _row_schema(KEYS[:1], "K"), "payload": {"id": 1}})
+    payload = {"before": None, "after": after, "source": {"ts_ms": 7}, "op": "c"}
+    value = orjson.dumps({"schema": schema, "payload": payload})
+    records = [KafkaRecord(TOPIC, 0, 0, key, value, _headers(10, 0))]
+    assert _same(records)
+    (change,) = _native(records) or []
+    assert change.doc is not None
+    assert change.doc["d2"] == "-123.45" and change.doc["d0"] == "10000000000000000000"
+    assert change.doc["day"] == "2022-01-08" and change.doc["tsm"] == "1969-12-31T23:59:59.999000"
+    assert change.doc["t"] == "01:00:00.000001" and change.doc["tm"] == "00:01:01.000000"
+
+
+# -- what the native path leaves to Python ----------------------------------------------------
+
+
+def _one(value_json: bytes, key: bytes = b'{"id":1}') -> list[KafkaRecord]:
+    """A plain record, then one of ``value_json`` (its payload) and ``key`` (the key's)."""
+    schema = orjson.dumps(_envelope_schema([*KEYS[:1], *COLUMNS]))
+    key_schema = b'{"schema":' + orjson.dumps(_row_schema(KEYS[:1], "K")) + b',"payload":'
+    good = b'{"op":"c","after":{"id":1,"n":1},"source":{"ts_ms":1}}'
+    value = b'{"schema":' + schema + b',"payload":'
+    records = [
+        KafkaRecord(TOPIC, 0, 0, key_schema + b'{"id":1}}', value + good + b"}", []),
+        KafkaRecord(TOPIC, 0, 1, key_schema + key + b"}", value + value_json + b"}", []),
+    ]
+    return [r._replace(headers=_headers(5 + r.offset, 0)) for r in records]
+
+
+@pytest.mark.parametrize(
+    "value, key",
+    [
+        (b'{"op":"c","after":{"id":1,"n":-0},"source":{}}', b'{"id":1}'),  # orjson: int 0
+        (b'{"op":"c","after":{"id":1,"n":1},"before":{"n":1e999}}', b'{"id":1}'),
+        (b'{"op":"c","after":{"id":1,"s":"\\ud800"}}', b'{"id":1}'),  # a lone surrogate
+        (b'{"op":"c","after":{"id":1,"n":1,"n":2}}', b'{"id":1}'),  # a column twice
+        (b'{"op":"c","after":{"id":1,"s":[1]}}', b'{"id":1}'),  # an array
+        (b'{"op":"c","after":{"id":1,"s":{"a":1}}}', b'{"id":1}'),  # an object
+        (b'{"op":"t","after":null}', b'{"id":1}'),  # a truncate
+        (b'{"op":5,"after":{"id":1}}', b'{"id":1}'),  # no Debezium event
+        (b'{"op":"c","after":"text"}', b'{"id":1}'),
+        (b'{"op":"c","after":{"id":1,"day":true}}', b'{"id":1}'),  # a bool is an int
+        (b'{"op":"c","after":{"id":1,"day":9999999}}', b'{"id":1}'),  # after 9999-12-31
+        (b'{"op":"c","after":{"id":1,"d2":"A"}}', b'{"id":1}'),  # no base64
+        (b'{"op":"c","after":{"id":1,"s":"x"},"source":"\xff"}', b'{"id":1}'),  # not UTF-8
+        (b'{"op":"c","after":{"id":1}}', b'{"id":1.5}'),  # a float key
+        (b'{"op":"c","after":{"id":1}}', b"{}"),  # no key column
+    ],
+)
+def test_a_range_with_a_record_the_native_path_is_unsure_of_goes_the_python_way(
+    value: bytes, key: bytes
+) -> None:
+    records = _one(value, key)
+    assert _native(records[:1]) is not None  # the good record alone is taken
+    assert _native(records) is None
+    _python(records)  # and the Python path reads them (its own rules say what they are)
+
+
+def test_an_integer_beyond_64_bits_is_the_float_orjson_reads() -> None:
+    assert _same(_one(b'{"op":"c","after":{"id":1,"n":123456789012345678901234567}}'))
+    assert _same(_one(b'{"op":"c","after":{"id":1,"n":-18446744073709551617}}'))
+
+
+def test_unchanged_columns_heartbeats_and_other_schemas_go_the_python_way() -> None:
+    records = _one(b'{"op":"c","after":{"id":1,"n":2}}')
+    assert _native(records) is not None
+    unchanged = [
+        records[0],
+        records[1]._replace(headers=[*records[1].headers, (HEADER_UNCHANGED, b"[]")]),
+    ]
+    assert _native(unchanged) is None
+    assert (
+        native_rows(RecordParser(PREFIX, BEATS), [r._replace(topic=BEATS) for r in records], BEATS)
+        is None
+    )
+    other = orjson.dumps(_envelope_schema(KEYS[:1]))
+    second = records[1]._replace(
+        value=b'{"schema":' + other + b',"payload":{"op":"c","after":{"id":1}}}'
+    )
+    assert _native([records[0], second]) is None
+    schemaless = records[0]._replace(value=b'{"op":"c","after":{"id":1}}')
+    assert _native([schemaless]) is None
+
+
+def test_every_converter_has_a_native_kind_or_keeps_its_table_python() -> None:
+    """A converter added to spark_jobs.convert without a native kind would be skipped by
+    the native path: each semantic name converted there has one, but VariableScaleDecimal,
+    whose tables the native path leaves."""
+    assert set(convert._BY_NAME) - set(convert._NATIVE_BY_NAME) == {
+        "io.debezium.data.VariableScaleDecimal"
+    }
+    for name, (kind, per_second) in convert._NATIVE_BY_NAME.items():
+        conv = convert._BY_NAME[name]
+        one = {"date": 1, "timestamp": per_second, "time": per_second}[kind]
+        assert conv(one) in {"1970-01-02", "1970-01-01T00:00:01", "00:00:01.000000"}, name
+    variable = _field("v", "struct", "io.debezium.data.VariableScaleDecimal")
+    assert convert.native_kinds(_row_schema([variable], "r")) is None

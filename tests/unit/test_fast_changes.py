@@ -378,3 +378,26 @@ def test_every_converter_has_a_native_kind_or_keeps_its_table_python() -> None:
         assert conv(one) in {"1970-01-02", "1970-01-01T00:00:01", "00:00:01.000000"}, name
     variable = _field("v", "struct", "io.debezium.data.VariableScaleDecimal")
     assert convert.native_kinds(_row_schema([variable], "r")) is None
+
+
+def test_a_key_of_two_columns_is_the_same_id_with_any_text() -> None:
+    """sinks.base.key_id's JSON array, its strings as Python's json writes them."""
+    schema = orjson.dumps(_envelope_schema([*KEYS, *COLUMNS]))
+    key_schema = orjson.dumps(_row_schema(KEYS, "K"))
+    records = []
+    for n, code in enumerate(['a"b', "c\\d", "e\nf\tg", "\x01\x1f\x7f", "é✓𝄞", "", "null"]):
+        key = orjson.dumps({"id": n - 3, "code": code})
+        after = orjson.dumps({"id": n - 3, "code": code, "s": code})
+        value = b'{"op":"c","after":' + after + b"}"
+        records.append(
+            KafkaRecord(
+                TOPIC,
+                0,
+                n,
+                b'{"schema":' + key_schema + b',"payload":' + key + b"}",
+                b'{"schema":' + schema + b',"payload":' + value + b"}",
+                _headers(n, 0),
+            )
+        )
+    assert _same(records)
+    assert [c.key for c in _native(records) or []][:2] == ['[-3,"a\\"b"]', '[-2,"c\\\\d"]']

@@ -43,6 +43,8 @@ _PLACEHOLDERS = sorted(PLACEHOLDER_TEXTS)
 # Records handed to the native module at a time: the range's records are not all held at
 # once (a 4 kB record each), only each key's newest change.
 _PART = 4096
+# What reading an odd value schema raises (spark_jobs.changes says the same of its decoding).
+_SCHEMA_ERRORS = (ValueError, TypeError, AttributeError, KeyError, OverflowError)
 
 
 def native_rows(
@@ -67,10 +69,15 @@ def native_rows(
     if row["kind"] != CHANGE or known is None or keys is None:
         return None
     prefix, schema_json = known
-    kinds = native_kinds(after_schema(orjson.loads(schema_json)))
-    if kinds is None:
+    try:
+        kinds = native_kinds(after_schema(orjson.loads(schema_json)))
+        if kinds is None:
+            return None
+        fast = mod.FastChanges(prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
+    except _SCHEMA_ERRORS:
+        # A schema the converters cannot read (a Decimal's scale that is no integer, a field
+        # without a name): the Python path dead-letters its changes with the reason.
         return None
-    fast = mod.FastChanges(prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
     while part:
         if not fast.add(part):
             return None

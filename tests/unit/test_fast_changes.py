@@ -401,3 +401,32 @@ def test_a_key_of_two_columns_is_the_same_id_with_any_text() -> None:
         )
     assert _same(records)
     assert [c.key for c in _native(records) or []][:2] == ['[-3,"a\\"b"]', '[-2,"c\\\\d"]']
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        _field("d", "bytes", "org.apache.kafka.connect.data.Decimal", scale="x"),
+        {"type": "string", "optional": True},  # no field name
+        "not a field",
+    ],
+)
+def test_a_schema_the_converters_cannot_read_is_left_to_python_not_a_stop(odd: Any) -> None:
+    """A value schema the native path cannot read goes the Python way, which dead-letters
+    the changes its converters cannot decode and applies the others, instead of failing the
+    task (which would stop the job at that range for good)."""
+    schema = orjson.dumps(_envelope_schema([*KEYS[:1], odd]))
+    key = b'{"schema":' + orjson.dumps(_row_schema(KEYS[:1], "K")) + b',"payload":{"id":1}}'
+    value = b'{"op":"c","after":{"id":1,"d":"AQ=="}}'
+    records = [
+        KafkaRecord(
+            TOPIC, 0, 0, key, b'{"schema":' + schema + b',"payload":' + value + b"}", _headers(5, 0)
+        )
+    ]
+    assert _native(records) is None
+    changes, others = _python(records)
+    if isinstance(odd, dict) and "name" not in odd:  # nothing to convert: applied as it is
+        assert [c.key for c in changes] == ["1"] and others == []
+    else:  # the converters cannot be made: the change is refused
+        assert changes == [] and len(others) == 1
+        assert others[0].startswith("refused: cannot decode")

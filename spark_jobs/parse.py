@@ -203,14 +203,15 @@ def key_prefix(key: bytes | None) -> bytes | None:
     """What a key of JsonConverter's envelope (schemas on) starts with up to its payload:
     ``{"schema":`` + its schema's JSON as orjson writes it + ``,"payload":``, when ``key``
     starts with exactly that (rule 5's keys of one table share it), else None."""
-    parsed = _json(key) if key is not None else None
+    if key is None:
+        return None
+    parsed = _json(key)
     if not isinstance(parsed, dict) or parsed.get("payload") is None:
         return None
     schema = parsed.get("schema")
     if not isinstance(schema, dict):
         return None
     prefix = _SCHEMA_OPEN + _as_json_text(schema).encode() + _PAYLOAD_OPEN
-    assert key is not None
     return prefix if key.startswith(prefix) else None
 
 

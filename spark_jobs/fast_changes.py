@@ -32,6 +32,8 @@ from pgcdc.core.contract import (
     HEADER_UNCHANGED,
     PLACEHOLDER_TEXTS,
 )
+from pgcdc.core.settings import Settings, ValueFormat
+from pgcdc.core.spark_settings import ApplyPath, ReadPath
 from sinks.base import Change
 from spark_jobs.convert import after_schema, native_kinds
 from spark_jobs.parse import CHANGE, SCHEMA, KafkaRecord, RecordParser, key_prefix
@@ -105,3 +107,20 @@ def native_rows(
             }
         )
     return rows
+
+
+def apply_said(settings: Settings) -> str:
+    """What a job's start line says of ``spark.apply`` (the direct read's only): `` apply=…``,
+    and when ``native`` cannot be taken here, why (the tasks then take the Python path: on a
+    cluster each executor decides for itself, and each batch line counts its native
+    changes)."""
+    if settings.spark.read is not ReadPath.DIRECT:
+        return ""
+    said = f" apply={settings.spark.apply}"
+    if settings.spark.apply is not ApplyPath.NATIVE:
+        return said
+    if settings.schema_.value_format is ValueFormat.AVRO:
+        return f"{said} (Avro values: the python way)"
+    if not hasattr(native.module(), "FastChanges"):
+        return f"{said} (no native module here, make install builds it: the python way)"
+    return said

@@ -24,6 +24,7 @@ from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
 from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
+from spark_jobs.fast_changes import apply_said
 from spark_jobs.interrupt import await_stop
 from spark_jobs.interrupt import install as install_interrupt
 from spark_jobs.options import parse_args, parser
@@ -141,13 +142,14 @@ def run(
             ready, health_port, settings.health_host, metrics=batch.metrics.render
         ).start()
     log.info(
-        "started %s: %stopics=%s checkpoint=%s read=%s parse=%s",
+        "started %s: %stopics=%s checkpoint=%s read=%s parse=%s%s",
         opts.name,
         f"followers={','.join(f.job for f in batch.followers)} " if followers else "",
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
         settings.spark.read,
         "python" if settings.spark.read is ReadPath.DIRECT else settings.spark.parse,
+        apply_said(settings),
         extra={"job": opts.name},
     )
     try:

@@ -96,11 +96,12 @@ class SparkSettings(BaseModel):
     # spark_jobs/kafka_direct.py) or `spark` (Spark's Kafka source; every record crosses the
     # JVM). With `min_partitions` (which splits partitions) and no `read` given: `spark`.
     read: ReadPath = ReadPath.DIRECT
-    # With `read = direct`: `native` takes a range of one table's common records (one
-    # schema, version headers, no unchanged columns, plain values) from their bytes to
-    # changes in pgcdc's native module (spark_jobs/fast_changes.py); any other range, or no
-    # module, goes the `python` way (spark_jobs/parse.py, reduce.py, changes.py).
-    apply: ApplyPath = ApplyPath.PYTHON
+    # With `read = direct`: `native` (the default) takes a range of one table's common
+    # records (one schema, version headers, no unchanged columns, plain values) from their
+    # bytes to changes in pgcdc's native module (spark_jobs/fast_changes.py); any other
+    # range, or no module, goes the `python` way (spark_jobs/parse.py, reduce.py,
+    # changes.py), as every range does with `python`.
+    apply: ApplyPath = ApplyPath.NATIVE
 
     @model_validator(mode="before")
     @classmethod

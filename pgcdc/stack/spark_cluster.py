@@ -12,7 +12,8 @@ environment its executors run the jobs in.
   pyspark, which the workers bring) with venv-pack, as Spark's Python packaging guide
   advises; :func:`project_zip` zips the project's own packages for ``--py-files``.
   ``scripts/spark-submit --master spark://…`` ships both (``--archives
-  <env>.tar.gz#environment``, ``spark.pyspark.python=./environment/bin/python``).
+  <env>.tar.gz#environment``, ``spark.pyspark.python=./environment/bin/python``), and
+  :func:`native_archive`, the project's native module as built here, beside it.
 
 Command line: ``python -m pgcdc.stack.spark_cluster up|down|status|pack``.
 """
@@ -28,6 +29,7 @@ import shutil
 import signal
 import socket
 import sys
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +46,9 @@ from pgcdc.stack import common
 # The project's packages that executors import (spark_jobs' closures reach all of these).
 PROJECT_PACKAGES = ("pgcdc", "cdc", "schemas", "sinks", "spark_jobs")
 DAEMON_MEMORY = "256m"
+# Where a task finds the native module shipped beside the packed env (native_archive): the
+# archive's folder in the executor's working directory, on the workers' PYTHONPATH.
+NATIVE_DIR = "pgcdc_native_lib"
 
 
 def venv_python() -> Path:
@@ -328,6 +333,37 @@ def _build_executor_env(out: Path) -> None:
     shutil.rmtree(build)  # the archive is what ships; the folder is not needed again
 
 
+def native_archive(paths: common.Paths | None = None) -> Path | None:
+    """The project's native module as ``make install`` built it into the venv
+    (``pgcdc_native/``), packed for ``--archives <it>#pgcdc_native_lib`` (rebuilt when it
+    changes); None when the venv has none (the executors then take the Python paths).
+
+    A module cannot come through ``--py-files``: Python loads no compiled module from a zip.
+    It is not in the packed env either, which is built from the dependencies' releases once
+    per set of pins, and the module changes with the code. Built for this machine's Python,
+    it suits executors that run the packed env of the same interpreter (a cluster of this
+    machine's kind); a module that does not load, or is of another interface, leaves a task
+    to the Python paths (:func:`pgcdc.core.native.module`)."""
+    paths = paths or common.paths()
+    found = sorted(common.REPO.glob(".venv/lib/python*/site-packages/pgcdc_native"))
+    files = sorted(f for f in found[0].iterdir() if f.is_file()) if found else []
+    if not any(f.suffix == ".so" for f in files):
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    out = paths.cache / "executor-env" / f"pgcdc-native-{h.hexdigest()[:12]}.tar.gz"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.part")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in files:
+            tar.add(f, arcname=f"pgcdc_native/{f.name}")
+    tmp.replace(out)
+    return out
+
+
 def project_zip(paths: common.Paths | None = None) -> Path:
     """The project's own packages as a zip for ``--py-files`` (rebuilt when they change)."""
     paths = paths or common.paths()
@@ -382,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(executor_env())
             print(project_zip())
+            print(native_archive() or "no native module in .venv (make install builds it)")
     except common.StackError as e:
         print(f"spark_cluster: error: {e}", file=sys.stderr)
         return 1

@@ -45,7 +45,7 @@ def spark_paths() -> dict[str, str]:
     """How the tests' jobs read, parse and apply (``spark.read``, ``spark.parse``,
     ``spark.apply``): the test run's ``CDC_SPARK__READ``, ``CDC_SPARK__PARSE`` and
     ``CDC_SPARK__APPLY`` (default: the settings' defaults, ``direct``, ``jvm`` and
-    ``python``), so the same tests prove every path."""
+    ``native``), so the same tests prove every path."""
     from pgcdc.core.spark_settings import SparkSettings
 
     default = SparkSettings(checkpoint_dir="unused")

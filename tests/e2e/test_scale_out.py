@@ -37,7 +37,7 @@ from pgcdc.core.ports import HOST, REDIS_CLUSTER_PORTS
 from pgcdc.stack import common
 from pgcdc.stack.kafka_cluster import KafkaClusterService
 from pgcdc.stack.redis_cluster import RedisClusterService
-from pgcdc.stack.spark_cluster import SparkCluster
+from pgcdc.stack.spark_cluster import SparkCluster, native_archive
 from tests.conftest import ROOT, Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
     SPARK_SUBMIT,
@@ -47,6 +47,7 @@ from tests.e2e.pipeline import (
     kill_group,
     leader_state,
     run_reader_until_current,
+    spark_paths,
     start_reader,
     tail,
 )
@@ -425,6 +426,10 @@ def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
         assert batch_counts(job_log)[0] > applied_before_kill
         planned = "the direct read's planner runs on the driver's Python"
         assert (planned in job_log.read_text(errors="replace")) == (read == "direct")
+        if read == "direct" and spark_paths()["apply"] == "native" and native_archive():
+            # The native module shipped beside the packed env: the executors took ranges
+            # the native way (spark_jobs/fast_changes.py), not only the Python one.
+            assert re.search(r" native=[1-9]", job_log.read_text(errors="replace")), tail(job_log)
     finally:
         work.stop_event.set()
         if reader.poll() is None:

@@ -19,7 +19,7 @@ _submit = spark_submit_script.load
 
 JARS = [Path("/jars/a.jar")]
 EXE = Path("/spark/bin/spark-submit")
-FILES = (Path("/c/env.tar.gz"), Path("/c/code.zip"))
+FILES = (Path("/c/env.tar.gz"), Path("/c/code.zip"), Path("/c/native.tar.gz"))
 
 
 def test_a_cluster_master_ships_the_packed_env_and_the_code() -> None:
@@ -27,12 +27,42 @@ def test_a_cluster_master_ships_the_packed_env_and_the_code() -> None:
     args = ["--master", "spark://h:7077", "spark_jobs/cache_sync.py", "--available-now"]
     assert s.on_cluster(args)
     argv = s.build_argv(args, JARS, EXE, FILES)
-    assert argv[argv.index("--archives") + 1] == "/c/env.tar.gz#environment"
+    archives = "/c/env.tar.gz#environment,/c/native.tar.gz#pgcdc_native_lib"
+    assert argv[argv.index("--archives") + 1] == archives
+    assert "spark.executorEnv.PYTHONPATH=pgcdc_native_lib" in argv
     assert "spark.pyspark.python=./environment/bin/python" in argv
     assert argv[argv.index("--py-files") + 1] == "/c/code.zip"
     assert argv[argv.index("--executor-memory") + 1] == "512m"
     assert argv[argv.index("--master") + 1] == "spark://h:7077"
     assert argv[-2:] == ["spark_jobs/cache_sync.py", "--available-now"]  # the app comes last
+
+
+def test_no_native_module_or_an_own_pythonpath_ships_the_env_alone() -> None:
+    s = _submit()
+    args = ["--master", "spark://h:7077", "spark_jobs/cache_sync.py"]
+    argv = s.build_argv(args, JARS, EXE, (*FILES[:2], None))
+    assert argv[argv.index("--archives") + 1] == "/c/env.tar.gz#environment"
+    assert not any("PYTHONPATH" in a for a in argv)
+    own = ["--conf", "spark.executorEnv.PYTHONPATH=/opt/lib", *args]
+    argv = s.build_argv(own, JARS, EXE, FILES)
+    assert argv[argv.index("--archives") + 1] == "/c/env.tar.gz#environment"
+    assert [a for a in argv if "PYTHONPATH" in a] == ["spark.executorEnv.PYTHONPATH=/opt/lib"]
+
+
+def test_the_native_archive_holds_the_venvs_module_and_follows_it(tmp_path: Path) -> None:
+    import tarfile
+
+    from pgcdc.stack import common, spark_cluster
+
+    built = spark_cluster.native_archive(common.Paths(stack=tmp_path, cache=tmp_path))
+    if built is None:
+        pytest.skip("no native module in .venv (make install builds it where cargo is)")
+    with tarfile.open(built) as tar:
+        names = tar.getnames()
+    assert "pgcdc_native/__init__.py" in names
+    assert any(n.startswith("pgcdc_native/") and n.endswith(".so") for n in names)
+    # Named by its content: the same module, the same archive, not packed again.
+    assert spark_cluster.native_archive(common.Paths(stack=tmp_path, cache=tmp_path)) == built
 
 
 def test_own_archives_and_local_masters_are_left_alone() -> None:

@@ -136,10 +136,9 @@ def steady(
     stats: ProcStats, started: float, spans: list[tuple[int, float, float, int]]
 ) -> tuple[float, float] | None:
     """(CPU µs per change, changes/s) over a job's batches after its first, or None when
-    they are too few to say: under a tenth of the changes, or under two seconds. A tree's
-    CPU is sampled about once a second and loses a process's seconds when it exits (a
-    worker at the end of a run): a trailing batch of three changes once read as
-    -146,667 µs a change."""
+    they are too few to say: under a tenth of the changes, or under two seconds (a tree's
+    CPU is sampled about once a second: a trailing batch of three changes once read as
+    -146,667 µs a change)."""
     later = spans[1:]
     changes = sum(c for *_, c in later)
     if not later or changes * 10 < sum(c for *_, c in spans):
@@ -152,13 +151,18 @@ def steady(
 
 
 def cpu_at(stats: ProcStats, started_wall: float, at: float) -> float:
-    """CPU seconds of a measured tree at wall time ``at`` (the nearest sample at or before)."""
-    best = 0.0
+    """CPU seconds of a measured tree at wall time ``at``: between the samples on either
+    side of it, in proportion (a sample comes about once a second; the nearest one before
+    ``at`` missed up to a second of the busiest part of a short window)."""
+    before: tuple[float, float] | None = None
     for offset, cpu in stats.samples:
-        if started_wall + offset > at:
-            break
-        best = cpu
-    return best
+        t = started_wall + offset
+        if t > at:
+            if before is None:
+                return 0.0
+            return before[1] + (cpu - before[1]) * (at - before[0]) / (t - before[0])
+        before = (t, cpu)
+    return before[1] if before is not None else 0.0
 
 
 def held_counts(redis_url: str, search_url: str, prefix: str, table: str = TABLE) -> dict[str, int]:

@@ -24,3 +24,31 @@ def test_later_batches_give_cpu_per_change_and_rate() -> None:
     cpu_us, rate = got
     assert cpu_us == 5.0 / 50_000 * 1e6  # 0.5 CPU s a second over 10 s
     assert rate == 5_000.0
+
+
+def test_cpu_between_samples_is_taken_in_proportion() -> None:
+    from benchmarks.followers_backlog import cpu_at
+
+    st = _stats([(0.0, 0.0), (1.0, 0.2), (2.0, 1.2)])
+    assert cpu_at(st, 100.0, 99.0) == 0.0  # before the first sample
+    assert cpu_at(st, 100.0, 101.5) == 0.7  # half way through a busy second
+    assert cpu_at(st, 100.0, 105.0) == 1.2  # after the last
+
+
+def test_a_tree_keeps_the_cpu_of_a_child_that_ended() -> None:
+    """A Python worker exits before its job does: the tree's CPU must not fall with it."""
+    import sys
+
+    from benchmarks.proc import Measured
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    parent = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}])\n"
+        "time.sleep(0.6)"
+    )
+    st = Measured([sys.executable, "-c", parent], sample_s=0.05).wait(60)
+    assert st.returncode == 0
+    cpus = [cpu for _, cpu in st.samples]
+    assert cpus == sorted(cpus), "the tree's CPU fell when the child ended"
+    assert cpus[-1] >= 0.5, cpus[-1]  # the child's burn, seen after it ended

@@ -192,7 +192,7 @@ def _mode(
         prober.writing(False)
         prober.wait_seen(prober.between(t_warm, time.time()), 30, alive=dead)
         for rate in b.params.follower_rates:
-            _follower_latency(b, prober, dead, rate, wanted, where)
+            _follower_latency(b, prober, dead, rate, wanted, where, jobs)
         if b.params.follower_step_rates:
             _follower_steps(b, prober, dead, wanted, where)
         else:
@@ -229,14 +229,30 @@ def _follower_load(b: Bench, rate: float, seconds: float) -> workload.LoadResult
 
 
 def _follower_latency(
-    b: Bench, prober: Any, dead: Any, rate: float, wanted: tuple[str, ...], where: str
+    b: Bench,
+    prober: Any,
+    dead: Any,
+    rate: float,
+    wanted: tuple[str, ...],
+    where: str,
+    jobs: fol.SparkJobs,
 ) -> None:
     p = b.params
     prober.writing(True)
     t0 = time.time()
     cpu0 = servers.cpu_seconds()
+    jobs0 = {j: m.cpu_sampled() for j, m in jobs.procs.items()}
     res = _follower_load(b, rate, p.follower_s)
     busy = servers.cores_used(cpu0, servers.cpu_seconds(), time.time() - t0)
+    # The jobs' own CPU while the load ran, over the changes it committed meanwhile: what a
+    # running job costs a change (no start in it, unlike the backlog's).
+    spent = {j: m.cpu_sampled() - jobs0[j] for j, m in jobs.procs.items()}
+    t1 = time.time()
+    busy += "; the jobs' CPU a change: " + ", ".join(
+        f"{j} {c / max(res.changes, 1) * 1e6:.0f} µs ({c / (t1 - t0):.2f} cores: "
+        f"{jobs.procs[j].cpu_parts_between(t0, t1)})"
+        for j, c in spent.items()
+    )
     prober.writing(False)
     probes = prober.between(t0, time.time())
     grace = 20 if b.env.quick else 60

@@ -217,6 +217,11 @@ class Measured:
         """Peak RSS of the tree sampled so far (MiB)."""
         return self._peak_rss / 2**20
 
+    def cpu_sampled(self) -> float:
+        """CPU seconds of the tree at its last sample, those of processes that ended
+        included (0 before the first)."""
+        return self._samples[-1][1] if self._samples else 0.0
+
     def cpu_now(self) -> float:
         """CPU seconds of the live tree so far (0 when it is gone)."""
         total = 0.0

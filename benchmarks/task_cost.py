@@ -90,15 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
 
-    import pyarrow as pa
-
     from pgcdc.core.kafka_config import client_config
     from spark_jobs.apply_loop import apply_partition, apply_ranges
     from spark_jobs.kafka_direct import Range, read_range
     from spark_jobs.parse import RecordParser
     from spark_jobs.reduce import latest_per_key
     from spark_jobs.sync import FOLLOWERS
-    from spark_jobs.transfer import stats_from_rows
 
     run_id = uuid.uuid4().hex[:8]
     prefix = f"taskcost{run_id}"
@@ -137,16 +134,15 @@ def main(argv: list[str] | None = None) -> int:
                 best[stage] = min(best.get(stage, cpu), cpu)
         # The task itself, after the stages: it starts from nothing held, as a job's does.
         del got, rows, reduced
-        ids = pa.RecordBatch.from_pylist([{"id": 0}])
         for i in range(a.repeats):
             into = _settings(prefix, f"{prefix}ranges{i}", a.apply)
             followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
             out, cpu = _timed(
                 i == a.repeats - 1 and a.profile == "ranges",
                 _list,
-                apply_ranges(into, followers, None, [r], iter([ids])),
+                apply_ranges(into, followers, None, [r], [0]),
             )
-            stats = [s for b in out for s in stats_from_rows(b.to_pylist())]
+            stats = out
             assert len(stats) == 2 and all(s.applied == a.rows for s in stats), stats
             best["ranges"] = min(best.get("ranges", cpu), cpu)
     finally:

@@ -33,6 +33,7 @@ from benchmarks.lag import slope
 from benchmarks.proc import Measured
 from benchmarks.workload import ROW_EXPR, create_table, ident
 from pgcdc.core.contract import JOBS
+from pgcdc.stack import spark_cds
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,10 @@ class SparkJobs:
 
     def start(self) -> None:
         """spark-submit the jobs (small driver heaps: two JVMs share two cores)."""
+        # Their JVMs map the archive of Spark's classes as `make bench` (through `make stack`)
+        # writes it: a group run straight (python -m benchmarks.…) measured them without it
+        # once, when a checkout's archive had gone (a job's JVM spent 2.5 s more starting).
+        spark_cds.ensure()
         self.env.create_topics([dead_letter_topic(self.prefix)])
         env = self.environ()
         self.started = time.time()

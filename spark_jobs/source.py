@@ -97,7 +97,8 @@ def spark_session(settings: Settings, app_name: str, checkpoint: str | None = No
             conf.get("spark.sql.streaming.checkpointFileManagerClass", FILESYSTEM_CHECKPOINTS),
         )
         if is_local_path(checkpoint):
-            # No .crc files (ChecksumFileSystem's) and no forks: the raw local file system.
+            # No .crc files (ChecksumFileSystem's) and no readlink forks: the raw local file
+            # system (it still runs chmod once per file it creates: no native Hadoop here).
             # Not cached, so that a local file system the JVM made before (spark-submit's)
             # is not the one the checkpoint gets.
             builder = builder.config(

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pgcdc.core.settings import KafkaSettings
@@ -38,6 +38,36 @@ def test_a_range_is_read_exactly_and_its_end_may_be_the_high_mark(
     assert [r.value for r in middle] == [f"v{2 * o}".encode() for o in range(3, 8)]
     assert middle[0].headers == [("h", b"1")]
     assert [r.offset for r in read_range(conf, Range(topic, 1, 15, 20))] == list(range(15, 20))
+
+
+def test_one_consumer_reads_range_after_range_and_a_failed_one_is_closed(
+    endpoints: Endpoints, topic_prefix: str
+) -> None:
+    """A process keeps its consumer for the next range: nothing of a range left part way
+    (its prefetched records) reaches the next one, of another partition or topic; a
+    consumer whose read failed is not kept."""
+    from spark_jobs import kafka_direct
+
+    a, b = f"{topic_prefix}.public.a", f"{topic_prefix}.public.b"
+    _topic(endpoints, a, 40)
+    _topic(endpoints, b, 40)
+    conf = {"bootstrap.servers": endpoints.kafka_bootstrap, "client.id": topic_prefix}
+    key = tuple(sorted(conf.items()))
+    first = read_range(conf, Range(a, 0, 0, 20))
+    assert next(first).offset == 0  # its partition fetched ahead, then left
+    first.close()
+    kept = kafka_direct._IDLE[key]
+    got = [(r.topic, r.partition, r.offset) for r in read_range(conf, Range(b, 1, 5, 9))]
+    assert got == [(b, 1, o) for o in range(5, 9)]
+    assert kafka_direct._IDLE[key] is kept  # the same consumer, read again
+    again = list(read_range(conf, Range(a, 0, 18, 20)))
+    assert [(r.topic, r.offset, r.value) for r in again] == [(a, 18, b"v36"), (a, 19, b"v38")]
+    assert kafka_direct._IDLE[key] is kept
+    # A topic that does not exist: the read fails (an error from the client, or nothing
+    # at all until the stall gives up), and its consumer is closed, not kept.
+    with pytest.raises((KafkaException, TimeoutError)):
+        list(read_range(conf, Range(f"{topic_prefix}.public.none", 0, 0, 5), stall_s=2))
+    assert key not in kafka_direct._IDLE
 
 
 def test_records_gone_before_the_range_start_at_the_log_start(

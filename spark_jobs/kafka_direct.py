@@ -250,8 +250,8 @@ def read_range(
         _release(key, consumer, healthy)
 
 
-# Each process's idle consumer for each client configuration (a Python worker reads its
-# tasks' ranges one after the other, so one each).
+# The process's idle consumer, under its client configuration: one at most (a Python worker
+# reads its tasks' ranges one after the other, all with its job's configuration).
 _IDLE: dict[tuple[tuple[str, str], ...], Any] = {}
 _IDLE_LOCK = threading.Lock()
 
@@ -284,7 +284,8 @@ def _consumer(conf: Mapping[str, str]) -> tuple[tuple[tuple[str, str], ...], Any
 
 def _release(key: tuple[tuple[str, str], ...], consumer: Any, healthy: bool) -> None:
     """Keep ``consumer`` for the next range, its partition unassigned (what it fetched of it
-    is dropped), or close it: one that failed, or a second for the same configuration."""
+    is dropped), in place of one kept for another configuration; or close it: one that
+    failed, or a second for the same configuration."""
     from confluent_kafka import KafkaException
 
     if healthy:
@@ -292,12 +293,15 @@ def _release(key: tuple[tuple[str, str], ...], consumer: Any, healthy: bool) -> 
             consumer.unassign()
         except (KafkaException, RuntimeError):
             healthy = False
+    closing = [consumer]
     if healthy:
         with _IDLE_LOCK:
             if key not in _IDLE:
+                closing = list(_IDLE.values())
+                _IDLE.clear()
                 _IDLE[key] = consumer
-                return
-    consumer.close()
+    for c in closing:
+        c.close()
 
 
 class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -63,6 +63,12 @@ def test_one_consumer_reads_range_after_range_and_a_failed_one_is_closed(
     again = list(read_range(conf, Range(a, 0, 18, 20)))
     assert [(r.topic, r.offset, r.value) for r in again] == [(a, 18, b"v36"), (a, 19, b"v38")]
     assert kafka_direct._IDLE[key] is kept
+    # Another configuration's consumer takes its place: one is kept, not one a configuration.
+    other = {**conf, "client.id": f"{topic_prefix}-2"}
+    assert len(list(read_range(other, Range(a, 1, 0, 3)))) == 3
+    assert list(kafka_direct._IDLE) == [tuple(sorted(other.items()))]
+    assert len(list(read_range(conf, Range(a, 1, 0, 3)))) == 3
+    assert list(kafka_direct._IDLE) == [key]
     # A topic that does not exist: the read fails (an error from the client, or nothing
     # at all until the stall gives up), and its consumer is closed, not kept.
     with pytest.raises((KafkaException, TimeoutError)):

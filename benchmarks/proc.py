@@ -288,11 +288,11 @@ def _kind(p: psutil.Process, cmdline: Callable[[psutil.Process], list[str]]) -> 
         return "gone"
     if name == "java" or (cmd and cmd[0].endswith("/java")):
         return "JVM"
-    if "pyspark.daemon" in cmd:
+    if "pyspark.daemon" in cmd or "spark_jobs.daemon" in cmd:
         # Its workers are forks of it: the same command line, under it.
         try:
             parent = p.parent()
-            forked = parent is not None and "pyspark.daemon" in cmdline(parent)
+            forked = parent is not None and cmdline(parent) == cmd
         except psutil.Error:
             forked = False
         return "Python worker" if forked else "Python worker daemon"

@@ -43,10 +43,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
@@ -87,6 +86,11 @@ from spark_jobs.transforms import (
     parse_events,
 )
 from spark_jobs.watermark import Watermark, progress_complete
+
+if (
+    TYPE_CHECKING
+):  # the Arrow tasks have it imported (PySpark's serializer); the direct ones need none
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 

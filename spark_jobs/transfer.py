@@ -33,17 +33,25 @@ from __future__ import annotations
 import array
 import pickle
 from collections.abc import Iterable, Iterator
-from typing import Any
-
-import pyarrow as pa
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from spark_jobs.parse import KafkaRecord, carries_schema
 from spark_jobs.stats import BatchStats
 
+if TYPE_CHECKING:  # imported where used: it starts threads (see spark_jobs.daemon)
+    import pyarrow as pa
+
 SCHEMA_COLUMN = "value_schema_json"
 # What each task returns to the driver (a DDL string for mapInArrow).
 STATS_SCHEMA = "stats binary"
-_STATS_ARROW = pa.schema([pa.field("stats", pa.binary())])
+
+
+@cache
+def _stats_arrow() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema([pa.field("stats", pa.binary())])
 
 
 def rows_from_arrow(batches: Iterable[pa.RecordBatch]) -> Iterator[dict[str, Any]]:
@@ -119,6 +127,8 @@ def _pylist(column: pa.Array) -> list[Any]:
     try:
         return column.to_pylist()  # type: ignore[no-any-return]
     except UnicodeDecodeError:
+        import pyarrow as pa
+
         raw = column.cast(pa.binary()).to_pylist()
         return [None if b is None else b.decode("utf-8", "replace") for b in raw]
 
@@ -128,19 +138,25 @@ def _py(column: pa.Array, i: int) -> Any:
     try:
         return column[i].as_py()
     except UnicodeDecodeError:
+        import pyarrow as pa
+
         return column[i].cast(pa.binary()).as_py().decode("utf-8", "replace")
 
 
 def stats_batch(stats: Iterable[BatchStats]) -> pa.RecordBatch:
     """The task's answer to the driver: one row per :class:`BatchStats`, pickled."""
+    import pyarrow as pa
+
     values = [pickle.dumps(s, protocol=pickle.HIGHEST_PROTOCOL) for s in stats]
-    return pa.RecordBatch.from_arrays([binary_array(values)], schema=_STATS_ARROW)
+    return pa.RecordBatch.from_arrays([binary_array(values)], schema=_stats_arrow())
 
 
 def binary_array(values: list[bytes]) -> pa.Array:
     """``values`` as an Arrow binary array, made from its buffers: pyarrow's conversion of a
     Python list (``pa.array``, ``from_pylist``) imports pandas to look for its types, which
     costs each Python worker that never needs pandas 0.28 s of CPU and its memory."""
+    import pyarrow as pa
+
     offsets = array.array("i", [0])
     end = 0
     for v in values:

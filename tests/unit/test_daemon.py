@@ -1,0 +1,82 @@
+"""The jobs' worker daemon (spark_jobs.daemon) preloads the tasks' modules in one thread, and
+only for PySpark's task workers."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgcdc.core import native
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _after_preload(worker_module: str) -> list[str]:
+    """What a fresh interpreter holds after ``preload(worker_module)``: its modules that
+    matter here, its OS thread count and frozen object count, a line each."""
+    code = (
+        "import gc, os, sys\n"
+        "from spark_jobs.daemon import preload\n"
+        f"preload({worker_module!r})\n"
+        "print(','.join(m for m in ('spark_jobs.apply_loop', 'sinks.cache', 'sinks.search', "
+        "'pgcdc_native', 'pyarrow', 'pandas') if m in sys.modules))\n"
+        "print(len(os.listdir('/proc/self/task')))\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split("\n")
+
+
+def test_the_task_daemon_imports_the_tasks_modules_and_starts_no_thread() -> None:
+    """PySpark forks its workers from the daemon: a thread started by an import (pyarrow
+    starts two) would not be in them. The task modules are there, frozen, in one thread."""
+    modules, threads, frozen = _after_preload("pyspark.worker")[:3]
+    wanted = {"spark_jobs.apply_loop", "sinks.cache", "sinks.search"}
+    if native.module() is not None:
+        wanted.add("pgcdc_native")
+    assert set(modules.split(",")) == wanted
+    assert threads == "1"
+    assert int(frozen) > 10_000
+
+
+def test_a_planner_daemon_preloads_nothing() -> None:
+    """The daemons that plan a Python data source stay as PySpark's own (their processes are
+    started at each job's start: the tasks' modules would cost them 0.4 s each)."""
+    modules, _threads, frozen = _after_preload("pyspark.sql.worker.plan_data_source_read")[:3]
+    assert modules == ""
+    assert frozen == "0"
+
+
+def test_the_daemon_serves_as_pyspark_s_does(tmp_path: Path) -> None:
+    """Started as Spark starts a daemon (``python -m <module> pyspark.worker``), it tells
+    its port on stdout and listens, with the tasks' modules already loaded (their shared
+    libraries mapped) and one thread."""
+    env = {**os.environ, "PYTHON_WORKER_FACTORY_SECRET": "s", "SPARK_REUSE_WORKER": "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "spark_jobs.daemon", "pyspark.worker"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert p.stdout is not None
+        (port,) = struct.unpack("!i", p.stdout.read(4))
+        assert 0 < port < 65536
+        maps = Path(f"/proc/{p.pid}/maps").read_text()
+        assert "orjson" in maps
+        if native.module() is not None:
+            assert "pgcdc_native" in maps
+        assert len(os.listdir(f"/proc/{p.pid}/task")) == 1
+    finally:
+        p.terminate()
+        p.wait(30)

@@ -47,8 +47,6 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from pgcdc.core.kafka_config import client_config
-from pgcdc.core.settings import KafkaSettings
 from spark_jobs.parse import KafkaRecord
 
 log = logging.getLogger(__name__)
@@ -310,13 +308,16 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(
         self,
-        kafka: KafkaSettings,
+        conf: Mapping[str, str],
         subscription: Subscription,
         starting: str,
         max_rows: int | None,
         unavailable_s: float = 300.0,
     ) -> None:
-        self.kafka = kafka
+        # The client configuration (pgcdc.core.kafka_config.client_config), not the settings:
+        # the source's processes (its runner, its planner) then import no settings module
+        # (pydantic and the rest: 0.2 s of CPU each, at every job's start).
+        self.conf = dict(conf)
         self.subscription = subscription
         self.starting = starting
         self.max_rows = max_rows
@@ -347,7 +348,7 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 reason = str(e.args[0]) if e.args else type(e).__name__
                 if waited + pause > self.unavailable_s:
                     raise RuntimeError(
-                        f"Kafka ({self.kafka.bootstrap_servers}) did not answer the direct "
+                        f"Kafka ({self.conf.get('bootstrap.servers')}) did not answer the direct "
                         f"read's requests for its offsets for {waited:.0f} s "
                         f"(spark.kafka_unavailable_s): {reason}; start the job again once "
                         "it answers (it resumes from its checkpoint)"
@@ -375,8 +376,7 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
         if self._admin is None:
-            conf: dict[str, Any] = dict(client_config(self.kafka))
-            self._admin = AdminClient(conf)
+            self._admin = AdminClient(dict(self.conf))
         meta = self._admin.list_topics(timeout=self.ask_s)
         parts = [
             TopicPartition(t, p)
@@ -451,15 +451,15 @@ class DirectReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def direct_source(
-    kafka: KafkaSettings,
+    conf: Mapping[str, str],
     subscription: Subscription,
     starting: str,
     max_rows: int | None,
     unavailable_s: float = 300.0,
 ) -> type[DataSource]:
     """A data source class for one job (register it, then ``readStream.format(SOURCE_NAME)``):
-    the class carries the job's Kafka settings, so they reach the driver's source process
-    pickled, never as options (which plans and the UI show)."""
+    the class carries the job's Kafka client configuration (``conf``), so it reaches the
+    driver's source process pickled, never as options (which plans and the UI show)."""
 
     class CdcKafkaDirect(DataSource):
         @classmethod
@@ -470,6 +470,6 @@ def direct_source(
             return RANGE_SCHEMA
 
         def streamReader(self, schema: Any) -> DirectReader:
-            return DirectReader(kafka, subscription, starting, max_rows, unavailable_s)
+            return DirectReader(conf, subscription, starting, max_rows, unavailable_s)
 
     return CdcKafkaDirect

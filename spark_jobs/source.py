@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
-from pgcdc.core.kafka_config import spark_source_options
+from pgcdc.core.kafka_config import client_config, spark_source_options
 from pgcdc.core.settings import Settings
 from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
 from spark_jobs.kafka_direct import SOURCE_NAME, Subscription, direct_source
@@ -200,7 +200,7 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
     which the tasks read themselves."""
     if settings.spark.read is ReadPath.DIRECT:
         source = direct_source(
-            settings.kafka,
+            client_config(settings.kafka),
             subscription(opts),
             opts.starting_offsets,
             opts.max_offsets_per_trigger,

@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import KafkaSettings
 from spark_jobs.kafka_direct import DirectReader, Range, Subscription, read_range
 from tests.conftest import Endpoints, wait_until
@@ -89,7 +90,7 @@ def test_records_gone_before_the_range_start_at_the_log_start(
     # The first batch from "earliest" reads from offset 0 (ApplyBatch._logged_ranges).
     assert [r.offset for r in read_range(conf, Range(topic, 0, 0, 9))] == [6, 7, 8]
     reader = DirectReader(
-        KafkaSettings(bootstrap_servers=endpoints.kafka_bootstrap),
+        client_config(KafkaSettings(bootstrap_servers=endpoints.kafka_bootstrap)),
         Subscription((), rf"{topic_prefix}\..*"),
         "earliest",
         None,
@@ -115,7 +116,7 @@ def test_the_marks_are_asked_again_across_a_broker_restart_within_a_bound(
         topic = "direct.public.items"
         _topic(Endpoints("", kafka.bootstrap, "", "", "proxied"), topic, 10)
         reader = DirectReader(
-            KafkaSettings(bootstrap_servers=kafka.bootstrap),
+            client_config(KafkaSettings(bootstrap_servers=kafka.bootstrap)),
             Subscription((), r"direct\..*"),
             "earliest",
             None,

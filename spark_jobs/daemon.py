@@ -1,5 +1,6 @@
 """PySpark's worker daemon with the tasks' modules imported once, before it forks its workers
-(the jobs' ``spark.python.daemon.module``).
+(the jobs' ``spark.python.daemon.module`` on a local master: a cluster's executors keep
+PySpark's own, :func:`spark_jobs.source.daemon_module`).
 
 PySpark's daemon (``pyspark.daemon``) forks a worker per task slot, and each worker imports
 ``pyspark.worker`` and then, unpickling its task, the job's modules (the sinks, their

@@ -68,6 +68,15 @@ def checkpoint_files(settings: Settings, checkpoint: str) -> CheckpointFiles:
     return chosen
 
 
+def daemon_module(master: str) -> str | None:
+    """The Python worker daemon for a job on ``master``: :mod:`spark_jobs.daemon` (the
+    workers fork from a daemon that imported their modules already: each worker imported
+    them itself, 0.4-0.5 s of CPU each) when the master is local; None (PySpark's own) on a
+    cluster, whose executors start their daemon before any task brings the job's code
+    (``--py-files`` reaches a worker's path with its task), so they could not find it."""
+    return DAEMON_MODULE if master.strip().startswith("local") else None
+
+
 def spark_session(settings: Settings, app_name: str, checkpoint: str | None = None) -> SparkSession:
     """The active session: spark-submit's master if given, else the configured one. When
     the job's ``checkpoint`` is written through Hadoop's FileSystem API
@@ -75,8 +84,9 @@ def spark_session(settings: Settings, app_name: str, checkpoint: str | None = No
     (:class:`pgcdc.core.spark_settings.CheckpointFiles`)."""
     conf = submitted_conf()
     builder = SparkSession.builder.appName(app_name)
+    master = conf.get("spark.master", None) or settings.spark.master
     if not conf.contains("spark.master"):
-        builder = builder.master(settings.spark.master)
+        builder = builder.master(master)
     builder = builder.config(
         "spark.sql.shuffle.partitions", conf.get("spark.sql.shuffle.partitions", "2")
     )
@@ -84,11 +94,11 @@ def spark_session(settings: Settings, app_name: str, checkpoint: str | None = No
     # default 3 s wait a task whose executor is busy idles instead of running elsewhere,
     # adding seconds to a batch of tens of milliseconds.
     builder = builder.config("spark.locality.wait", conf.get("spark.locality.wait", "0"))
-    # The workers fork from a daemon that imported their modules already (each worker
-    # imported them itself: 0.4-0.5 s of CPU each; spark_jobs.daemon).
-    builder = builder.config(
-        "spark.python.daemon.module", conf.get("spark.python.daemon.module", DAEMON_MODULE)
-    )
+    daemon = daemon_module(master)
+    if daemon is not None:
+        builder = builder.config(
+            "spark.python.daemon.module", conf.get("spark.python.daemon.module", daemon)
+        )
     # Source options shown in plans and the UI: hide the Kafka login (JAAS) and keys too.
     builder = builder.config(
         "spark.sql.redaction.options.regex",

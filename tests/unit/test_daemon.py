@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc.core import native
+from spark_jobs.source import daemon_module
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +81,13 @@ def test_the_daemon_serves_as_pyspark_s_does(tmp_path: Path) -> None:
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_only_a_local_master_gets_the_daemon() -> None:
+    """A cluster's executors start their daemon before a task brings the job's code to their
+    path: there it would not be found, and no task would run."""
+    assert daemon_module("local[2]") == "spark_jobs.daemon"
+    assert daemon_module("local") == "spark_jobs.daemon"
+    assert daemon_module("spark://127.0.0.1:7077") is None
+    assert daemon_module("yarn") is None
+    assert daemon_module("k8s://https://h:6443") is None

@@ -55,7 +55,7 @@ from pgcdc.core.spark_settings import ApplyPath, ParsePath, ReadPath
 from sinks.base import Change, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.fast_changes import native_rows
+from spark_jobs.fast_changes import NativeRange, native_range
 from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import Range, plan_ranges, range_starts, read_range
@@ -273,7 +273,7 @@ def _apply_rows(
     rows: Sequence[Mapping[str, Any]],
 ) -> Iterator[BatchStats]:
     """:func:`apply_partition`'s work, its targets open."""
-    each_chunk = targets.each_concurrently if settings.spark.concurrent_followers else targets.each
+    each_chunk = _chunks_to(settings, targets)
 
     def register(table: str, schema: Mapping[str, Any], since_lsn: int) -> None:
         targets.each(lambda t: t.writer().register_schema(table, schema, since_lsn))
@@ -283,14 +283,6 @@ def _apply_rows(
     unreadable: list[dead_letter.DeadLetter] = []
     chunk: list[Change] = []
     where: list[tuple[str, int, int]] = []  # each change's Kafka record
-
-    def applier(
-        chunk: list[Change], where: list[tuple[str, int, int]]
-    ) -> Callable[[_Target], None]:
-        def apply(t: _Target) -> None:
-            _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
-
-        return apply
 
     for row in rows:
         kind = row["kind"]
@@ -309,7 +301,7 @@ def _apply_rows(
                 continue
             where.append((row["topic"], row["partition"], row["offset"]))
             if len(chunk) >= _CHUNK:
-                each_chunk(applier(chunk, where))
+                each_chunk(chunk, where)
                 chunk, where = [], []
         elif kind == HEARTBEAT:
             common.heartbeat_lsn = max(common.heartbeat_lsn, row["heartbeat_lsn"] or 0)
@@ -321,7 +313,59 @@ def _apply_rows(
         elif kind == DEAD:
             unreadable.append(_unreadable(row, row["parse_error"]))
     if chunk:
-        each_chunk(applier(chunk, where))
+        each_chunk(chunk, where)
+    yield from _settled(settings, targets, common, unreadable)
+
+
+def apply_built(
+    settings: Settings, followers: Sequence[Follower], built: NativeRange
+) -> Iterator[BatchStats]:
+    """Apply one range's changes built natively (:func:`spark_jobs.fast_changes.native_range`)
+    to each follower, as :func:`apply_partition` applies the same changes' rows: the table's
+    schema registered with its first written change, chunk after chunk; each follower's
+    stats."""
+    targets = _Targets(settings, followers)
+    try:
+        each_chunk = _chunks_to(settings, targets)
+        first = next((c for c in built.changes if c.doc is not None), None)
+        if first is not None:
+            schema = orjson.loads(built.schema_json)
+            targets.each(
+                lambda t: t.writer().register_schema(built.table, schema, first.commit_lsn)
+            )
+        changes, where = built.changes, built.where
+        for at in range(0, len(changes), _CHUNK):
+            each_chunk(changes[at : at + _CHUNK], where[at : at + _CHUNK])
+        common = BatchStats(newest_commit_ms=built.newest_commit_ms)
+        yield from _settled(settings, targets, common, [])
+    finally:
+        targets.close()
+
+
+def _chunks_to(
+    settings: Settings, targets: _Targets
+) -> Callable[[list[Change], list[tuple[str, int, int]]], None]:
+    """What hands a chunk of changes (and their records' Kafka positions) to every follower:
+    in a thread each (``spark.concurrent_followers``), or one after the other."""
+    each = targets.each_concurrently if settings.spark.concurrent_followers else targets.each
+
+    def to_each(chunk: list[Change], where: list[tuple[str, int, int]]) -> None:
+        def apply(t: _Target) -> None:
+            _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+
+        each(apply)
+
+    return to_each
+
+
+def _settled(
+    settings: Settings,
+    targets: _Targets,
+    common: BatchStats,
+    unreadable: list[dead_letter.DeadLetter],
+) -> Iterator[BatchStats]:
+    """Once every chunk is applied: each follower's dead letters published and its stats
+    (``common`` added), or that it was unreachable."""
     targets.settle()
 
     def publish(t: _Target) -> None:
@@ -401,17 +445,17 @@ def apply_ranges(
     native = settings.spark.apply is ApplyPath.NATIVE
     for i in ids:
         with gc_paused():
-            reduced = None
+            built = None
             if native and settings.schema_.value_format is not ValueFormat.AVRO:
-                reduced = _native_reduced(settings, heartbeat_topic, conf, ranges[i])
-            built = 0 if reduced is None else len(reduced) - 1  # its schema row
-            if reduced is None:
+                built = _native_range(settings, heartbeat_topic, conf, ranges[i])
+            if built is None:
                 records = read_range(conf, ranges[i])
                 rows = record_parser(settings, heartbeat_topic).rows(records)
-                reduced = latest_per_key(rows)
-            done = list(apply_partition(settings, followers, reduced))
+                done = list(apply_partition(settings, followers, latest_per_key(rows)))
+            else:
+                done = list(apply_built(settings, followers, built))
         for s in done:
-            s.native = built
+            s.native = 0 if built is None else len(built.changes)
             yield s
 
 
@@ -422,15 +466,15 @@ def _stats(s: object) -> BatchStats:
     return s
 
 
-def _native_reduced(
+def _native_range(
     settings: Settings, heartbeat_topic: str | None, conf: Mapping[str, str], r: Range
-) -> list[dict[str, Any]] | None:
-    """``r`` read and reduced by :func:`spark_jobs.fast_changes.native_rows`, or None when
+) -> NativeRange | None:
+    """``r`` read and reduced by :func:`spark_jobs.fast_changes.native_range`, or None when
     the range is not for it (the caller reads it again, for the Python way: the parts read
     so far are not held)."""
     records = read_range(conf, r)
     try:
-        return native_rows(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
+        return native_range(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
     finally:
         records.close()  # its consumer, when the range was left part way
 

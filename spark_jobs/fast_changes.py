@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
 import orjson
 
@@ -36,7 +36,7 @@ from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ApplyPath, ReadPath
 from sinks.base import Change
 from spark_jobs.convert import after_schema, native_kinds
-from spark_jobs.parse import CHANGE, SCHEMA, KafkaRecord, RecordParser, key_prefix
+from spark_jobs.parse import CHANGE, KafkaRecord, RecordParser, key_prefix
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +49,26 @@ _PART = 4096
 _SCHEMA_ERRORS = (ValueError, TypeError, AttributeError, KeyError, OverflowError)
 
 
-def native_rows(
+@dataclass
+class NativeRange:
+    """One range's changes as :func:`native_range` builds them: each key's newest change,
+    the Kafka position of its record, the range's table and value schema, and the newest
+    commit time among them (what the Python path's rows carry for the same changes)."""
+
+    table: str
+    schema_json: str
+    changes: list[Change]
+    where: list[tuple[str, int, int]]
+    newest_commit_ms: int
+
+
+def native_range(
     parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
-) -> list[dict[str, Any]] | None:
-    """The reduced rows of one range's ``records`` (one topic partition, read in parts of
-    :data:`_PART` records), each change built already (``built``, which
-    :class:`spark_jobs.changes.ChangeBuilder` returns as it is), and its schema row; None
-    when the range is not for this path (the module's docstring), or the native module is
-    missing. ``parser`` is the range's own (it learns the schema from the first value)."""
+) -> NativeRange | None:
+    """Each key's newest change of one range's ``records`` (one topic partition, read in
+    parts of :data:`_PART` records), built already; None when the range is not for this
+    path (the module's docstring), or the native module is missing. ``parser`` is the
+    range's own (it learns the schema from the first value)."""
     mod = native.module()
     if mod is None:
         return None
@@ -85,28 +97,21 @@ def native_rows(
             return None
         part = list(islice(it, _PART))
     topic, table, partition = first.topic, row["table"], first.partition
-    rows: list[dict[str, Any]] = [
-        {"kind": SCHEMA, "topic": topic, "table": table, "schema_id": 0, "schema_json": schema_json}
-    ]
-    append = rows.append
+    changes: list[Change] = []
+    offsets: list[int] = []
+    newest = 0
+    split = frozenset[str]()
     for offset, key, lsn, order, doc, ts_ms in fast.changes():
-        append(
-            {
-                "kind": CHANGE,
-                "topic": topic,
-                "table": table,
-                "partition": partition,
-                "offset": offset,
-                "schema_id": 0,
-                "source_ts_ms": ts_ms,
-                "built": (
-                    Change(table, key, lsn, order, None)
-                    if doc is None
-                    else Change(table, key, lsn, order, doc, frozenset(), True)
-                ),
-            }
+        changes.append(
+            Change(table, key, lsn, order, None)
+            if doc is None
+            else Change(table, key, lsn, order, doc, split, True)
         )
-    return rows
+        offsets.append(offset)
+        if ts_ms is not None and ts_ms > newest:
+            newest = ts_ms
+    where = [(topic, partition, o) for o in offsets]
+    return NativeRange(table, schema_json, changes, where, newest)
 
 
 def apply_said(settings: Settings) -> str:

@@ -28,7 +28,7 @@ from schemas.envelope import EventEncoder
 from sinks.base import Change
 from spark_jobs import convert
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.fast_changes import native_rows
+from spark_jobs.fast_changes import native_range
 from spark_jobs.parse import CHANGE, SCHEMA, KafkaRecord, RecordParser
 from spark_jobs.reduce import latest_per_key
 
@@ -64,20 +64,18 @@ def _python(records: list[KafkaRecord]) -> tuple[list[Change], list[str]]:
 
 
 def _native(records: list[KafkaRecord]) -> list[Change] | None:
-    rows = native_rows(RecordParser(PREFIX, BEATS), records, BEATS)
-    if rows is None:
-        return None
-    schemas = {r["schema_id"]: r["schema_json"] for r in rows if r["kind"] == SCHEMA}
-    build = ChangeBuilder(schemas)
-    return [build(r) for r in rows if r["kind"] == CHANGE]
+    built = native_range(RecordParser(PREFIX, BEATS), records, BEATS)
+    return None if built is None else built.changes
 
 
 def _same(records: list[KafkaRecord]) -> bool:
     """Whether the native path took the records; when it did, its changes are the Python
-    path's exactly (order, values, their types, the documents' column order)."""
-    fast = _native(records)
-    if fast is None:
+    path's exactly (order, values, their types, the documents' column order), and so are
+    their records' positions, the schema and the newest commit time that go with them."""
+    built = native_range(RecordParser(PREFIX, BEATS), records, BEATS)
+    if built is None:
         return False
+    fast = built.changes
     slow, others = _python(records)
     assert others == []
     assert fast == slow
@@ -87,6 +85,13 @@ def _same(records: list[KafkaRecord]) -> bool:
             assert b.doc is not None
             assert list(a.doc.items()) == list(b.doc.items())
             assert [type(v) for v in a.doc.values()] == [type(v) for v in b.doc.values()]
+    rows = latest_per_key(RecordParser(PREFIX, BEATS).rows(records))
+    changed = [r for r in rows if r["kind"] == CHANGE]
+    assert built.where == [(r["topic"], r["partition"], r["offset"]) for r in changed]
+    # As the Python path counts it (spark_jobs.apply_loop): from 0, a time before 1970 none.
+    assert built.newest_commit_ms == max([0, *(r["source_ts_ms"] or 0 for r in changed)])
+    assert {built.schema_json} == {r["schema_json"] for r in rows if r["kind"] == SCHEMA}
+    assert {built.table} == {r["table"] for r in changed}
     return True
 
 
@@ -353,7 +358,7 @@ def test_unchanged_columns_heartbeats_and_other_schemas_go_the_python_way() -> N
     ]
     assert _native(unchanged) is None
     assert (
-        native_rows(RecordParser(PREFIX, BEATS), [r._replace(topic=BEATS) for r in records], BEATS)
+        native_range(RecordParser(PREFIX, BEATS), [r._replace(topic=BEATS) for r in records], BEATS)
         is None
     )
     other = orjson.dumps(_envelope_schema(KEYS[:1]))

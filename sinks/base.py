@@ -33,6 +33,15 @@ class Outcome(StrEnum):
     FAILED = "failed"
 
 
+# What the followers write of a change's whole document, made with it (the direct read's
+# native path, spark_jobs.fast_changes, makes them from the record's bytes): the document as
+# ``orjson.dumps`` writes it; the Redis follower's hash payload (sinks.cache: the column
+# names as a JSON array, then each value's JSON after a NUL); and the row digest the search
+# follower keeps beside it, as ``orjson.dumps(row_digest.stored(key, doc))`` writes it.
+# Only for a change whose ``doc`` is split (no unchanged column): each is of ``doc`` whole.
+Rendered = tuple[bytes, bytes, bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One row change to apply to a follower.
@@ -43,6 +52,8 @@ class Change:
     ``split`` says ``doc`` is already the values to write (no column of ``unchanged``, no
     placeholder in any form: the jobs' ``RowConverter`` split them while decoding), so
     :func:`split_unchanged` takes it as it is instead of checking every column again.
+    ``rendered`` is what the followers write of ``doc``, made already (:data:`Rendered`),
+    or None: they then make it from ``doc``.
     """
 
     table: str
@@ -52,6 +63,7 @@ class Change:
     doc: Mapping[str, Any] | None
     unchanged: frozenset[str] = frozenset()
     split: bool = field(default=False, compare=False)
+    rendered: Rendered | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.commit_lsn < 0 or self.order < 0:
@@ -223,14 +235,22 @@ class Reduced:
     superseded: list[int] = field(default_factory=list)
 
 
+class OnePerKey(list[Change]):
+    """Changes known to hold one change per (table, key): a range the native path reduced
+    (:func:`spark_jobs.fast_changes.native_range`). :func:`one_per_key` takes them as they
+    are, with no set of their keys made again by each follower."""
+
+    __slots__ = ()
+
+
 def one_per_key(changes: Sequence[Change]) -> Reduced:
     """The batch as a sink applies it: one change per (table, key).
 
     A batch of the sync jobs already is (``latest_per_key`` reduced it, once) and comes back
-    as it is. A batch that repeats a key, from a caller that did not reduce it, is reduced
-    here by :func:`reduce_batch`.
+    as it is: checked, unless it is :class:`OnePerKey`. A batch that repeats a key, from a
+    caller that did not reduce it, is reduced here by :func:`reduce_batch`.
     """
-    if len({(c.table, c.key) for c in changes}) < len(changes):
+    if type(changes) is not OnePerKey and len({(c.table, c.key) for c in changes}) < len(changes):
         return reduce_batch(changes)
     return Reduced(list(changes), list(range(len(changes))))
 

@@ -247,6 +247,11 @@ class CacheSink:
         version = version_bytes(change.commit_lsn, change.order)
         if change.doc is None:
             return self._args(change, b"d", version)
+        rendered = change.rendered
+        if rendered is not None:  # made with the change, from the whole document
+            if self.value_mode == "hash":
+                return self._args(change, b"h", version, rendered[1])
+            return self._args(change, b"j", version, rendered[0])
         values, held = split_unchanged(change)
         if self.value_mode == "hash":
             # The column names as JSON, then each value as JSON text after a NUL (see SCRIPT):

@@ -1042,14 +1042,22 @@ class SearchSink:
     ) -> None:
         """An index action of ``values`` as ``_source``, with the row digest of exactly those
         values if ``index`` takes it (:meth:`_keeps_digest`)."""
-        try:
-            source = orjson.dumps(values)
-        except (TypeError, orjson.JSONEncodeError) as e:
-            outcomes.set(slot, Outcome.FAILED, f"document is not JSON: {e}")
-            return
+        rendered = change.rendered if values is change.doc else None
+        if rendered is not None:  # made with the change (sinks.base.Rendered)
+            source = rendered[0]
+        else:
+            try:
+                source = orjson.dumps(values)
+            except (TypeError, orjson.JSONEncodeError) as e:
+                outcomes.set(slot, Outcome.FAILED, f"document is not JSON: {e}")
+                return
         digest = b""
         if source[-1:] == b"}" and self._keeps_digest(index):  # an object: the row
-            kept = orjson.dumps(self._stored_digest(change.key, values))
+            kept = (
+                rendered[2]
+                if rendered is not None
+                else orjson.dumps(self._stored_digest(change.key, values))
+            )
             digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + kept
             source = source[:-1] + digest + b"}"
         fmt = self._action_format("index", index)

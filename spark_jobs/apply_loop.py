@@ -52,7 +52,7 @@ from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ApplyPath, ParsePath, ReadPath
-from sinks.base import Change, Outcome, Sink
+from sinks.base import Change, OnePerKey, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.fast_changes import NativeRange, native_range
@@ -335,7 +335,7 @@ def apply_built(
             )
         changes, where = built.changes, built.where
         for at in range(0, len(changes), _CHUNK):
-            each_chunk(changes[at : at + _CHUNK], where[at : at + _CHUNK])
+            each_chunk(OnePerKey(changes[at : at + _CHUNK]), where[at : at + _CHUNK])
         common = BatchStats(newest_commit_ms=built.newest_commit_ms)
         yield from _settled(settings, targets, common, [])
     finally:

@@ -101,11 +101,11 @@ def native_range(
     offsets: list[int] = []
     newest = 0
     split = frozenset[str]()
-    for offset, key, lsn, order, doc, ts_ms in fast.changes():
+    for offset, key, lsn, order, doc, ts_ms, rendered in fast.changes():
         changes.append(
             Change(table, key, lsn, order, None)
             if doc is None
-            else Change(table, key, lsn, order, doc, split, True)
+            else Change(table, key, lsn, order, doc, split, True, rendered)
         )
         offsets.append(offset)
         if ts_ms is not None and ts_ms > newest:

@@ -451,55 +451,139 @@ impl FastChanges {
         &self,
         py: Python<'py>,
         after: Row<'_>,
-    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+    ) -> PyResult<Option<(Bound<'py, PyDict>, Option<Texts>)>> {
         if has_twice(&after.0) {
             return Ok(None);
         }
         let doc = PyDict::new(py);
+        // Each value's JSON as orjson writes it, beside the document (`Rendered`); none when a
+        // float is among them (orjson writes floats its own way, which is not copied here).
+        let mut texts: Option<Texts> = Some(Vec::with_capacity(after.0.len()));
         for (name, v) in after.0 {
             let column = self.columns.get(name.as_ref());
             let kind = column.and_then(|c| c.kind);
+            let mut text = String::new();
             let value = match (v, kind) {
-                (Scalar::Null, _) => py.None().into_bound(py),
+                (Scalar::Null, _) => {
+                    text.push_str("null");
+                    py.None().into_bound(py)
+                }
                 (Scalar::Str(s), _) if self.placeholders.iter().any(|p| p == s.as_ref()) => {
                     return Ok(None)
                 }
                 (Scalar::Str(s), Some(Kind::Decimal(scale))) => {
                     match decimal_from_base64(&s, scale) {
-                        Ok(text) => PyString::new(py, &text).into_any(),
+                        Ok(t) => {
+                            python_json_string(&mut text, &t);
+                            PyString::new(py, &t).into_any()
+                        }
                         Err(Off) => return Ok(None),
                     }
                 }
-                (Scalar::Str(s), _) => PyString::new(py, &s).into_any(),
+                (Scalar::Str(s), _) => {
+                    python_json_string(&mut text, &s);
+                    PyString::new(py, &s).into_any()
+                }
                 // A bool is an int to Python's converters: not taken here.
                 (Scalar::Bool(_), Some(Kind::Date | Kind::Timestamp(_) | Kind::Time(_))) => {
                     return Ok(None)
                 }
-                (Scalar::Bool(b), _) => b.into_pyobject(py)?.to_owned().into_any(),
+                (Scalar::Bool(b), _) => {
+                    text.push_str(if b { "true" } else { "false" });
+                    b.into_pyobject(py)?.to_owned().into_any()
+                }
                 (
                     Scalar::I64(n),
                     Some(kind @ (Kind::Date | Kind::Timestamp(_) | Kind::Time(_))),
                 ) => match converted_int(kind, n) {
-                    Ok(text) => PyString::new(py, &text).into_any(),
+                    Ok(t) => {
+                        python_json_string(&mut text, &t);
+                        PyString::new(py, &t).into_any()
+                    }
                     Err(Off) => return Ok(None),
                 },
                 (Scalar::U64(_), Some(Kind::Date | Kind::Timestamp(_) | Kind::Time(_))) => {
                     return Ok(None)
                 }
-                (Scalar::I64(n), _) => n.into_pyobject(py)?.into_any(),
-                (Scalar::U64(n), _) => n.into_pyobject(py)?.into_any(),
+                (Scalar::I64(n), _) => {
+                    text.push_str(&n.to_string());
+                    n.into_pyobject(py)?.into_any()
+                }
+                (Scalar::U64(n), _) => {
+                    text.push_str(&n.to_string());
+                    n.into_pyobject(py)?.into_any()
+                }
                 // serde_json reads `-0` as a float, orjson as the integer 0.
                 (Scalar::F64(f), _) if f == 0.0 && f.is_sign_negative() => return Ok(None),
-                (Scalar::F64(f), _) => f.into_pyobject(py)?.into_any(),
+                (Scalar::F64(f), _) => {
+                    texts = None;
+                    f.into_pyobject(py)?.into_any()
+                }
                 (Scalar::Nested, _) => return Ok(None),
             };
+            if let Some(t) = texts.as_mut() {
+                let mut quoted = String::with_capacity(name.len() + 2);
+                python_json_string(&mut quoted, &name);
+                t.push((name.to_string(), quoted, text));
+            }
             match column {
                 Some(c) => doc.set_item(c.name.bind(py), value)?,
                 None => doc.set_item(PyString::new(py, &name), value)?,
             }
         }
-        Ok(Some(doc))
+        Ok(Some((doc, texts)))
     }
+}
+
+/// A document's columns: (name, its JSON text, the value's JSON text), as orjson writes them.
+type Texts = Vec<(String, String, String)>;
+
+/// What the followers write of a document with the id `key` (`sinks.base.Rendered`): the
+/// document as `orjson.dumps` writes it; the Redis follower's hash payload (the column names
+/// as a JSON array, then each value's JSON after a NUL: `sinks.cache`); and the row digest
+/// the search follower keeps beside it (`pgcdc.core.row_digest.stored`, as `orjson.dumps`
+/// writes it), of the document with its fields in sorted order (`row_digest.canonical`).
+fn rendered(key: &str, texts: &Texts) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let size: usize = texts.iter().map(|(_, n, v)| n.len() + v.len() + 2).sum();
+    let mut source = Vec::with_capacity(size + 2);
+    let mut hash = Vec::with_capacity(size + 2);
+    source.push(b'{');
+    hash.push(b'[');
+    for (i, (_, name, value)) in texts.iter().enumerate() {
+        if i > 0 {
+            source.push(b',');
+            hash.push(b',');
+        }
+        source.extend_from_slice(name.as_bytes());
+        source.push(b':');
+        source.extend_from_slice(value.as_bytes());
+        hash.extend_from_slice(name.as_bytes());
+    }
+    source.push(b'}');
+    hash.push(b']');
+    for (_, _, value) in texts {
+        hash.push(0);
+        hash.extend_from_slice(value.as_bytes());
+    }
+    // Sorted as orjson's OPT_SORT_KEYS sorts: by the names themselves (their UTF-8 bytes,
+    // which order as their code points, as Python's sorted() does).
+    let mut order: Vec<usize> = (0..texts.len()).collect();
+    order.sort_by(|&a, &b| texts[a].0.cmp(&texts[b].0));
+    let mut canonical = Vec::with_capacity(source.len());
+    canonical.push(b'{');
+    for (i, &at) in order.iter().enumerate() {
+        if i > 0 {
+            canonical.push(b',');
+        }
+        canonical.extend_from_slice(texts[at].1.as_bytes());
+        canonical.push(b':');
+        canonical.extend_from_slice(texts[at].2.as_bytes());
+    }
+    canonical.push(b'}');
+    let (h1, h2, h3) = crate::digest_parts(key.as_bytes(), &canonical);
+    let b = crate::key_hash(key.as_bytes());
+    let digest = format!("{{\"b\":{b},\"h1\":{h1},\"h2\":{h2},\"h3\":{h3}}}").into_bytes();
+    (source, hash, digest)
 }
 
 #[pymethods]
@@ -578,14 +662,29 @@ impl FastChanges {
                     continue; // an older change of a key: the newest is kept
                 }
             }
-            let doc = match c.after {
-                None => py.None().into_bound(py),
+            let (doc, render) = match c.after {
+                None => (py.None().into_bound(py), py.None().into_bound(py)),
                 Some(after) => match self.document(py, after)? {
-                    Some(doc) => doc.into_any(),
+                    Some((doc, texts)) => {
+                        let render = match texts {
+                            Some(texts) => {
+                                let (source, hash, digest) = rendered(&c.key, &texts);
+                                (
+                                    PyBytes::new(py, &source),
+                                    PyBytes::new(py, &hash),
+                                    PyBytes::new(py, &digest),
+                                )
+                                    .into_pyobject(py)?
+                                    .into_any()
+                            }
+                            None => py.None().into_bound(py),
+                        };
+                        (doc.into_any(), render)
+                    }
                     None => return Ok(false),
                 },
             };
-            let change = (c.offset, c.key.as_str(), c.lsn, c.order, doc, c.ts_ms)
+            let change = (c.offset, c.key.as_str(), c.lsn, c.order, doc, c.ts_ms, render)
                 .into_pyobject(py)?
                 .unbind();
             match place {
@@ -600,7 +699,8 @@ impl FastChanges {
     }
 
     /// The changes kept: (offset, key, commit LSN, order, document or None for a delete,
-    /// source.ts_ms or None), one a key, in the order the keys first came.
+    /// source.ts_ms or None, what the followers write of the document or None: `rendered`),
+    /// one a key, in the order the keys first came.
     fn changes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         PyList::new(py, self.kept.iter().map(|k| k.change.bind(py)))
     }

@@ -16,6 +16,7 @@ from sinks.base import (
     ApplyResult,
     BatchOutcomes,
     Change,
+    OnePerKey,
     Outcome,
     fill_unchanged,
     is_placeholder,
@@ -242,6 +243,16 @@ def test_one_per_key_reduces_a_batch_that_repeats_a_key() -> None:
     changes = [Change("public.t", "1", 20, 0, {"v": "new"}), Change("public.t", "1", 10, 0, {})]
     assert one_per_key(changes) == reduce_batch(changes)
     assert one_per_key(changes).superseded == [1]
+
+
+def test_one_per_key_takes_a_one_per_key_batch_at_its_word() -> None:
+    """A OnePerKey batch (a range the native path reduced: tests/unit/test_fast_changes.py
+    holds that it repeats no key) is not checked again: its keys are not gathered. Were
+    the check still made, this batch would be reduced."""
+    changes = [Change("public.t", "1", 20, 0, {"v": "new"}), Change("public.t", "1", 10, 0, {})]
+    r = one_per_key(OnePerKey(changes))
+    assert r.winners == changes
+    assert r.superseded == []
 
 
 def test_fill_unchanged_fills_only_from_changes_after_the_last_delete() -> None:

@@ -456,8 +456,7 @@ impl FastChanges {
             return Ok(None);
         }
         let doc = PyDict::new(py);
-        // Each value's JSON as orjson writes it, beside the document (`Rendered`); none when a
-        // float is among them (orjson writes floats its own way, which is not copied here).
+        // Each value's JSON as orjson writes it, beside the document (`Rendered`).
         let mut texts: Option<Texts> = Some(Vec::with_capacity(after.0.len()));
         for (name, v) in after.0 {
             let column = self.columns.get(name.as_ref());
@@ -516,7 +515,9 @@ impl FastChanges {
                 // serde_json reads `-0` as a float, orjson as the integer 0.
                 (Scalar::F64(f), _) if f == 0.0 && f.is_sign_negative() => return Ok(None),
                 (Scalar::F64(f), _) => {
-                    texts = None;
+                    if !json_float(&mut text, f) {
+                        texts = None;
+                    }
                     f.into_pyobject(py)?.into_any()
                 }
                 (Scalar::Nested, _) => return Ok(None),
@@ -533,6 +534,27 @@ impl FastChanges {
         }
         Ok(Some((doc, texts)))
     }
+}
+
+/// A finite float as orjson writes it: the shortest text that reads back as the same float,
+/// in the layout of dtolnay's formatters (zmij here, serde_json's), with a `+` in a positive
+/// exponent (`1e+16`, `1.5e-7`, `0.00001`, `100.0`); false (nothing written) for one that is
+/// not finite, which this path leaves to orjson.
+fn json_float(out: &mut String, f: f64) -> bool {
+    if !f.is_finite() {
+        return false;
+    }
+    let mut buf = zmij::Buffer::new();
+    let text = buf.format_finite(f);
+    match text.find('e') {
+        Some(at) if !matches!(text.as_bytes().get(at + 1), Some(b'-' | b'+')) => {
+            out.push_str(&text[..=at]);
+            out.push('+');
+            out.push_str(&text[at + 1..]);
+        }
+        _ => out.push_str(text),
+    }
+    true
 }
 
 /// A document's columns: (name, its JSON text, the value's JSON text), as orjson writes them.

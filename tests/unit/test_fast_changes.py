@@ -101,9 +101,9 @@ def _same(records: list[KafkaRecord]) -> bool:
 
 def _rendered_as_the_followers_render(c: Change) -> None:
     """``c.rendered`` is byte for byte what the followers make of ``c.doc`` themselves
-    (sinks.cache's hash payload, sinks.search's document and row digest); it is missing only
-    for a delete and a document holding a float (orjson's float text is not copied)."""
-    if c.doc is None or any(type(v) is float for v in c.doc.values()):
+    (sinks.cache's hash payload, sinks.search's document and row digest, floats written as
+    orjson writes them); it is missing only for a delete."""
+    if c.doc is None:
         assert c.rendered is None
         return
     assert c.rendered is not None
@@ -456,10 +456,10 @@ def test_a_schema_the_converters_cannot_read_is_left_to_python_not_a_stop(odd: A
         assert others[0].startswith("refused: cannot decode")
 
 
-def test_a_document_without_floats_comes_rendered_as_the_followers_write_it() -> None:
+def test_a_document_comes_rendered_as_the_followers_write_it() -> None:
     """Every kind the native path converts, escapes and non-ASCII text among them, with the
-    columns in table order (not sorted: the digest sorts them): rendered, and rendered as
-    the followers would write it. With a float among them, not rendered."""
+    columns in table order (not sorted: the digest sorts them), and floats in each of
+    orjson's layouts: rendered, and rendered as the followers would write it."""
     after = {
         "id": 7,
         "s": 'a "quoted" \\ é \u2028 \x01 tab\t{}',
@@ -476,13 +476,11 @@ def test_a_document_without_floats_comes_rendered_as_the_followers_write_it() ->
         "z": "2026-11-30T12:00:00Z",
         "f": None,
     }
-    value = orjson.dumps({"op": "c", "after": after, "source": {"ts_ms": 3}})
-    records = _one(value, b'{"id":7}')
-    assert _same(records)
-    (_, change) = _native(records) or []
-    assert change.rendered is not None
-    assert list(change.doc or {}) == list(after)
-    with_float = _one(orjson.dumps({"op": "c", "after": {**after, "f": 1.5}}), b'{"id":7}')
-    assert _same(with_float)
-    (_, floated) = _native(with_float) or []
-    assert floated.doc is not None and floated.rendered is None
+    floats = [1.5, 100.0, 1e16, 1e15, 1e-5, 1e-6, 1.5e-7, 5e-324, 1.7976931348623157e308, -2e16]
+    for f in [None, *floats]:
+        value = orjson.dumps({"op": "c", "after": {**after, "f": f}, "source": {"ts_ms": 3}})
+        records = _one(value, b'{"id":7}')
+        assert _same(records)
+        (_, change) = _native(records) or []
+        assert change.rendered is not None
+        assert list(change.doc or {}) == list(after)

@@ -315,6 +315,9 @@ struct Change<'a> {
 struct Column {
     name: Py<PyString>,
     kind: Option<Kind>,
+    /// Its name, and its name as JSON (for `Rendered`).
+    raw: String,
+    quoted: String,
 }
 
 #[pyclass(module = "pgcdc_native")]
@@ -451,17 +454,21 @@ impl FastChanges {
         &self,
         py: Python<'py>,
         after: Row<'_>,
-    ) -> PyResult<Option<(Bound<'py, PyDict>, Option<Texts>)>> {
+    ) -> PyResult<Option<(Bound<'py, PyDict>, Option<Texts<'_>>)>> {
         if has_twice(&after.0) {
             return Ok(None);
         }
         let doc = PyDict::new(py);
         // Each value's JSON as orjson writes it, beside the document (`Rendered`).
-        let mut texts: Option<Texts> = Some(Vec::with_capacity(after.0.len()));
+        let mut texts = Some(Texts {
+            cols: Vec::with_capacity(after.0.len()),
+            values: String::with_capacity(256),
+        });
+        let mut text = String::new();
         for (name, v) in after.0 {
             let column = self.columns.get(name.as_ref());
             let kind = column.and_then(|c| c.kind);
-            let mut text = String::new();
+            text.clear();
             let value = match (v, kind) {
                 (Scalar::Null, _) => {
                     text.push_str("null");
@@ -523,9 +530,17 @@ impl FastChanges {
                 (Scalar::Nested, _) => return Ok(None),
             };
             if let Some(t) = texts.as_mut() {
-                let mut quoted = String::with_capacity(name.len() + 2);
-                python_json_string(&mut quoted, &name);
-                t.push((name.to_string(), quoted, text));
+                let (raw, quoted) = match column {
+                    Some(c) => (Cow::Borrowed(c.raw.as_str()), Cow::Borrowed(c.quoted.as_str())),
+                    None => {
+                        let mut quoted = String::new();
+                        python_json_string(&mut quoted, &name);
+                        (Cow::Owned(name.to_string()), Cow::Owned(quoted))
+                    }
+                };
+                let start = t.values.len();
+                t.values.push_str(&text);
+                t.cols.push((raw, quoted, start, t.values.len()));
             }
             match column {
                 Some(c) => doc.set_item(c.name.bind(py), value)?,
@@ -557,49 +572,55 @@ fn json_float(out: &mut String, f: f64) -> bool {
     true
 }
 
-/// A document's columns: (name, its JSON text, the value's JSON text), as orjson writes them.
-type Texts = Vec<(String, String, String)>;
+/// A document's columns as orjson writes them: each column's name, its name's JSON and
+/// where its value's JSON is in `values`.
+struct Texts<'s> {
+    cols: Vec<(Cow<'s, str>, Cow<'s, str>, usize, usize)>,
+    values: String,
+}
 
 /// What the followers write of a document with the id `key` (`sinks.base.Rendered`): the
 /// document as `orjson.dumps` writes it; the Redis follower's hash payload (the column names
 /// as a JSON array, then each value's JSON after a NUL: `sinks.cache`); and the row digest
 /// the search follower keeps beside it (`pgcdc.core.row_digest.stored`, as `orjson.dumps`
 /// writes it), of the document with its fields in sorted order (`row_digest.canonical`).
-fn rendered(key: &str, texts: &Texts) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let size: usize = texts.iter().map(|(_, n, v)| n.len() + v.len() + 2).sum();
-    let mut source = Vec::with_capacity(size + 2);
-    let mut hash = Vec::with_capacity(size + 2);
+fn rendered(key: &str, texts: &Texts<'_>) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let cols = &texts.cols;
+    let value = |at: usize| &texts.values.as_bytes()[cols[at].2..cols[at].3];
+    let size = texts.values.len() + cols.iter().map(|c| c.1.len() + 2).sum::<usize>() + 2;
+    let mut source = Vec::with_capacity(size);
+    let mut hash = Vec::with_capacity(size);
     source.push(b'{');
     hash.push(b'[');
-    for (i, (_, name, value)) in texts.iter().enumerate() {
+    for (i, (_, name, _, _)) in cols.iter().enumerate() {
         if i > 0 {
             source.push(b',');
             hash.push(b',');
         }
         source.extend_from_slice(name.as_bytes());
         source.push(b':');
-        source.extend_from_slice(value.as_bytes());
+        source.extend_from_slice(value(i));
         hash.extend_from_slice(name.as_bytes());
     }
     source.push(b'}');
     hash.push(b']');
-    for (_, _, value) in texts {
+    for i in 0..cols.len() {
         hash.push(0);
-        hash.extend_from_slice(value.as_bytes());
+        hash.extend_from_slice(value(i));
     }
     // Sorted as orjson's OPT_SORT_KEYS sorts: by the names themselves (their UTF-8 bytes,
     // which order as their code points, as Python's sorted() does).
-    let mut order: Vec<usize> = (0..texts.len()).collect();
-    order.sort_by(|&a, &b| texts[a].0.cmp(&texts[b].0));
+    let mut order: Vec<usize> = (0..cols.len()).collect();
+    order.sort_unstable_by(|&a, &b| cols[a].0.cmp(&cols[b].0));
     let mut canonical = Vec::with_capacity(source.len());
     canonical.push(b'{');
     for (i, &at) in order.iter().enumerate() {
         if i > 0 {
             canonical.push(b',');
         }
-        canonical.extend_from_slice(texts[at].1.as_bytes());
+        canonical.extend_from_slice(cols[at].1.as_bytes());
         canonical.push(b':');
-        canonical.extend_from_slice(texts[at].2.as_bytes());
+        canonical.extend_from_slice(value(at));
     }
     canonical.push(b'}');
     let (h1, h2, h3) = crate::digest_parts(key.as_bytes(), &canonical);
@@ -630,11 +651,15 @@ impl FastChanges {
                 Some(kind_of(&kind, arg)?)
             };
             let py_name = PyString::intern(py, &name).unbind();
+            let mut quoted = String::new();
+            python_json_string(&mut quoted, &name);
             by_name.insert(
-                name,
+                name.clone(),
                 Column {
                     name: py_name,
                     kind,
+                    raw: name,
+                    quoted,
                 },
             );
         }

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc.core import native
+from spark_jobs.daemon import spark_zips_off
 from spark_jobs.source import daemon_module
 
 pytestmark = pytest.mark.unit
@@ -61,7 +62,14 @@ def test_the_daemon_serves_as_pyspark_s_does(tmp_path: Path) -> None:
     """Started as Spark starts a daemon (``python -m <module> pyspark.worker``), it tells
     its port on stdout and listens, with the tasks' modules already loaded (their shared
     libraries mapped) and one thread."""
-    env = {**os.environ, "PYTHON_WORKER_FACTORY_SECRET": "s", "SPARK_REUSE_WORKER": "1"}
+    env = {
+        **os.environ,
+        "PYTHON_WORKER_FACTORY_SECRET": "s",
+        "SPARK_REUSE_WORKER": "1",
+        # As Spark starts it: its own zips of pyspark and py4j first (here: the installed
+        # package's, which the daemon leaves for the package itself).
+        "PYTHONPATH": os.pathsep.join([*_spark_zips(), str(ROOT)]),
+    }
     p = subprocess.Popen(
         [sys.executable, "-m", "spark_jobs.daemon", "pyspark.worker"],
         cwd=ROOT,
@@ -91,3 +99,30 @@ def test_only_a_local_master_gets_the_daemon() -> None:
     assert daemon_module("spark://127.0.0.1:7077") is None
     assert daemon_module("yarn") is None
     assert daemon_module("k8s://https://h:6443") is None
+
+
+def _spark_zips() -> list[str]:
+    """The zips Spark puts on its Python processes' path: the installed pyspark's own."""
+    import pyspark
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    zips = sorted(str(z) for z in lib.glob("*.zip"))
+    assert any("pyspark.zip" in z for z in zips) and any("py4j" in z for z in zips)
+    return zips
+
+
+def test_the_installed_pyspark_s_own_zips_come_off_the_path_another_home_s_stay(
+    tmp_path: Path,
+) -> None:
+    """The installed pyspark's zips come off (the package is the same code); a zip of
+    another Spark home, or of a package not installed, stays."""
+    import pyspark
+
+    site = str(Path(pyspark.__file__).parent.parent)
+    own = _spark_zips()
+    other = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
+    lonely = str(Path(own[0]).parent / "nothing_installed-1.0-src.zip")
+    path = [*own, other, lonely, site]
+    assert sorted(spark_zips_off(path)) == own
+    assert path == [other, lonely, site]
+    assert spark_zips_off([other, str(tmp_path)]) == []  # no installed pyspark: all stay

@@ -17,7 +17,7 @@ faster than from a zip, and each worker's first task (``importlib.invalidate_cac
 about 6 % of the workers' time in the shared job's 100,000-row backlog.
 
 Only the daemon of ``pyspark.worker`` preloads: the daemons Spark starts to plan a Python
-data source (``pyspark.sql.worker.*``) run as before. PySpark imports a worker module after
+data source (``pyspark.sql.worker.*``) only import pyspark from the package, not the zip. PySpark imports a worker module after
 the fork so that nothing imported starts a thread before it: none of these modules does, and
 a test holds it (``tests/unit/test_daemon.py``). A module that cannot be imported here is
 left to the worker, which then fails the task with the error the job would have had anyway.
@@ -87,8 +87,7 @@ def spark_zips_off(path: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     worker_module = sys.argv[1] if len(sys.argv) > 1 else None
-    if worker_module in (None, WORKER):
-        spark_zips_off(sys.path)  # before pyspark is imported
+    spark_zips_off(sys.path)  # before pyspark is imported (a planner's daemon too)
     from pyspark import daemon
 
     preload(worker_module)

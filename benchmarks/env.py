@@ -119,7 +119,11 @@ class BenchEnv:
         return psycopg.connect(self.dsn, autocommit=True, **kwargs)
 
     def create_database(self) -> None:
-        """Create this run's database (fails if PostgreSQL is unreachable)."""
+        """Create this run's database, once (fails if PostgreSQL is unreachable): a group of
+        ``make bench`` that loads its own tables into it (the backlog's) found it made by the
+        run's setup, and failed with DuplicateDatabase."""
+        if self.database_created:
+            return
         with psycopg.connect(self.admin_dsn, autocommit=True, connect_timeout=5) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
         self.database_created = True

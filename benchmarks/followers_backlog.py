@@ -55,6 +55,10 @@ MODES: dict[str, tuple[str, ...]] = {
     "search": ("sync:search",),
 }
 _HOLDS = {"cache": ("redis",), "search": ("search",)}
+# The path whose batches after the first the backlog group measures (issue 30's CPU per
+# change: what the job spends on a change once started, as a streaming job spends it).
+STEADY_PATH = ("direct", "python")
+STEADY_BATCH = 30_000
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -277,8 +281,11 @@ def run(
     modes: list[str],
     paths: list[tuple[str, str]],
     max_offsets: int | None = None,
+    steady_batch: int | None = None,
 ) -> dict[str, Any]:
-    """Produce once, apply once per mode and (read, parse) path; every figure of the run."""
+    """Produce once, apply once per mode and (read, parse) path; every figure of the run.
+    With ``steady_batch``, the shared job on the direct read applies the backlog once more
+    in batches of that many records (``steady``: its figures after the first batch)."""
     reader, reader_rate, reader_cpu = produce(env, rows)
     log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, reader_rate,
              reader_cpu)  # fmt: skip
@@ -293,11 +300,20 @@ def run(
                      r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, r.cpu_parts, _round(r.steady_cpu_us_per_change),
                      _round(r.steady_rows_per_s), r.cores, r.window_cpu_parts)  # fmt: skip
             results.append(asdict(r))
+    steady_run = None
+    if steady_batch:
+        r = apply_mode(env, reader, rows, "shared", STEADY_PATH, reader_rate, steady_batch)
+        log.info("shared (read=%s parse=%s), %d records a batch: after the first batch %s µs "
+                 "CPU per change, %s rows/s", *STEADY_PATH, steady_batch,
+                 _round(r.steady_cpu_us_per_change), _round(r.steady_rows_per_s))  # fmt: skip
+        steady_run = asdict(r)
     return {
         "rows": rows,
         "reader_rows_per_s": round(reader_rate),
         "reader_cpu_us_per_change": round(reader_cpu, 1),
         "modes": results,
+        "steady_batch": steady_batch,
+        "steady": steady_run,
     }
 
 
@@ -314,12 +330,29 @@ def backlog(b: Bench) -> None:
         for r, p in paths
         for what in ("applied × the reader's rate", "CPU µs per change")
     ]
+    names.append(
+        "backlog CPU µs per change after the first batch (shared, read={} parse={})".format(
+            *STEADY_PATH
+        )
+    )
     with b.record.guarded("followers", names, detail):
         if not (ROOT / "spark_jobs" / "sync.py").exists():
             raise NotMeasured("spark_jobs/sync.py (the shared job) is not in this checkout")
-        result = run(b.env, rows, ["shared", "separate"], paths)
+        batch = max(rows // 4, 1) if b.env.quick else STEADY_BATCH
+        result = run(b.env, rows, ["shared", "separate"], paths, steady_batch=batch)
         b.record.add(Figure("followers", "backlog reader rows/s", result["reader_rows_per_s"],
                             "rows/s", detail))  # fmt: skip
+        steady_name = ("backlog CPU µs per change after the first batch (shared, read={} "
+                       "parse={})").format(*STEADY_PATH)  # fmt: skip
+        steady_cpu = (result["steady"] or {}).get("steady_cpu_us_per_change")
+        steady_detail = (f"{detail}; {batch:,} records a batch; JVM + Python CPU of the job's "
+                         "tree over the batches after its first (its start-up and first "
+                         "batch's JIT left out)")  # fmt: skip
+        if steady_cpu is None:
+            b.record.not_measured("followers", steady_name, "under 2 s or a tenth of the "
+                                  "changes after the first batch", steady_detail)  # fmt: skip
+        else:
+            b.record.add(Figure("followers", steady_name, steady_cpu, "µs", steady_detail))
         for r in result["modes"]:
             where = f"{r['mode']}, read={r['read']} parse={r['parse']}"
             b.record.add(Figure("followers", f"backlog applied × the reader's rate ({where})",

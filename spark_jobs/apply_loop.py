@@ -87,9 +87,9 @@ from spark_jobs.transforms import (
 )
 from spark_jobs.watermark import Watermark, progress_complete
 
-if (
-    TYPE_CHECKING
-):  # the Arrow tasks have it imported (PySpark's serializer); the direct ones need none
+# Only named in annotations: the Arrow tasks have it imported (PySpark's serializer), the
+# direct ones need none (and it starts threads at import: spark_jobs.daemon).
+if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -274,11 +274,7 @@ def _apply_rows(
 ) -> Iterator[BatchStats]:
     """:func:`apply_partition`'s work, its targets open."""
     each_chunk = _chunks_to(settings, targets)
-
-    def register(table: str, schema: Mapping[str, Any], since_lsn: int) -> None:
-        targets.each(lambda t: t.writer().register_schema(table, schema, since_lsn))
-
-    build = ChangeBuilder(schemas, register)
+    build = ChangeBuilder(schemas, functools.partial(_register, targets))
     common = BatchStats()  # what every follower counts alike
     unreadable: list[dead_letter.DeadLetter] = []
     chunk: list[Change] = []
@@ -329,10 +325,7 @@ def apply_built(
         each_chunk = _chunks_to(settings, targets)
         first = next((c for c in built.changes if c.doc is not None), None)
         if first is not None:
-            schema = orjson.loads(built.schema_json)
-            targets.each(
-                lambda t: t.writer().register_schema(built.table, schema, first.commit_lsn)
-            )
+            _register(targets, built.table, orjson.loads(built.schema_json), first.commit_lsn)
         changes, where = built.changes, built.where
         for at in range(0, len(changes), _CHUNK):
             each_chunk(OnePerKey(changes[at : at + _CHUNK]), where[at : at + _CHUNK])
@@ -340,6 +333,11 @@ def apply_built(
         yield from _settled(settings, targets, common, [])
     finally:
         targets.close()
+
+
+def _register(targets: _Targets, table: str, schema: Mapping[str, Any], since_lsn: int) -> None:
+    """Tell every follower ``table``'s value schema, in force from ``since_lsn``."""
+    targets.each(lambda t: t.writer().register_schema(table, schema, since_lsn))
 
 
 def _chunks_to(

@@ -5,8 +5,7 @@ PySpark's own, :func:`spark_jobs.source.daemon_module`).
 PySpark's daemon (``pyspark.daemon``) forks a worker per task slot, and each worker imports
 ``pyspark.worker`` and then, unpickling its task, the job's modules (the sinks, their
 clients, the settings, the apply loop): measured in the shared job's 100,000-row backlog,
-0.4-0.5 s of CPU and 100 MB of private memory per worker, each worker paying again what the
-others paid. Here the daemon imports them once and freezes them (``gc.freeze``: a worker's
+0.4-0.5 s of CPU per worker, each worker paying again what the others paid. Here the daemon imports them once and freezes them (``gc.freeze``: a worker's
 garbage collections do not walk them, nor touch their pages), and each fork shares them.
 
 Spark puts its ``pyspark.zip`` and py4j's zip first on its Python processes' path. Where
@@ -17,9 +16,9 @@ faster than from a zip, and each worker's first task (``importlib.invalidate_cac
 about 6 % of the workers' time in the shared job's 100,000-row backlog.
 
 Only the daemon of ``pyspark.worker`` preloads: the daemons Spark starts to plan a Python
-data source (``pyspark.sql.worker.*``) only import pyspark from the package, not the zip. PySpark imports a worker module after
-the fork so that nothing imported starts a thread before it: none of these modules does, and
-a test holds it (``tests/unit/test_daemon.py``). A module that cannot be imported here is
+data source (``pyspark.sql.worker.*``) only import pyspark from the package, not the zip.
+PySpark imports a worker module after the fork so that nothing imported starts a thread
+before it: none of these modules does, and a test holds it (``tests/unit/test_daemon.py``). A module that cannot be imported here is
 left to the worker, which then fails the task with the error the job would have had anyway.
 """
 

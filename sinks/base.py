@@ -53,7 +53,9 @@ class Change:
     placeholder in any form: the jobs' ``RowConverter`` split them while decoding), so
     :func:`split_unchanged` takes it as it is instead of checking every column again.
     ``rendered`` is what the followers write of ``doc``, made already (:data:`Rendered`),
-    or None: they then make it from ``doc``.
+    or None: they then make it from ``doc``. ``schema`` is the Debezium value schema ``doc``
+    was decoded with, if known: a follower that refuses the document tells by it whether
+    the table's shape changed after the change (sinks.search).
     """
 
     table: str
@@ -64,6 +66,7 @@ class Change:
     unchanged: frozenset[str] = frozenset()
     split: bool = field(default=False, compare=False)
     rendered: Rendered | None = field(default=None, compare=False)
+    schema: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.commit_lsn < 0 or self.order < 0:
@@ -311,6 +314,7 @@ def _fold(older: Change, newer: Change) -> Change:
         merged,
         frozenset(still_held),
         split=True,  # merged from split values only
+        schema=newer.schema,
     )
 
 
@@ -341,6 +345,10 @@ class BatchOutcomes:
         # ApplyResult.of without its two calls: this runs for every change.
         result = (change.key, change.table, outcome, reason, retryable)
         self._results[slot] = _new_tuple(ApplyResult, result)
+
+    def change(self, slot: int) -> Change:
+        """The change at ``slot``."""
+        return self._changes[slot]
 
     def has(self, slot: int) -> bool:
         """Whether the change at ``slot`` has its result."""

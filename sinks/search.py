@@ -93,6 +93,8 @@ from sinks.search_index import (
     index_settings,
     keeps_digest,
     mapping_from_connect_schema,
+    new_columns,
+    newer_columns,
     refused_columns,
     row_fields,
     takes,
@@ -116,6 +118,10 @@ _MAX_ID_BYTES: Final = 512
 _OLDER_SHAPE: Final = (
     "of an older shape than the index version being built, which the table's snapshot after "
     "the change of shape fills"
+)
+_OLDER_COLUMNS: Final = (
+    "of an older shape than the index maps a column from, which the table's snapshot after "
+    "the change of shape brings again"
 )
 _REFUSED: Final = "refused:"  # the watermark index's record of a table its index refuses
 _MAX_LONG: Final = (1 << 63) - 1
@@ -331,24 +337,22 @@ class SearchSink:
         except SinkError:
             return  # no index can hold it: its changes are refused with the reason (apply)
 
-        def live() -> dict[str, Any] | None:
-            try:
-                got = self.client.indices.get_mapping(index=name)
-            except TransportError as e:
-                if e.status_code == 404:
-                    return None
-                raise
-            (only,) = got.values()  # the index (or the one an alias names)
-            return dict(only.get("mappings", {}).get("properties", {}))
-
-        props = self._retrying.call(f"read the mapping of {name}", live)
-        refused = refused_columns(props, fields) if props is not None else []
+        props = self._properties(name)
         self._checked.add(table)
         doc_id, index = f"{_REFUSED}{table}", self.watermark_index
         if props is None:
             return  # no index yet: it is created with this schema's mapping
+        props = self._map_new_columns(name, props, fields, since_lsn)
+        refused = refused_columns(props, fields)
+        # Columns the index maps from a newer shape: this one is older, and its changes that
+        # the index refuses are superseded (_of_newer_shape), no reason to build a version.
+        newer = set(newer_columns(props, fields, since_lsn)) if since_lsn is not None else set()
+        refused = [r for r in refused if r[0] not in newer]
         if self.evolve_indices and self._evolve(table, name, fields, refused, since_lsn):
             refused = []  # the next version takes them: nothing is refused
+            self._map_new_columns(self._builds[table][1], None, fields, since_lsn)
+        if newer and not refused:
+            return  # what the index records of the table is of a newer shape than this one
         if refused:
             columns = "; ".join(
                 f"{c} is {held} in the index, {now} now" for c, held, now in refused
@@ -374,6 +378,80 @@ class SearchSink:
                 f"clear {doc_id}",
                 lambda: self.client.delete(index=index, id=doc_id, params={"ignore": 404}),
             )
+
+    def _map_new_columns(
+        self,
+        index: str,
+        props: Mapping[str, Any] | None,
+        fields: Sequence[Mapping[str, Any]],
+        since_lsn: int | None,
+    ) -> dict[str, Any]:
+        """Map the columns of ``fields`` that ``index`` (its ``props``, read if None) does not
+        map yet as their schema says, recording ``since_lsn`` (:func:`new_columns`), rather
+        than as OpenSearch would guess from the first value written, which may be of another
+        shape of the column; the index's properties after. A column another writer mapped
+        meanwhile is read back as it mapped it. A mapping OpenSearch refuses otherwise (a
+        field limit) is logged: the columns are then mapped from their values, as before."""
+
+        def put(new: Mapping[str, Any]) -> bool:
+            try:
+                self.client.indices.put_mapping(index=index, body={"properties": new})
+            except TransportError as e:
+                if e.status_code != 400:
+                    raise
+                if error_type(e) == "illegal_argument_exception":
+                    return False  # "mapper [c] cannot be changed from type [long] to [text]"
+                log.warning(
+                    "index %s does not take the mapping of the new columns %s: %s; they are "
+                    "mapped from the values written",
+                    index,
+                    ", ".join(sorted(new)),
+                    e,
+                    extra={"index": index},
+                )
+            return True
+
+        if props is None:
+            props = self._properties(index) or {}
+        for _ in range(3):  # each conflict is a column someone else mapped: fewer are left
+            new = new_columns(props, fields, since_lsn)
+            if not new or self._retrying.call(f"map new columns of {index}", partial(put, new)):
+                return {**props, **new}
+            props = self._properties(index) or {}
+        return dict(props)
+
+    def _properties(self, index: str) -> dict[str, Any] | None:
+        """The properties ``index`` (an index or an alias of one) maps, None if it is gone."""
+
+        def read() -> dict[str, Any] | None:
+            got = versions.mappings(self.client, index)
+            if got is None:
+                return None
+            (only,) = got.values()
+            return dict(only.get("mappings", {}).get("properties", {}))
+
+        return self._retrying.call(f"read the mapping of {index}", read)
+
+    def _of_newer_shape(
+        self, change: Change, index: str, known: dict[str, dict[str, Any] | None]
+    ) -> bool:
+        """Whether ``index`` (``known``: the properties read so far, by index) refuses
+        ``change`` because it maps a column as a column of another shape, mapped from a
+        change committed after it (:func:`sinks.search_index.newer_columns`): the table's
+        shape changed after the change, so the reader's snapshot of the table after the
+        change of shape brings its row again, and the refusal is no reason to dead-letter
+        it. A worker that applied the newer shape's changes first (another partition of the
+        topic, ahead) mapped the column so."""
+        if change.schema is None:
+            return False
+        if index not in known:
+            known[index] = self._properties(index)
+        props = known[index]
+        try:
+            fields = row_fields(change.schema)
+        except SinkError:
+            return False
+        return props is not None and bool(newer_columns(props, fields, change.commit_lsn))
 
     def _evolve(
         self,
@@ -1182,6 +1260,7 @@ class SearchSink:
                 return
             again: list[_Op] = []
             lost: list[_Op] = []
+            known: dict[str, dict[str, Any] | None] = {}  # mappings read for refusals
             for op, item in zip(pending, response["items"], strict=True):
                 answer = next(iter(item.values()))
                 status = answer.get("status")
@@ -1201,6 +1280,10 @@ class SearchSink:
                     outcomes.set(op.slot, Outcome.APPLIED, op.note)
                 elif outcome == Outcome.FAILED and op.older_shape:
                     outcomes.set(op.slot, Outcome.SKIPPED, f"{_OLDER_SHAPE} ({reason})")
+                elif outcome == Outcome.FAILED and self._of_newer_shape(
+                    outcomes.change(op.slot), op.index, known
+                ):
+                    outcomes.set(op.slot, Outcome.SKIPPED, f"{_OLDER_COLUMNS} ({reason})")
                 else:
                     outcomes.set(op.slot, outcome, reason)
                     if outcome == Outcome.FAILED:

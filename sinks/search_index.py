@@ -44,6 +44,11 @@ WATERMARK_MAPPING: Final[dict[str, Any]] = {
     },
 }
 
+# What a field's ``meta`` records of a column mapped when a schema first had it: the commit
+# LSN of a change in that shape (new_columns). OpenSearch takes keys of at most 20
+# characters, values as strings.
+SHAPE_LSN_META: Final = "pgcdc_shape_lsn"
+
 _KEYWORD_IGNORE_ABOVE: Final = 256
 _TEXT: Final[dict[str, Any]] = {
     "type": "text",
@@ -202,8 +207,9 @@ def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str
 
     ``fields`` is the ``fields`` list of the row struct (the envelope's ``after``), each a
     Connect schema with ``field``, ``type`` and optionally ``name`` and ``items``. Columns
-    added later are still mapped dynamically. Unknown semantic names fall back to the plain
-    Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`.
+    added later are mapped when a schema with them is met (:func:`new_columns`); a value
+    of a column no schema told is mapped dynamically. Unknown semantic names fall back to
+    the plain Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`.
     """
     mapping = dynamic_mapping()
     mapping["properties"] = {**_properties(fields), **mapping["properties"]}
@@ -280,13 +286,48 @@ def takes(held: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     return False
 
 
+def new_columns(
+    live: Mapping[str, Any], fields: Sequence[Mapping[str, Any]], shape_lsn: int | None
+) -> dict[str, Any]:
+    """The mappings of the columns of ``fields`` that the index's ``live`` properties do not
+    map yet, each (but an object, which takes no ``meta``) recording ``shape_lsn``, the commit
+    LSN of a change in the shape they are mapped from (:func:`mapped_after`)."""
+    out = {}
+    for column, mapping in _properties(fields).items():
+        if column in live or column == row_digest.FIELD:
+            continue
+        if shape_lsn is not None and mapping.get("type", "object") != "object":
+            mapping["meta"] = {SHAPE_LSN_META: str(shape_lsn)}
+        out[column] = mapping
+    return out
+
+
+def mapped_after(held: Mapping[str, Any], lsn: int) -> bool:
+    """Whether the index field mapped as ``held`` was mapped from the shape of a change
+    committed after ``lsn`` (:func:`new_columns`)."""
+    got = (held.get("meta") or {}).get(SHAPE_LSN_META)
+    return isinstance(got, str) and got.isdigit() and int(got) > lsn
+
+
+def newer_columns(
+    live: Mapping[str, Any], fields: Sequence[Mapping[str, Any]], lsn: int
+) -> list[str]:
+    """The columns of ``fields`` (the shape of a change committed at ``lsn``) that the index
+    maps so that it refuses some of their values, as a column of another shape mapped from a
+    change committed after ``lsn``: the table's shape changed after that change, so the
+    reader's snapshot of the table after the change of shape brings its row again."""
+    return [
+        column for column, _, _ in refused_columns(live, fields) if mapped_after(live[column], lsn)
+    ]
+
+
 def refused_columns(
     live: Mapping[str, Any], fields: Sequence[Mapping[str, Any]]
 ) -> list[tuple[str, str, str]]:
     """(column, type in the index, type it would take now) for each column of ``fields`` (a
     row struct's Connect schema) that the index's ``live`` properties map so that some of
-    its values are refused. Columns the index does not map yet are mapped dynamically; the
-    row digest's field is no column, never compared."""
+    its values are refused. Columns the index does not map yet are not compared
+    (:func:`new_columns` maps them); the row digest's field is no column, never compared."""
     out = []
     for column, wanted in _properties(fields).items():
         held = live.get(column) if column != row_digest.FIELD else None

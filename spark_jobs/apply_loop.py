@@ -325,7 +325,7 @@ def apply_built(
         each_chunk = _chunks_to(settings, targets)
         first = next((c for c in built.changes if c.doc is not None), None)
         if first is not None:
-            _register(targets, built.table, orjson.loads(built.schema_json), first.commit_lsn)
+            _register(targets, built.table, built.schema, first.commit_lsn)
         changes, where = built.changes, built.where
         for at in range(0, len(changes), _CHUNK):
             each_chunk(OnePerKey(changes[at : at + _CHUNK]), where[at : at + _CHUNK])

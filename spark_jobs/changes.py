@@ -49,18 +49,21 @@ class ChangeBuilder:
     ) -> None:
         # Not `schemas or {}`: an empty mapping the caller fills as it reads must stay the one read.
         self._schemas = schemas if schemas is not None else {}
-        self._converters: dict[int | None, RowConverter] = {}
+        # Per schema id: its converter and the schema itself (what its changes carry).
+        self._converters: dict[int | None, tuple[RowConverter, Mapping[str, Any] | None]] = {}
         self._on_new_schema = on_new_schema
 
-    def _converter(self, table: str, schema_id: int | None, commit_lsn: int) -> RowConverter:
-        conv = self._converters.get(schema_id)
-        if conv is None:
+    def _converter(
+        self, table: str, schema_id: int | None, commit_lsn: int
+    ) -> tuple[RowConverter, Mapping[str, Any] | None]:
+        known = self._converters.get(schema_id)
+        if known is None:
             schema_json = self._schemas.get(schema_id) if schema_id is not None else None
             schema = orjson.loads(schema_json) if schema_json else None
-            conv = self._converters[schema_id] = RowConverter(after_schema(schema))
+            known = self._converters[schema_id] = (RowConverter(after_schema(schema)), schema)
             if schema is not None and self._on_new_schema is not None:
                 self._on_new_schema(table, schema, commit_lsn)
-        return conv
+        return known
 
     def __call__(self, r: Mapping[str, Any]) -> Change:
         """The change of row ``r``; RecordError if it holds none a follower can apply."""
@@ -79,10 +82,12 @@ class ChangeBuilder:
             key = _key(r["key_json"])
             if r["is_delete"]:
                 return Change(table, key, r["commit_lsn"], r["tx_order"], None)
-            conv = self._converter(table, r["schema_id"], r["commit_lsn"])
+            conv, schema = self._converter(table, r["schema_id"], r["commit_lsn"])
             if not r["history"]:
                 doc, unchanged = _row(conv, _after(r), r["op"], r["unchanged"])
-                return Change(table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True)
+                return Change(
+                    table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True, None, schema
+                )
             return self._folded(r, table, key)
         except RecordError:
             raise
@@ -104,10 +109,22 @@ class ChangeBuilder:
                 changes.append(Change(table, key, h["commit_lsn"], h["tx_order"], None))
             else:
                 # A history from before schema ids were kept: the newest event's schema.
-                conv = self._converter(table, h.get("schema_id", r["schema_id"]), h["commit_lsn"])
+                conv, schema = self._converter(
+                    table, h.get("schema_id", r["schema_id"]), h["commit_lsn"]
+                )
                 doc, unchanged = _row(conv, after, None, h["unchanged"])
                 changes.append(
-                    Change(table, key, h["commit_lsn"], h["tx_order"], doc, unchanged, True)
+                    Change(
+                        table,
+                        key,
+                        h["commit_lsn"],
+                        h["tx_order"],
+                        doc,
+                        unchanged,
+                        True,
+                        None,
+                        schema,
+                    )
                 )
         return fill_unchanged(changes)
 

@@ -19,9 +19,10 @@ decided in one place only. So does a range when the native module is missing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 import orjson
 
@@ -56,7 +57,7 @@ class NativeRange:
     commit time among them (what the Python path's rows carry for the same changes)."""
 
     table: str
-    schema_json: str
+    schema: Mapping[str, Any]
     changes: list[Change]
     where: list[tuple[str, int, int]]
     newest_commit_ms: int
@@ -84,7 +85,8 @@ def native_range(
         return None
     prefix, schema_json = known
     try:
-        kinds = native_kinds(after_schema(orjson.loads(schema_json)))
+        schema = orjson.loads(schema_json)
+        kinds = native_kinds(after_schema(schema))
         if kinds is None:
             return None
         fast = mod.FastChanges(prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
@@ -105,13 +107,13 @@ def native_range(
         changes.append(
             Change(table, key, lsn, order, None)
             if doc is None
-            else Change(table, key, lsn, order, doc, split, True, rendered)
+            else Change(table, key, lsn, order, doc, split, True, rendered, schema)
         )
         offsets.append(offset)
         if ts_ms is not None and ts_ms > newest:
             newest = ts_ms
     where = [(topic, partition, o) for o in offsets]
-    return NativeRange(table, schema_json, changes, where, newest)
+    return NativeRange(table, schema, changes, where, newest)
 
 
 def apply_said(settings: Settings) -> str:

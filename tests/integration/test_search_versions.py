@@ -499,6 +499,93 @@ def test_an_older_shape_in_flight_is_superseded_in_the_version_being_built(
         sink.close()
 
 
+def _with_amount(kind: str) -> dict[str, object]:
+    """:func:`_schema` (qty int32) with a column ``amount`` of Connect type ``kind``."""
+    schema = _schema("int32")
+    for row in schema["fields"]:  # type: ignore[attr-defined]
+        row["fields"] = [*row["fields"], {"field": "amount", "type": kind, "optional": True}]
+    return schema
+
+
+def _amounts(ids: range, amount: object, lsn: int, kind: str) -> list[Change]:
+    schema = _with_amount(kind)
+    return [
+        Change(T, str(i), lsn, i, {"id": i, "qty": 1, "amount": amount}, schema=schema) for i in ids
+    ]
+
+
+def test_a_new_column_met_first_in_a_newer_shape_supersedes_its_older_shape(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """A column amount is added as text, filled, then its type changed to int, while the job
+    streams a topic of several partitions. The worker of the partition ahead meets the int
+    shape first: the sink maps amount from that schema (integer), recording the LSN of an
+    int change. The worker of a partition behind still holds text changes from before:
+    the index refuses them, and since they committed before that LSN they are of an older
+    shape and skipped as superseded (the reader's snapshot after the change brings their
+    rows as int), never dead-lettered, and no next version is built for the older shape.
+    A text change committed after that LSN, or one whose schema is not known, is refused as
+    ever. (Before, the column was mapped from the first value written: long.)"""
+    rows = 6
+    ahead = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    behind = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    name = ahead.index_for(T)
+    try:
+        ahead.register_schema(T, _schema("int32"), 90)
+        assert {r.outcome for r in ahead.apply(_changes(range(rows), 7, 100))} == {Outcome.APPLIED}
+        ahead.register_schema(T, _with_amount("int32"), 300)
+        amount = ahead.client.indices.get_mapping(index=name)[name]["mappings"]["properties"][
+            "amount"
+        ]
+        assert amount == {"type": "integer", "meta": {"pgcdc_shape_lsn": "300"}}
+        got = ahead.apply(_amounts(range(3, rows), 9, 300, "int32"))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+
+        behind.register_schema(T, _with_amount("string"), 200)  # the older shape: no build
+        assert T not in behind._builds and list(_indices(behind)) == [name]
+        assert behind.refused_tables() == []
+        late = _amounts(range(2, 3), "late!", 400, "string")  # after the int change: refused
+        unknown = [Change(T, "1", 200, 1, {"id": 1, "qty": 1, "amount": "x"})]  # no schema
+        got = behind.apply([*_amounts(range(1), "many-1!", 200, "string"), *unknown, *late])
+        assert [r.outcome for r in got] == [Outcome.SKIPPED, Outcome.FAILED, Outcome.FAILED]
+        assert "older shape" in (got[0].reason or "") and "mapper_parsing" in (got[0].reason or "")
+        assert all("older shape" not in (r.reason or "") and not r.retryable for r in got[1:])
+
+        got = ahead.apply(_amounts(range(rows), 10, 500, "int32"))  # the snapshot's rows
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        held = {
+            h["_id"]: h["_source"]["amount"] for h in every_document(endpoints.search_url, name)
+        }
+        assert held == {str(i): 10 for i in range(rows)}
+    finally:
+        ahead.close()
+        behind.close()
+
+
+def test_a_new_column_met_first_in_its_older_shape_takes_the_newer_one(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """The same change of shape met in commit order: amount is mapped from the text schema
+    (text, not guessed from a value), and the int changes after it are written into it."""
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    name = sink.index_for(T)
+    try:
+        sink.register_schema(T, _schema("int32"), 90)
+        assert {r.outcome for r in sink.apply(_changes(range(3), 7, 100))} == {Outcome.APPLIED}
+        sink.register_schema(T, _with_amount("string"), 200)
+        got = sink.apply(_amounts(range(3), "many", 200, "string"))
+        sink.register_schema(T, _with_amount("int32"), 300)
+        got += sink.apply(_amounts(range(3), 11, 300, "int32"))
+        assert {r.outcome for r in got} == {Outcome.APPLIED}, got
+        props = sink.client.indices.get_mapping(index=name)[name]["mappings"]["properties"]
+        assert props["amount"]["type"] == "text" and props["amount"]["meta"] == {
+            "pgcdc_shape_lsn": "200"
+        }
+        assert T not in sink._builds
+    finally:
+        sink.close()
+
+
 def _said(caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if words in r.getMessage()]
 

@@ -82,6 +82,7 @@ def _same(records: list[KafkaRecord]) -> bool:
     for a, b in zip(fast, slow, strict=True):
         assert a.split == b.split
         if a.doc is not None:
+            assert a.schema == b.schema is not None  # the schema each was decoded with
             assert b.doc is not None
             assert list(a.doc.items()) == list(b.doc.items())
             assert [type(v) for v in a.doc.values()] == [type(v) for v in b.doc.values()]
@@ -90,7 +91,9 @@ def _same(records: list[KafkaRecord]) -> bool:
     assert built.where == [(r["topic"], r["partition"], r["offset"]) for r in changed]
     # As the Python path counts it (spark_jobs.apply_loop): from 0, a time before 1970 none.
     assert built.newest_commit_ms == max([0, *(r["source_ts_ms"] or 0 for r in changed)])
-    assert {built.schema_json} == {r["schema_json"] for r in rows if r["kind"] == SCHEMA}
+    schemas = [orjson.loads(r["schema_json"]) for r in rows if r["kind"] == SCHEMA]
+    assert schemas and all(s == built.schema for s in schemas)
+    assert all(c.schema is built.schema for c in built.changes if c.doc is not None)
     assert {built.table} == {r["table"] for r in changed}
     # What lets the followers take its chunks as they are (sinks.base.OnePerKey).
     assert len({(c.table, c.key) for c in fast}) == len(fast)

@@ -45,7 +45,8 @@ def test_one_consumer_reads_range_after_range_and_a_failed_one_is_closed(
     endpoints: Endpoints, topic_prefix: str
 ) -> None:
     """A process keeps its consumer for the next range: nothing of a range left part way
-    (its prefetched records) reaches the next one, of another partition or topic; a
+    (its prefetched records) reaches the next one, of another partition or topic (a topic
+    new to it is looked up before it is assigned: it knows the topics it has read); a
     consumer whose read failed is not kept."""
     from spark_jobs import kafka_direct
 
@@ -58,9 +59,11 @@ def test_one_consumer_reads_range_after_range_and_a_failed_one_is_closed(
     assert next(first).offset == 0  # its partition fetched ahead, then left
     first.close()
     kept = kafka_direct._IDLE[key]
+    assert kept.topics == {a}
     got = [(r.topic, r.partition, r.offset) for r in read_range(conf, Range(b, 1, 5, 9))]
     assert got == [(b, 1, o) for o in range(5, 9)]
     assert kafka_direct._IDLE[key] is kept  # the same consumer, read again
+    assert kept.topics == {a, b}
     again = list(read_range(conf, Range(a, 0, 18, 20)))
     assert [(r.topic, r.offset, r.value) for r in again] == [(a, 18, b"v36"), (a, 19, b"v38")]
     assert kafka_direct._IDLE[key] is kept

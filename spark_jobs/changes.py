@@ -86,7 +86,7 @@ class ChangeBuilder:
             if not r["history"]:
                 doc, unchanged = _row(conv, _after(r), r["op"], r["unchanged"])
                 return Change(
-                    table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True, None, schema
+                    table, key, r["commit_lsn"], r["tx_order"], doc, unchanged, True, schema=schema
                 )
             return self._folded(r, table, key)
         except RecordError:
@@ -113,19 +113,8 @@ class ChangeBuilder:
                     table, h.get("schema_id", r["schema_id"]), h["commit_lsn"]
                 )
                 doc, unchanged = _row(conv, after, None, h["unchanged"])
-                changes.append(
-                    Change(
-                        table,
-                        key,
-                        h["commit_lsn"],
-                        h["tx_order"],
-                        doc,
-                        unchanged,
-                        True,
-                        None,
-                        schema,
-                    )
-                )
+                lsn, order = h["commit_lsn"], h["tx_order"]
+                changes.append(Change(table, key, lsn, order, doc, unchanged, True, schema=schema))
         return fill_unchanged(changes)
 
 

@@ -55,7 +55,7 @@ from pgcdc.core.spark_settings import ApplyPath, ParsePath, ReadPath
 from sinks.base import Change, OnePerKey, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.fast_changes import NativeRange, native_range
+from spark_jobs.fast_changes import NativeParts, native_parts
 from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import Range, plan_ranges, range_starts, read_range
@@ -205,6 +205,11 @@ class _Targets:
             if target.unreachable is None:
                 self._inflight[i] = self._pool.submit(action, target)
 
+    def idle(self) -> bool:
+        """Whether every action :meth:`each_concurrently` started has ended (its outcome
+        is taken later, as ever)."""
+        return all(f.done() for f in self._inflight.values())
+
     def settle(self) -> None:
         """Wait for each action :meth:`each_concurrently` started, and take its outcome; the
         first error that fails the task is raised once every action has ended."""
@@ -297,7 +302,7 @@ def _apply_rows(
                 continue
             where.append((row["topic"], row["partition"], row["offset"]))
             if len(chunk) >= _CHUNK:
-                each_chunk(chunk, where)
+                each_chunk([(chunk, where)])
                 chunk, where = [], []
         elif kind == HEARTBEAT:
             common.heartbeat_lsn = max(common.heartbeat_lsn, row["heartbeat_lsn"] or 0)
@@ -309,27 +314,58 @@ def _apply_rows(
         elif kind == DEAD:
             unreadable.append(_unreadable(row, row["parse_error"]))
     if chunk:
-        each_chunk(chunk, where)
+        each_chunk([(chunk, where)])
     yield from _settled(settings, targets, common, unreadable)
 
 
-def apply_built(
-    settings: Settings, followers: Sequence[Follower], built: NativeRange
+def apply_parts(
+    settings: Settings, followers: Sequence[Follower], parts: NativeParts
 ) -> Iterator[BatchStats]:
-    """Apply one range's changes built natively (:func:`spark_jobs.fast_changes.native_range`)
-    to each follower, as :func:`apply_partition` applies the same changes' rows: the table's
-    schema registered with its first written change, chunk after chunk; each follower's
-    stats."""
+    """Apply one range's changes built natively a part at a time
+    (:class:`spark_jobs.fast_changes.NativeParts`) to each follower, as
+    :func:`apply_partition` applies the same changes' rows: the table's schema registered
+    with its first written change, chunk after chunk; each follower's stats, which count
+    the changes taken (``native``).
+
+    With the followers written concurrently (``spark.concurrent_followers``, more than
+    one), what the parts added so far reduce to is taken and handed to the followers
+    whenever each is done with what it was handed before, and the next parts are read and
+    built meanwhile: a follower writes while the task builds. The more the followers lag,
+    the more each take reduces; each key's newest change is written last, as the followers'
+    versions require. Otherwise the range is taken once, whole.
+
+    A part with a record off the native path ends it (False from
+    :meth:`~spark_jobs.fast_changes.NativeParts.add_next`): what was handed stays written,
+    the rest of the range is the Python path's, from ``parts.taken_to``."""
     targets = _Targets(settings, followers)
     try:
         each_chunk = _chunks_to(settings, targets)
-        first = next((c for c in built.changes if c.doc is not None), None)
-        if first is not None:
-            _register(targets, built.table, built.schema, first.commit_lsn)
-        changes, where = built.changes, built.where
-        for at in range(0, len(changes), _CHUNK):
-            each_chunk(OnePerKey(changes[at : at + _CHUNK]), where[at : at + _CHUNK])
-        common = BatchStats(newest_commit_ms=built.newest_commit_ms)
+        pipelined = settings.spark.concurrent_followers and len(targets.all) > 1
+        registered = False
+        newest = 0
+        while True:
+            added = parts.add_next()
+            if added is False:
+                break
+            if added and not (pipelined and targets.idle()):
+                continue
+            changes, where, ts = parts.take()
+            newest = max(newest, ts)
+            if not registered:
+                first = next((c for c in changes if c.doc is not None), None)
+                if first is not None:
+                    registered = True
+                    _register(targets, parts.table, parts.schema, first.commit_lsn)
+            if changes:
+                each_chunk(
+                    [
+                        (OnePerKey(changes[at : at + _CHUNK]), where[at : at + _CHUNK])
+                        for at in range(0, len(changes), _CHUNK)
+                    ]
+                )
+            if added is None:
+                break
+        common = BatchStats(newest_commit_ms=newest, native=parts.taken)
         yield from _settled(settings, targets, common, [])
     finally:
         targets.close()
@@ -340,16 +376,22 @@ def _register(targets: _Targets, table: str, schema: Mapping[str, Any], since_ls
     targets.each(lambda t: t.writer().register_schema(table, schema, since_lsn))
 
 
+_Where = list[tuple[str, int, int]]  # the Kafka positions of a chunk's records
+
+
 def _chunks_to(
     settings: Settings, targets: _Targets
-) -> Callable[[list[Change], list[tuple[str, int, int]]], None]:
-    """What hands a chunk of changes (and their records' Kafka positions) to every follower:
-    in a thread each (``spark.concurrent_followers``), or one after the other."""
+) -> Callable[[Sequence[tuple[Sequence[Change], _Where]]], None]:
+    """What hands chunks of changes (each with its records' Kafka positions) to every
+    follower, each applying them one after the other: in a thread each
+    (``spark.concurrent_followers``: the caller goes on meanwhile), or one follower after
+    the other."""
     each = targets.each_concurrently if settings.spark.concurrent_followers else targets.each
 
-    def to_each(chunk: list[Change], where: list[tuple[str, int, int]]) -> None:
+    def to_each(chunks: Sequence[tuple[Sequence[Change], _Where]]) -> None:
         def apply(t: _Target) -> None:
-            _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
+            for chunk, where in chunks:
+                _apply_chunk(t.writer(), t.follower.job, chunk, where, t.stats, t.refused)
 
         each(apply)
 
@@ -442,19 +484,16 @@ def apply_ranges(
     conf = client_config(settings.kafka)
     native = settings.spark.apply is ApplyPath.NATIVE
     for i in ids:
+        r: Range | None = ranges[i]
         with gc_paused():
-            built = None
+            done: list[BatchStats] = []
             if native and settings.schema_.value_format is not ValueFormat.AVRO:
-                built = _native_range(settings, heartbeat_topic, conf, ranges[i])
-            if built is None:
-                records = read_range(conf, ranges[i])
+                done, r = _native_part(settings, followers, heartbeat_topic, conf, ranges[i])
+            if r is not None:
+                records = read_range(conf, r)
                 rows = record_parser(settings, heartbeat_topic).rows(records)
-                done = list(apply_partition(settings, followers, latest_per_key(rows)))
-            else:
-                done = list(apply_built(settings, followers, built))
-        for s in done:
-            s.native = 0 if built is None else len(built.changes)
-            yield s
+                done += apply_partition(settings, followers, latest_per_key(rows))
+        yield from done
 
 
 def _stats(s: object) -> BatchStats:
@@ -464,15 +503,25 @@ def _stats(s: object) -> BatchStats:
     return s
 
 
-def _native_range(
-    settings: Settings, heartbeat_topic: str | None, conf: Mapping[str, str], r: Range
-) -> NativeRange | None:
-    """``r`` read and reduced by :func:`spark_jobs.fast_changes.native_range`, or None when
-    the range is not for it (the caller reads it again, for the Python way: the parts read
-    so far are not held)."""
+def _native_part(
+    settings: Settings,
+    followers: Sequence[Follower],
+    heartbeat_topic: str | None,
+    conf: Mapping[str, str],
+    r: Range,
+) -> tuple[list[BatchStats], Range | None]:
+    """What of ``r`` the native path applies (:func:`apply_parts`): each follower's stats
+    of it, and what is left of ``r`` for the Python path (None: nothing; ``r`` itself when
+    the range is not for the native path)."""
     records = read_range(conf, r)
     try:
-        return native_range(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
+        parts = native_parts(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
+        if parts is None:
+            return [], r
+        done = list(apply_parts(settings, followers, parts))
+        if parts.whole:
+            return done, None
+        return done, Range(r.topic, r.partition, parts.taken_to, r.end)
     finally:
         records.close()  # its consumer, when the range was left part way
 

@@ -13,13 +13,16 @@ changes.
 A range with any record off that shape (a heartbeat, a dead letter, a truncate, a keyless
 table, unchanged columns, a second schema, a value outside the converters' plain cases, a
 nested value) gives None, and the Python path takes the whole range: what a record means is
-decided in one place only. So does a range when the native module is missing.
+decided in one place only. So does a range when the native module is missing. A task takes
+a range a part at a time (:class:`NativeParts`, :func:`spark_jobs.apply_loop.apply_parts`):
+there, the Python path takes the range from the first record after what was taken.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -63,13 +66,79 @@ class NativeRange:
     newest_commit_ms: int
 
 
-def native_range(
+class NativeParts:
+    """One range's records taken natively a part (:data:`_PART` records) at a time: what the
+    parts added so far reduce to can be taken whenever the caller likes (:meth:`take`), and
+    the parts after it reduce anew, so that a range's first changes can be applied while its
+    later records are still being read. Made by :func:`native_parts`."""
+
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        table: str,
+        schema: Mapping[str, Any],
+        part: list[KafkaRecord],
+        records: Iterator[KafkaRecord],
+    ) -> None:
+        """``make`` makes the native reducer; ``part`` is the range's first part (read
+        already), ``records`` the rest of it."""
+        self._make = make
+        self._fast = make()
+        self._part = part  # the next part, read already
+        self._records = records
+        self.table, self.schema = table, schema
+        self.topic, self.partition = part[0].topic, part[0].partition
+        # The offset after the last record added, and after the last one taken.
+        self._added_to = self.taken_to = part[0].offset
+        self.taken = 0  # changes taken so far
+        self.whole = False  # every record added: none was off this path
+
+    def add_next(self) -> bool | None:
+        """Add the next part: True; None when no record is left; False when a record of it
+        is off this path (what was added since the last :meth:`take` is then of no use: the
+        Python path takes the range from :attr:`taken_to`)."""
+        part = self._part or list(islice(self._records, _PART))
+        self._part = []
+        if not part:
+            self.whole = True
+            return None
+        if not self._fast.add(part):
+            return False
+        self._added_to = part[-1].offset + 1
+        return True
+
+    def take(self) -> tuple[list[Change], list[tuple[str, int, int]], int]:
+        """Each key's newest change of the parts added since the last take, the Kafka
+        position of its record, and the newest commit time among them (0 for none)."""
+        table, schema = self.table, self.schema
+        changes: list[Change] = []
+        offsets: list[int] = []
+        newest = 0
+        split = frozenset[str]()
+        for offset, key, lsn, order, doc, ts_ms, rendered in self._fast.changes():
+            changes.append(
+                Change(table, key, lsn, order, None)
+                if doc is None
+                else Change(table, key, lsn, order, doc, split, True, rendered, schema)
+            )
+            offsets.append(offset)
+            if ts_ms is not None and ts_ms > newest:
+                newest = ts_ms
+        if changes:
+            self._fast = self._make()
+        self.taken_to = self._added_to
+        self.taken += len(changes)
+        topic, partition = self.topic, self.partition
+        return changes, [(topic, partition, o) for o in offsets], newest
+
+
+def native_parts(
     parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
-) -> NativeRange | None:
-    """Each key's newest change of one range's ``records`` (one topic partition, read in
-    parts of :data:`_PART` records), built already; None when the range is not for this
-    path (the module's docstring), or the native module is missing. ``parser`` is the
-    range's own (it learns the schema from the first value)."""
+) -> NativeParts | None:
+    """The range of ``records`` (one topic partition) to take natively a part at a time
+    (its first part read already), or None when the range is not for this path (the
+    module's docstring) or the native module is missing. ``parser`` is the range's own (it
+    learns the schema from the first value)."""
     mod = native.module()
     if mod is None:
         return None
@@ -89,31 +158,31 @@ def native_range(
         kinds = native_kinds(after_schema(schema))
         if kinds is None:
             return None
-        fast = mod.FastChanges(prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
+        make = functools.partial(mod.FastChanges, prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
+        parts = NativeParts(make, row["table"], schema, part, it)
     except _SCHEMA_ERRORS:
         # A schema the converters cannot read (a Decimal's scale that is no integer, a field
         # without a name): the Python path dead-letters its changes with the reason.
         return None
-    while part:
-        if not fast.add(part):
-            return None
-        part = list(islice(it, _PART))
-    topic, table, partition = first.topic, row["table"], first.partition
-    changes: list[Change] = []
-    offsets: list[int] = []
-    newest = 0
-    split = frozenset[str]()
-    for offset, key, lsn, order, doc, ts_ms, rendered in fast.changes():
-        changes.append(
-            Change(table, key, lsn, order, None)
-            if doc is None
-            else Change(table, key, lsn, order, doc, split, True, rendered, schema)
-        )
-        offsets.append(offset)
-        if ts_ms is not None and ts_ms > newest:
-            newest = ts_ms
-    where = [(topic, partition, o) for o in offsets]
-    return NativeRange(table, schema, changes, where, newest)
+    return parts
+
+
+def native_range(
+    parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
+) -> NativeRange | None:
+    """Each key's newest change of one range's ``records`` (one topic partition, read in
+    parts of :data:`_PART` records), built already; None when the range is not for this
+    path (the module's docstring), or the native module is missing. ``parser`` is the
+    range's own (it learns the schema from the first value)."""
+    parts = native_parts(parser, records, heartbeat_topic)
+    if parts is None:
+        return None
+    while added := parts.add_next():
+        pass
+    if added is False:
+        return None
+    changes, where, newest = parts.take()
+    return NativeRange(parts.table, parts.schema, changes, where, newest)
 
 
 def apply_said(settings: Settings) -> str:

@@ -151,6 +151,83 @@ def test_the_readers_own_records_take_the_native_path() -> None:
     assert any(c.doc is None for c in fast) and any(c.doc is not None for c in fast)
 
 
+def _readers_records(n: int, keys: int) -> list[KafkaRecord]:
+    """``n`` changes of the reader's encoder over ``keys`` keys (each written again and
+    again, the versions rising with the offsets), a delete and its tombstone now and then."""
+    enc = EventEncoder(SchemaSettings(), PREFIX, "db")
+    tbl = table()
+    (source,) = sources(1)
+    records: list[KafkaRecord] = []
+    for i, row in enumerate(table_rows(n)):
+        key = str(i % keys)
+        row = (key, *row[1:])
+        k, v = enc.encode_key(tbl, row), enc.encode_value(tbl, "u", None, row, source)
+        records.append(KafkaRecord(TOPIC, 0, len(records), k, v, _headers(1000 + i, 0)))
+        if i % 41 == 7:
+            d = enc.encode_value(tbl, "d", row, None, source)
+            records.append(KafkaRecord(TOPIC, 0, len(records), k, d, _headers(1000 + i, 1)))
+            records.append(KafkaRecord(TOPIC, 0, len(records), k, None, _headers(1000 + i, 1)))
+    return records
+
+
+def _held(takes: list[list[Change]]) -> dict[str, Change]:
+    """What a follower holds once ``takes`` are written in their order: for each key, the
+    change of the newest version (a follower refuses an older one)."""
+    held: dict[str, Change] = {}
+    for changes in takes:
+        for c in changes:
+            h = held.get(c.key)
+            if h is None or (c.commit_lsn, c.order) > (h.commit_lsn, h.order):
+                held[c.key] = c
+    return held
+
+
+def test_a_range_taken_part_by_part_leaves_each_key_at_its_newest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taken after each part (as a task does while its followers keep up), a range's
+    changes are one a key in each take, the parts after a take reduce anew, and written
+    take after take they leave every key at the change the whole range reduces to. A part
+    with a record off the native path ends it: the Python path's changes of the range from
+    ``taken_to`` on, written after the takes, leave the same."""
+    from spark_jobs import fast_changes
+
+    monkeypatch.setattr(fast_changes, "_PART", 50)
+    records = _readers_records(300, 70)  # 70 keys, each in several parts
+    whole = _native(records)
+    assert whole is not None
+    parts = fast_changes.native_parts(RecordParser(PREFIX, BEATS), records, BEATS)
+    assert parts is not None
+    takes: list[list[Change]] = []
+    while parts.add_next():
+        changes, where, _ = parts.take()
+        assert len({c.key for c in changes}) == len(changes)
+        part = range(50 * len(takes), 50 * len(takes) + 50)  # the part just added, alone
+        assert all(t == TOPIC and p == 0 and o in part for t, p, o in where), where
+        takes.append(changes)
+    assert parts.whole and len(takes) == -(-len(records) // 50)
+    assert parts.taken == sum(map(len, takes)) > len(whole)  # keys written again, take by take
+    assert _held(takes) == {c.key: c for c in whole}
+
+    # A record with unchanged columns in the fourth part: the first three are taken.
+    at = 170
+    off = [
+        *records[:at],
+        records[at]._replace(headers=[*records[at].headers, (HEADER_UNCHANGED, b"[]")]),
+        *records[at + 1 :],
+    ]
+    parts = fast_changes.native_parts(RecordParser(PREFIX, BEATS), off, BEATS)
+    assert parts is not None
+    takes = []
+    while added := parts.add_next():
+        takes.append(parts.take()[0])
+    assert added is False and not parts.whole
+    assert len(takes) == 3 and parts.taken_to == 150
+    rest, _ = _python(off[parts.taken_to :])
+    expected, _ = _python(off)
+    assert _held([*takes, rest]) == {c.key: c for c in expected}
+
+
 # -- a table of every kind, generated --------------------------------------------------------
 
 

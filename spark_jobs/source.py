@@ -90,6 +90,13 @@ def spark_session(settings: Settings, app_name: str, checkpoint: str | None = No
     builder = builder.config(
         "spark.sql.shuffle.partitions", conf.get("spark.sql.shuffle.partitions", "2")
     )
+    # Adaptive query execution is for batch queries: Spark turns it off for each streaming
+    # query, with a WARN line (ResolveWriteToStream) at every job's start. The jobs run no
+    # other query (their batches are the source's ranges and tasks of their own, no join
+    # and no shuffle), so it is off from the start and says nothing.
+    builder = builder.config(
+        "spark.sql.adaptive.enabled", conf.get("spark.sql.adaptive.enabled", "false")
+    )
     # A batch's task prefers the executor that read its Kafka partition before; with the
     # default 3 s wait a task whose executor is busy idles instead of running elsewhere,
     # adding seconds to a batch of tens of milliseconds.

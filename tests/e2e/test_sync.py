@@ -120,6 +120,8 @@ def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read
     # One query read the topics once, for both followers, each counted under its own name.
     assert len(re.findall(r"started sync: followers=cache_sync,search_sync ", log)) == 1, log
     assert "started cache_sync" not in log and "started search_sync" not in log
+    # Spark's adaptive execution is off from the start: no WARN that it was turned off.
+    assert "ResolveWriteToStream" not in log, log[:6000]
     for job in (CACHE_JOB, SEARCH_JOB):
         assert re.search(rf"batch \d+: {job} applied=[1-9]", log), log[-3000:]
 

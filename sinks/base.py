@@ -240,8 +240,8 @@ class Reduced:
 
 class OnePerKey(list[Change]):
     """Changes known to hold one change per (table, key): what the native path reduced a
-    range's parts to (:class:`spark_jobs.fast_changes.NativeParts`). :func:`one_per_key` takes them as they
-    are, with no set of their keys made again by each follower."""
+    range's parts to (:class:`spark_jobs.fast_changes.NativeParts`). :func:`one_per_key`
+    takes them as they are, with no set of their keys made again by each follower."""
 
     __slots__ = ()
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from opensearchpy import OpenSearch
 
 from benchmarks.envelope import rows as table_rows
@@ -56,8 +57,13 @@ def _produce(endpoints: Endpoints, prefix: str, off_at: int | None) -> str:
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap, "linger.ms": 5})
 
-    def send(key: bytes, value: bytes | None, lsn: int, order: int, extra: bool = False) -> None:
-        headers = [(HEADER_COMMIT_LSN, str(lsn).encode()), (HEADER_ORDER, str(order).encode())]
+    def send(
+        key: bytes | None, value: bytes | None, lsn: int, order: int, extra: bool = False
+    ) -> None:
+        headers: list[tuple[str, str | bytes | None]] = [
+            (HEADER_COMMIT_LSN, str(lsn).encode()),
+            (HEADER_ORDER, str(order).encode()),
+        ]
         if extra:
             headers.append((HEADER_UNCHANGED, b"[]"))
         producer.produce(topic, value, key, headers=headers)
@@ -116,11 +122,13 @@ def test_a_range_taken_part_by_part_leaves_both_followers_at_each_keys_newest(
     endpoints: Endpoints, topic_prefix: str, small_parts: list[int], off_at: int | None
 ) -> None:
     topic = _produce(endpoints, topic_prefix, off_at)
-    settings = Settings(
-        spark={"apply": "native"},  # type: ignore[arg-type]
-        kafka={"topic_prefix": topic_prefix, "bootstrap_servers": endpoints.kafka_bootstrap},  # type: ignore[arg-type]
-        redis={"url": endpoints.redis_url, "key_prefix": topic_prefix},  # type: ignore[arg-type]
-        search={"url": endpoints.search_url, "index_prefix": topic_prefix},  # type: ignore[arg-type]
+    settings = Settings.model_validate(
+        {
+            "spark": {"apply": "native"},
+            "kafka": {"topic_prefix": topic_prefix, "bootstrap_servers": endpoints.kafka_bootstrap},
+            "redis": {"url": endpoints.redis_url, "key_prefix": topic_prefix},
+            "search": {"url": endpoints.search_url, "index_prefix": topic_prefix},
+        }
     )
     followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
     r = Range(topic, 0, 0, _end(endpoints, topic))

@@ -240,15 +240,18 @@ class BenchEnv:
 
 def run_alone(keep: bool, name: str, measure: Callable[[BenchEnv], dict[str, Any]]) -> int:
     """One benchmark module run by itself (``python -m benchmarks.<name>``): its figures from
-    ``measure`` on a fresh environment (removed after unless ``keep``), written to the run's
-    ``<name>.json`` and printed."""
+    ``measure`` on a fresh environment, written to the run's ``<name>.json`` and printed. The
+    environment is removed after, but for its database and topics with ``keep``
+    (:meth:`BenchEnv.cleanup`)."""
     env = BenchEnv.from_environ()
     env.keep = env.keep or keep
     try:
         result = measure(env)
     finally:
-        if not env.keep:
-            env.cleanup()
+        # With ``keep`` too: its database and topics stay, its slots go (a kept slot held
+        # the server's WAL, and a few kept runs used up max_replication_slots).
+        for problem in env.cleanup():
+            log.warning("cleanup: %s", problem)
     out: Path = env.run_dir / f"{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

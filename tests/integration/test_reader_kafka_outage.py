@@ -167,6 +167,11 @@ def test_kafka_outage_is_told_bounded_and_loses_nothing(pg_database: str, tmp_pa
                 lambda: "unreachable: nothing acknowledged" in log_text(),
                 timeout=min(OUTAGE_S, 60),
                 what="the outage warning",
+                detail=lambda: (
+                    f"proxy: {kafka.proxy.forwarded} connections forwarded, "
+                    f"{kafka.proxy.refused} refused; the reader's log (no DEBUG) ends:\n"
+                    + "\n".join(x for x in log_text().splitlines() if " DEBUG " not in x)[-4000:]
+                ),
             )
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))  # the outage itself
             assert proc.poll() is None, log_text()[-3000:]

@@ -169,7 +169,8 @@ def test_kafka_outage_is_told_bounded_and_loses_nothing(pg_database: str, tmp_pa
                 what="the outage warning",
                 detail=lambda: (
                     f"proxy: {kafka.proxy.forwarded} connections forwarded, "
-                    f"{kafka.proxy.refused} refused; the reader's log (no DEBUG) ends:\n"
+                    f"{kafka.proxy.refused} refused; writer: {writer.writes} writes, error "
+                    f"{writer.error!r}; the reader's log (no DEBUG) ends:\n"
                     + "\n".join(x for x in log_text().splitlines() if " DEBUG " not in x)[-4000:]
                 ),
             )

@@ -51,14 +51,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings, ValueFormat
-from pgcdc.core.spark_settings import ApplyPath, ParsePath, ReadPath
+from pgcdc.core.spark_settings import ApplyPath, DirectPlanner, ParsePath, ReadPath
 from sinks.base import Change, OnePerKey, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.fast_changes import NativeParts, native_parts
 from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
-from spark_jobs.kafka_direct import Range, plan_ranges, range_starts, read_range
+from spark_jobs.kafka_direct import (
+    Range,
+    kafka_source_ranges,
+    plan_ranges,
+    range_starts,
+    read_range,
+)
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
@@ -688,7 +694,12 @@ class ApplyBatch:
             # says too (:meth:`_logged_ranges`); else they are collected first. Then a task
             # each reads its range. Not mapInArrow over the source's frame itself: each task
             # would then hold two Python workers, the source's and the apply's.
-            ranges = self._logged_ranges(self.batch_id)
+            ranges: list[Range] | None
+            if self.settings.spark.direct_planner is DirectPlanner.KAFKA:
+                # The frame is Spark's Kafka source's, whose records no task may read here.
+                ranges = self._kafka_source_ranges(self.batch_id)
+            else:
+                ranges = self._logged_ranges(self.batch_id)
             if ranges is None:
                 ranges = [Range.of(row) for row in events.collect()]
             self.read_from = range_starts(ranges)
@@ -744,6 +755,39 @@ class ApplyBatch:
                 extra={"job": self.opts.name, "batch_id": batch_id},
             )
         return plan_ranges(start, end)
+
+    def _kafka_source_ranges(self, batch_id: int | None) -> list[Range]:
+        """Batch ``batch_id``'s offset ranges as Spark's Kafka source planned them
+        (``spark.direct_planner = kafka``): from its start, the previous batch's entry of
+        the offsets log or, for the first batch, the initial offsets the source logs
+        (``sources/0/0``), to this batch's entry (:func:`kafka_source_ranges`)."""
+        if batch_id is None or self._offsets_log is None:
+            raise ConfigError(
+                "spark.direct_planner = kafka takes each batch's ranges from the checkpoint's "
+                f"offsets log, which {self.opts.checkpoint} does not hold as a local directory"
+            )
+        checkpoint = self._offsets_log.parent
+        try:
+            end = self._logged(batch_id)
+            if batch_id:
+                start = self._logged(batch_id - 1)
+            else:
+                initial = checkpoint / "sources" / "0" / "0"
+                start = behind.logged_offsets(initial.read_text(errors="replace"))
+        except (OSError, ValueError) as e:
+            raise RuntimeError(
+                f"batch {batch_id}: the checkpoint's offsets log does not say the batch's "
+                f"offsets ({e}); the job stops rather than read the records through the JVM"
+            ) from e
+        ranges, again = kafka_source_ranges(start, end)
+        for line in again:
+            log.warning(
+                "batch %d: read from its log start: %s",
+                batch_id,
+                line,
+                extra={"job": self.opts.name, "batch_id": batch_id},
+            )
+        return ranges
 
     def _logged(self, batch_id: int) -> behind.Offsets:
         assert self._offsets_log is not None

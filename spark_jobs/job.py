@@ -20,7 +20,7 @@ from typing import Any
 from pgcdc.core.errors import ConfigError
 from pgcdc.core.health import HealthServer
 from pgcdc.core.logs import configure_logging
-from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
+from pgcdc.core.spark_settings import CheckpointFiles, DirectPlanner, ReadPath
 from spark_jobs import behind
 from spark_jobs.apply_loop import ApplyBatch, Follower, SinkFactory
 from spark_jobs.checkpoint_lock import CheckpointInUse, checkpoint_lock
@@ -101,6 +101,15 @@ def run(
         chosen = [followers[n] for n in opts.followers] if followers else []
         if len(chosen) > 1:
             behind.local_dir(opts.checkpoint)  # where it keeps who is behind
+        planned_by_kafka = settings.spark.direct_planner is DirectPlanner.KAFKA
+        direct = settings.spark.read is ReadPath.DIRECT
+        if direct and planned_by_kafka and not is_local_path(opts.checkpoint):
+            raise ConfigError(
+                f"spark.direct_planner = kafka reads each batch's offsets from the "
+                f"checkpoint's offsets log, and {opts.checkpoint} is not a local directory: "
+                "give --checkpoint a local or mounted path, or set spark.direct_planner = "
+                "python"
+            )
     except ConfigError as e:  # one line, as the reader's: a variable no setting has, a value
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -143,12 +152,15 @@ def run(
             ready, health_port, settings.health_host, metrics=batch.metrics.render
         ).start()
     log.info(
-        "started %s: %stopics=%s checkpoint=%s read=%s parse=%s%s",
+        "started %s: %stopics=%s checkpoint=%s read=%s%s parse=%s%s",
         opts.name,
         f"followers={','.join(f.job for f in batch.followers)} " if followers else "",
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
         settings.spark.read,
+        f" planner={settings.spark.direct_planner}"
+        if settings.spark.read is ReadPath.DIRECT
+        else "",
         "python" if settings.spark.read is ReadPath.DIRECT else settings.spark.parse,
         apply_said(settings),
         extra={"job": opts.name},

@@ -195,6 +195,27 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[Range]:
     return out
 
 
+def kafka_source_ranges(start: Offsets, end: Offsets) -> tuple[list[Range], list[str]]:
+    """The ranges of a batch Spark's Kafka source planned (``spark.direct_planner = kafka``)
+    from its logged ``start`` and ``end`` offsets, and a line for each partition that
+    started over; as :func:`reconcile` would have them: a partition new to the offsets is
+    read from its log start (so is one the Kafka source plans); one whose offsets went back
+    (a topic deleted and made again), which the Kafka source would skip, from its log start
+    too. Offset 0 stands for the log start: the tasks' consumers go on from there
+    (``auto.offset.reset``)."""
+    out: list[Range] = []
+    again: list[str] = []
+    for t, parts in sorted(end.items()):
+        for p, stop in sorted(parts.items(), key=lambda kv: int(kv[0])):
+            begin = start.get(t, {}).get(p, 0)
+            if begin > stop:
+                again.append(f"{t}[{p}]: offset {begin} is past the end {stop} (topic made again?)")
+                begin = 0
+            if stop > begin:
+                out.append(Range(t, int(p), begin, stop))
+    return out, again
+
+
 def range_starts(ranges: Iterable[Range]) -> Offsets:
     """Where each range starts, as offsets."""
     out: Offsets = {}

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from pgcdc.core.kafka_config import client_config, spark_source_options
 from pgcdc.core.settings import Settings
-from pgcdc.core.spark_settings import CheckpointFiles, ReadPath
+from pgcdc.core.spark_settings import CheckpointFiles, DirectPlanner, ReadPath
 from spark_jobs.kafka_direct import SOURCE_NAME, Subscription, direct_source
 from spark_jobs.options import JobOptions
 
@@ -23,6 +23,10 @@ from spark_jobs.options import JobOptions
 # (kafka.sasl.jaas.config) and maybe an inline private key (kafka.ssl.keystore.key).
 REDACTED_OPTIONS = r"(?i)url|password|secret|token|jaas|keystore\.key"
 FETCH_MAX_WAIT_MS = 10
+# One attempt of Spark's Kafka source at the offsets waits this long at most for the brokers
+# (the Java clients' default.api.timeout.ms), then it tries again after FETCH_RETRY_MS.
+PLANNER_ATTEMPT_MS = 60_000
+FETCH_RETRY_MS = 1_000
 FILESYSTEM_CHECKPOINTS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -160,6 +164,32 @@ def source_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
     return options
 
 
+def planner_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
+    """The options of Spark's Kafka source when it only plans the direct read's batches
+    (``spark.direct_planner = kafka``): its frame is never read, the tasks read the ranges
+    the checkpoint's offsets log says (:meth:`spark_jobs.apply_loop.ApplyBatch._tasks`).
+
+    As the Python planner does (:class:`spark_jobs.kafka_direct.DirectReader`): the offsets
+    are the last stable ones (``read_committed``, as the tasks' consumers read), a partition
+    whose records are gone is no failure (the tasks read from its log start), and Kafka is
+    asked again while it does not answer, for about ``spark.kafka_unavailable_s``."""
+    attempts = -(
+        -int(settings.spark.kafka_unavailable_s * 1000) // (PLANNER_ATTEMPT_MS + FETCH_RETRY_MS)
+    )
+    options = source_options(settings, opts)
+    options.pop("kafka.fetch.max.wait.ms", None)  # for a consumer that reads: none does
+    options.update(
+        {
+            "kafka.isolation.level": "read_committed",
+            "kafka.default.api.timeout.ms": str(PLANNER_ATTEMPT_MS),
+            "failOnDataLoss": "false",
+            "fetchOffset.numRetries": str(max(1, attempts)),
+            "fetchOffset.retryIntervalMs": str(FETCH_RETRY_MS),
+        }
+    )
+    return options
+
+
 def subscription(opts: JobOptions) -> Subscription:
     """The topics a job reads: those named, or those matching the pattern; and the heartbeat
     topic (unless the job runs without heartbeats)."""
@@ -220,7 +250,12 @@ def _runs_here(python: str) -> bool:
 def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> DataFrame:
     """The streaming frame of the table topics (and the heartbeat topic), with headers; with
     ``spark.read = "direct"``, of the batches' offset ranges (:mod:`spark_jobs.kafka_direct`),
-    which the tasks read themselves."""
+    which the tasks read themselves (planned by Spark's Kafka source with
+    ``spark.direct_planner = kafka``: :func:`planner_options`)."""
+    if settings.spark.read is ReadPath.DIRECT and (
+        settings.spark.direct_planner is DirectPlanner.KAFKA
+    ):
+        return spark.readStream.format("kafka").options(**planner_options(settings, opts)).load()
     if settings.spark.read is ReadPath.DIRECT:
         source = direct_source(
             client_config(settings.kafka),

@@ -40,6 +40,15 @@ class ReadPath(StrEnum):
     DIRECT = "direct"
 
 
+class DirectPlanner(StrEnum):
+    """What plans the direct read's batches (``spark.direct_planner``): the Python data
+    source (:mod:`spark_jobs.kafka_direct`), or Spark's Kafka source in the JVM, whose
+    offsets the tasks then read themselves all the same."""
+
+    PYTHON = "python"
+    KAFKA = "kafka"
+
+
 class ApplyPath(StrEnum):
     """How the direct read's tasks take their records to changes (``spark.apply``)."""
 
@@ -102,6 +111,12 @@ class SparkSettings(BaseModel):
     # range, or no module, goes the `python` way (spark_jobs/parse.py, reduce.py,
     # changes.py), as every range does with `python`.
     apply: ApplyPath = ApplyPath.NATIVE
+    # With `read = direct`: what plans each batch's offsets. `python`: the Python data source
+    # (spark_jobs/kafka_direct.py), in Python processes of the driver's own. `kafka`: Spark's
+    # Kafka source, in the JVM (no Python process plans: a job's first batch starts about
+    # 0.5 s sooner); the tasks read each range themselves either way, with `kafka` the ranges
+    # its offsets log says, so the checkpoint must be a local (or mounted) directory.
+    direct_planner: DirectPlanner = DirectPlanner.PYTHON
 
     @model_validator(mode="before")
     @classmethod

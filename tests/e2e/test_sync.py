@@ -77,16 +77,19 @@ def _equal(p: Pipeline, state: object) -> bool:
     return not diff(leader_state(p.dsn, TABLE), state(p, TABLE))  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("read", ["spark", "direct", "native"])
+@pytest.mark.parametrize("read", ["spark", "direct", "native", "kafka-planned"])
 def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read: str) -> None:
     """With either read; the direct one in several batches, its checkpoint written through
     Hadoop's FileSystem API (spark.checkpoint_files = filesystem), the other's through
     FileContext (the default); ``native``: the direct read with ``spark.apply = native``
-    (spark_jobs/fast_changes.py), whose batches say how many changes it built."""
+    (spark_jobs/fast_changes.py), whose batches say how many changes it built;
+    ``kafka-planned``: the direct read planned by Spark's Kafka source
+    (``spark.direct_planner = kafka``), each batch's ranges from its offsets log."""
     if read == "native" and not hasattr(native.module(), "FastChanges"):
         pytest.skip("pgcdc's native module is not built (make install, with cargo)")
-    _write(pipeline, {"spark": 0, "direct": 1, "native": 3}[read])  # the test below: 1, 2
-    path = "direct" if read == "native" else read
+    _write(pipeline, {"spark": 0, "direct": 1, "native": 3, "kafka-planned": 4}[read])
+    path = "spark" if read == "spark" else "direct"
+    planner = "kafka" if read == "kafka-planned" else "python"
     # Each read path with its own checkpoint: the direct one starts from offset 0 too.
     files = "filesystem" if path == "direct" else "filecontext"
     p = replace(
@@ -97,6 +100,7 @@ def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read
             ("CDC_SPARK__READ", path),
             ("CDC_SPARK__CHECKPOINT_FILES", files),
             ("CDC_SPARK__APPLY", "native" if read == "native" else "python"),
+            ("CDC_SPARK__DIRECT_PLANNER", planner),
         ),
     )
     # The direct read in batches of 150, from offset 0: each batch's ranges come from the
@@ -105,13 +109,17 @@ def test_one_query_keeps_both_followers(pipeline: Pipeline, tmp_path: Path, read
     run_jobs_available_now(p, ("sync",), tmp_path, *FOLLOWERS, *limit)
     log = (tmp_path / "sync.log").read_text(errors="replace")
     assert f" read={path} " in log, log[-3000:]
+    assert (f" planner={planner} " in log) == (path == "direct"), log[-3000:]
     logged = "batch 0: the offset ranges come from the checkpoint's offsets log" in log
-    assert logged == (path == "direct"), log[-3000:]
+    assert logged == (path == "direct" and planner == "python"), log[-3000:]
     built = re.findall(r"batch \d+: cache_sync applied=\d+ .* native=(\d+) ", log)
     assert bool(built) == (read == "native"), log[-3000:]
     checkpoint = p.checkpoint_dir / "sync"
     offsets = [f.name for f in (checkpoint / "offsets").iterdir()]
     assert "0" in offsets
+    if planner == "kafka":  # Spark's Kafka source planned: it logged where it started
+        assert (checkpoint / "sources" / "0" / "0").exists()
+        assert len([name for name in offsets if name.isdigit()]) > 2  # batches of 150
     assert any(name.endswith(".crc") for name in offsets) == (files == "filecontext"), offsets
     assert (checkpoint / LOCK_FILE).exists() == (files == "filesystem")
     for state in (cache_state, search_state):

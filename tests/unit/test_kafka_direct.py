@@ -6,6 +6,7 @@ from spark_jobs.kafka_direct import (
     Range,
     Subscription,
     admit,
+    kafka_source_ranges,
     plan_ranges,
     reconcile,
     starting_offsets,
@@ -69,3 +70,20 @@ def test_subscription_matches_whole_names_like_spark() -> None:
     named = Subscription(("shop.public.orders",), None)
     assert named.wants("shop.public.orders")
     assert not named.wants("shop.public.other")
+
+
+def test_kafka_source_ranges_read_new_and_remade_partitions_from_their_log_start() -> None:
+    """Spark's Kafka source's logged offsets (spark.direct_planner = kafka): a partition
+    with records gets its range; one new to the offsets (a new topic or partition) and one
+    whose offsets went back (its topic made again, which the Kafka source would skip) are
+    read from offset 0, the log start; one gone from the end is not read."""
+    start = {"p.public.a": {"0": 5, "1": 12, "2": 4}, "gone": {"0": 9}}
+    end = {"p.public.a": {"0": 9, "1": 3, "2": 4}, "hb": {"0": 2}}
+    ranges, again = kafka_source_ranges(start, end)
+    assert ranges == [
+        Range("hb", 0, 0, 2),
+        Range("p.public.a", 0, 5, 9),
+        Range("p.public.a", 1, 0, 3),
+    ]
+    assert again == ["p.public.a[1]: offset 12 is past the end 3 (topic made again?)"]
+    assert kafka_source_ranges(end, end) == ([], [])

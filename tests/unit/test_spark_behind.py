@@ -209,3 +209,18 @@ def test_a_single_follower_never_falls_behind(tmp_path: Path) -> None:
     with pytest.raises(RetryableSinkError):
         batch._each(0, batch.followers, lambda fs: {"cache_sync": "down"})
     assert batch.behind == {} and not (tmp_path / behind.STATE_FILE).exists()
+
+
+def test_the_kafka_planner_refuses_a_checkpoint_that_is_not_local(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spark.direct_planner = kafka takes each batch's ranges from the checkpoint's offsets
+    log: a job on an hdfs:// checkpoint stops at once, with one line (no JVM started)."""
+    from spark_jobs.job import run
+
+    monkeypatch.setenv("CDC_SPARK__DIRECT_PLANNER", "kafka")
+    status = run("cache_sync", lambda _: None, ["--checkpoint", "hdfs://nn/ckpt/cache"])  # type: ignore[arg-type,return-value]
+    assert status == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: spark.direct_planner = kafka reads each batch's offsets"), line
+    assert "hdfs://nn/ckpt/cache is not a local directory" in line and "\n" not in line

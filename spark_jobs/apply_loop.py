@@ -70,7 +70,7 @@ from spark_jobs.options import JobOptions
 from spark_jobs.parse import RecordParser, parsed_after
 from spark_jobs.progress import AVAILABLE_NOW_BATCH_RECORDS
 from spark_jobs.reduce import latest_per_key
-from spark_jobs.source import catch_up_records
+from spark_jobs.source import catch_up_records, direct_planner
 from spark_jobs.stats import BatchStats
 from spark_jobs.transfer import (
     RECORD_COLUMNS,
@@ -676,6 +676,7 @@ class ApplyBatch:
         # The direct read's ranges come from the checkpoint's offsets log when it is a local
         # directory (_logged_ranges); the batch running now.
         self._offsets_log = _local_offsets_log(opts.checkpoint)
+        self.planner = direct_planner(settings, opts.checkpoint)  # with spark.read = direct
         self.batch_id: int | None = None
         self._said_logged = False
         for f in self.followers:
@@ -695,7 +696,7 @@ class ApplyBatch:
             # each reads its range. Not mapInArrow over the source's frame itself: each task
             # would then hold two Python workers, the source's and the apply's.
             ranges: list[Range] | None
-            if self.settings.spark.direct_planner is DirectPlanner.KAFKA:
+            if self.planner is DirectPlanner.KAFKA:
                 # The frame is Spark's Kafka source's, whose records no task may read here.
                 ranges = self._kafka_source_ranges(self.batch_id)
             else:

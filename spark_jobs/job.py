@@ -158,9 +158,7 @@ def run(
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
         settings.spark.read,
-        f" planner={settings.spark.direct_planner}"
-        if settings.spark.read is ReadPath.DIRECT
-        else "",
+        f" planner={batch.planner}" if settings.spark.read is ReadPath.DIRECT else "",
         "python" if settings.spark.read is ReadPath.DIRECT else settings.spark.parse,
         apply_said(settings),
         extra={"job": opts.name},

@@ -69,6 +69,16 @@ def is_local_path(path: str) -> bool:
     return scheme in ("", "file")
 
 
+def direct_planner(settings: Settings, checkpoint: str) -> DirectPlanner:
+    """What plans the direct read of the job checkpointing at ``checkpoint``
+    (``spark.direct_planner``; ``auto``: Spark's Kafka source where the checkpoint is local,
+    since the tasks' ranges are then read from its offsets log)."""
+    chosen = settings.spark.direct_planner
+    if chosen is DirectPlanner.AUTO:
+        return DirectPlanner.KAFKA if is_local_path(checkpoint) else DirectPlanner.PYTHON
+    return chosen
+
+
 def checkpoint_files(settings: Settings, checkpoint: str) -> CheckpointFiles:
     """How the job checkpointing at ``checkpoint`` writes its files (``auto`` resolved)."""
     chosen = settings.spark.checkpoint_files
@@ -253,7 +263,7 @@ def kafka_stream(spark: SparkSession, settings: Settings, opts: JobOptions) -> D
     which the tasks read themselves (planned by Spark's Kafka source with
     ``spark.direct_planner = kafka``: :func:`planner_options`)."""
     if settings.spark.read is ReadPath.DIRECT and (
-        settings.spark.direct_planner is DirectPlanner.KAFKA
+        direct_planner(settings, opts.checkpoint) is DirectPlanner.KAFKA
     ):
         return spark.readStream.format("kafka").options(**planner_options(settings, opts)).load()
     if settings.spark.read is ReadPath.DIRECT:

@@ -43,8 +43,10 @@ class ReadPath(StrEnum):
 class DirectPlanner(StrEnum):
     """What plans the direct read's batches (``spark.direct_planner``): the Python data
     source (:mod:`spark_jobs.kafka_direct`), or Spark's Kafka source in the JVM, whose
-    offsets the tasks then read themselves all the same."""
+    offsets the tasks then read themselves all the same; ``auto``: the Kafka source where
+    the checkpoint is a local directory (``spark_jobs.source.direct_planner``)."""
 
+    AUTO = "auto"
     PYTHON = "python"
     KAFKA = "kafka"
 
@@ -115,8 +117,9 @@ class SparkSettings(BaseModel):
     # (spark_jobs/kafka_direct.py), in Python processes of the driver's own. `kafka`: Spark's
     # Kafka source, in the JVM (no Python process plans: a job's first batch starts about
     # 0.5 s sooner); the tasks read each range themselves either way, with `kafka` the ranges
-    # its offsets log says, so the checkpoint must be a local (or mounted) directory.
-    direct_planner: DirectPlanner = DirectPlanner.PYTHON
+    # its offsets log says, so the checkpoint must be a local (or mounted) directory. `auto`:
+    # `kafka` on a local checkpoint, `python` on `hdfs://`, `s3a://` and the like.
+    direct_planner: DirectPlanner = DirectPlanner.AUTO
 
     @model_validator(mode="before")
     @classmethod

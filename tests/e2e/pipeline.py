@@ -42,10 +42,10 @@ CDC = [sys.executable, "-m", "cdc"]
 
 
 def spark_paths() -> dict[str, str]:
-    """How the tests' jobs read, parse and apply (``spark.read``, ``spark.parse``,
-    ``spark.apply``): the test run's ``CDC_SPARK__READ``, ``CDC_SPARK__PARSE`` and
-    ``CDC_SPARK__APPLY`` (default: the settings' defaults, ``direct``, ``jvm`` and
-    ``native``), so the same tests prove every path."""
+    """How the tests' jobs read, parse, apply and plan (``spark.read``, ``spark.parse``,
+    ``spark.apply``, ``spark.direct_planner``): the test run's ``CDC_SPARK__READ``,
+    ``CDC_SPARK__PARSE``, ``CDC_SPARK__APPLY`` and ``CDC_SPARK__DIRECT_PLANNER`` (default:
+    the settings' defaults), so the same tests prove every path."""
     from pgcdc.core.spark_settings import SparkSettings
 
     default = SparkSettings(checkpoint_dir="unused")
@@ -53,6 +53,7 @@ def spark_paths() -> dict[str, str]:
         "read": os.environ.get("CDC_SPARK__READ", default.read.value),
         "parse": os.environ.get("CDC_SPARK__PARSE", default.parse.value),
         "apply": os.environ.get("CDC_SPARK__APPLY", default.apply.value),
+        "direct_planner": os.environ.get("CDC_SPARK__DIRECT_PLANNER", default.direct_planner.value),
     }
 
 
@@ -84,6 +85,7 @@ class Pipeline:
             CDC_SPARK__READ=spark_paths()["read"],
             CDC_SPARK__PARSE=spark_paths()["parse"],
             CDC_SPARK__APPLY=spark_paths()["apply"],
+            CDC_SPARK__DIRECT_PLANNER=spark_paths()["direct_planner"],
         )
         env.update(self.settings_env)
         env.update(extra)

@@ -224,3 +224,23 @@ def test_the_kafka_planner_refuses_a_checkpoint_that_is_not_local(
     line = capsys.readouterr().err.strip()
     assert line.startswith("error: spark.direct_planner = kafka reads each batch's offsets"), line
     assert "hdfs://nn/ckpt/cache is not a local directory" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("given", "checkpoint", "planner"),
+    [
+        ("auto", "/var/ckpt/sync", "kafka"),
+        ("auto", "file:///var/ckpt/sync", "kafka"),
+        ("auto", "hdfs://nn/ckpt/sync", "python"),
+        ("auto", "s3a://bucket/ckpt/sync", "python"),
+        ("python", "/var/ckpt/sync", "python"),
+        ("kafka", "/var/ckpt/sync", "kafka"),
+    ],
+)
+def test_auto_plans_with_the_kafka_source_where_the_offsets_log_is_local(
+    monkeypatch: pytest.MonkeyPatch, given: str, checkpoint: str, planner: str
+) -> None:
+    from spark_jobs.source import direct_planner
+
+    monkeypatch.setenv("CDC_SPARK__DIRECT_PLANNER", given)
+    assert direct_planner(load_settings(), checkpoint) == planner

@@ -128,6 +128,13 @@ class SparkJobs:
         spark_cds.ensure()
         self.env.create_topics([dead_letter_topic(self.prefix)])
         env = self.environ()
+        if self.root != ROOT:
+            # The driver runs spark_jobs/<job>.py as a script, so its own folder is on its
+            # path, not the checkout's: without this it imported the project's packages from
+            # the editable install (this checkout), and only the tasks ran the other's code.
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(self.root), env.get("PYTHONPATH")])
+            )
         self.started = time.time()
         master = ["--master", self.master] if self.master else []
         if self.total_cores:

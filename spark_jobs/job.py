@@ -101,9 +101,9 @@ def run(
         chosen = [followers[n] for n in opts.followers] if followers else []
         if len(chosen) > 1:
             behind.local_dir(opts.checkpoint)  # where it keeps who is behind
-        planned_by_kafka = settings.spark.direct_planner is DirectPlanner.KAFKA
         direct = settings.spark.read is ReadPath.DIRECT
-        if direct and planned_by_kafka and not is_local_path(opts.checkpoint):
+        planned_by_kafka = direct and settings.spark.direct_planner is DirectPlanner.KAFKA
+        if planned_by_kafka and not is_local_path(opts.checkpoint):
             raise ConfigError(
                 f"spark.direct_planner = kafka reads each batch's offsets from the "
                 f"checkpoint's offsets log, and {opts.checkpoint} is not a local directory: "
@@ -158,14 +158,13 @@ def run(
         ",".join(opts.topics) or opts.topic_pattern,
         opts.checkpoint,
         settings.spark.read,
-        f" planner={batch.planner}" if settings.spark.read is ReadPath.DIRECT else "",
-        "python" if settings.spark.read is ReadPath.DIRECT else settings.spark.parse,
+        f" planner={batch.planner}" if direct else "",
+        "python" if direct else settings.spark.parse,
         apply_said(settings),
         extra={"job": opts.name},
     )
     start_python_workers(spark)  # while the query plans its first batch
     try:
-        direct = settings.spark.read is ReadPath.DIRECT
         progress = ProgressLog(opts.name, direct=direct) if opts.available_now else None
         await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:

@@ -5,9 +5,10 @@ Python workers).
 A micro-batch is one Spark stage with a task per Kafka partition (per key-hash partition
 with ``--min-partitions``): ``DataFrame.mapInArrow`` hands each task its partition as Arrow
 batches (:mod:`spark_jobs.transfer` turns them into dicts and sends the task's stats back);
-with ``spark.read = "direct"`` the batch's frame is its offset ranges and a task of a
-plain RDD (no Spark SQL plan) reads each range from Kafka itself
-(:mod:`spark_jobs.kafka_direct`, :func:`apply_ranges`). Each
+with ``spark.read = "direct"`` the batch's frame is its offset ranges and the tasks of a
+plain RDD (no Spark SQL plan), a task a core, read the ranges from Kafka themselves, up to
+``spark.ranges_at_once`` at a time each (:mod:`spark_jobs.kafka_direct`,
+:func:`apply_ranges`). Each
 task, in parallel: with ``spark.parse = "python"`` parses its raw Kafka records
 itself, once each (:mod:`spark_jobs.parse`; with ``"jvm"`` Spark SQL parsed them before,
 :mod:`spark_jobs.transforms`); reduces its rows to the newest event per key
@@ -33,6 +34,7 @@ the batch: the versions make the replay harmless.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -64,6 +66,7 @@ from spark_jobs.kafka_direct import (
     plan_ranges,
     range_starts,
     read_range,
+    spread_ranges,
 )
 from spark_jobs.metrics import JobMetrics
 from spark_jobs.options import JobOptions
@@ -128,27 +131,29 @@ class Follower:
     make_sink: SinkFactory
 
 
-_SINKS: dict[tuple[str, str], Sink] = {}
+_SINKS: dict[tuple[str, str, int], Sink] = {}
 
 
-def _sink_key(settings: Settings, job: str) -> tuple[str, str]:
-    return (job, settings.model_dump_json())
+def _sink_key(settings: Settings, job: str, slot: int = 0) -> tuple[str, str, int]:
+    return (job, settings.model_dump_json(), slot)
 
 
-def cached_sink(settings: Settings, job: str, make_sink: SinkFactory) -> Sink:
-    """One sink per job in each Python worker: Spark reuses its workers across tasks and
-    batches, so connections, loaded scripts and known indices outlive a micro-batch."""
-    key = _sink_key(settings, job)
+def cached_sink(settings: Settings, job: str, make_sink: SinkFactory, slot: int = 0) -> Sink:
+    """One sink per job in each Python worker, and per ``slot`` (a range a task applies
+    beside another: :func:`apply_ranges`; a sink serves one thread): Spark reuses its
+    workers across tasks and batches, so connections, loaded scripts and known indices
+    outlive a micro-batch."""
+    key = _sink_key(settings, job, slot)
     sink = _SINKS.get(key)
     if sink is None:
         sink = _SINKS[key] = make_sink(settings)
     return sink
 
 
-def drop_sink(settings: Settings, job: str) -> None:
-    """Close ``job``'s cached sink: one in an unknown state is not reused (the next use
-    builds a new one)."""
-    sink = _SINKS.pop(_sink_key(settings, job), None)
+def drop_sink(settings: Settings, job: str, slot: int = 0) -> None:
+    """Close ``job``'s cached sink of ``slot``: one in an unknown state is not reused (the
+    next use builds a new one)."""
+    sink = _SINKS.pop(_sink_key(settings, job, slot), None)
     if sink is not None:
         sink.close()
         thaw()  # its cycles, frozen after an earlier task, are garbage now
@@ -175,15 +180,18 @@ class _Targets:
     """The task's followers; :meth:`each` runs an action on each one still reachable, one
     after the other, and :meth:`each_concurrently` in a thread per follower."""
 
-    def __init__(self, settings: Settings, followers: Sequence[Follower]) -> None:
+    def __init__(self, settings: Settings, followers: Sequence[Follower], slot: int = 0) -> None:
         self.settings = settings
+        self.slot = slot  # whose sinks (cached_sink)
         self.all = [_Target(f, BatchStats(job=f.job)) for f in followers]
         self._pool: ThreadPoolExecutor | None = None
         self._inflight: dict[int, Future[None]] = {}
         self.each(self._open)
 
     def _open(self, target: _Target) -> None:
-        target.sink = cached_sink(self.settings, target.follower.job, target.follower.make_sink)
+        target.sink = cached_sink(
+            self.settings, target.follower.job, target.follower.make_sink, self.slot
+        )
 
     def each(self, action: Callable[[_Target], None]) -> None:
         """``action(target)`` for each reachable one, in this thread, once every action
@@ -247,15 +255,18 @@ class _Targets:
         try:
             action(target)
         except RetryableSinkError as e:
-            drop_sink(self.settings, target.follower.job)
+            drop_sink(self.settings, target.follower.job, self.slot)
             target.unreachable = str(e)[:300] or type(e).__name__
         except BaseException:
-            drop_sink(self.settings, target.follower.job)
+            drop_sink(self.settings, target.follower.job, self.slot)
             raise
 
 
 def apply_partition(
-    settings: Settings, followers: Sequence[Follower], rows: Iterable[Mapping[str, Any]]
+    settings: Settings,
+    followers: Sequence[Follower],
+    rows: Iterable[Mapping[str, Any]],
+    slot: int = 0,
 ) -> Iterator[BatchStats]:
     """Apply one partition of the reduced batch to each follower; yields each follower's
     stats (``job`` names it).
@@ -266,11 +277,12 @@ def apply_partition(
     events are counted and skipped; heartbeats only raise the partition's heartbeat LSN.
     A follower that is unreachable (:class:`RetryableSinkError`) does not stop the others:
     its stats say ``unreachable`` and the driver runs the batch again for it alone.
+    ``slot`` says whose sinks it writes with (:func:`cached_sink`).
     """
     # Schema rows may come after the changes that need them: read the partition first.
     rows = list(rows)
     schemas = {row["schema_id"]: row["schema_json"] for row in rows if row["kind"] == SCHEMA}
-    targets = _Targets(settings, followers)
+    targets = _Targets(settings, followers, slot)
     try:
         yield from _apply_rows(settings, targets, schemas, rows)
     finally:
@@ -325,7 +337,7 @@ def _apply_rows(
 
 
 def apply_parts(
-    settings: Settings, followers: Sequence[Follower], parts: NativeParts
+    settings: Settings, followers: Sequence[Follower], parts: NativeParts, slot: int = 0
 ) -> Iterator[BatchStats]:
     """Apply one range's changes built natively a part at a time
     (:class:`spark_jobs.fast_changes.NativeParts`) to each follower, as
@@ -342,8 +354,9 @@ def apply_parts(
 
     A part with a record off the native path ends it (False from
     :meth:`~spark_jobs.fast_changes.NativeParts.add_next`): what was handed stays written,
-    the rest of the range is the Python path's, from ``parts.taken_to``."""
-    targets = _Targets(settings, followers)
+    the rest of the range is the Python path's, from ``parts.taken_to``. ``slot``: as
+    :func:`apply_partition`'s."""
+    targets = _Targets(settings, followers, slot)
     try:
         each_chunk = _chunks_to(settings, targets)
         pipelined = settings.spark.concurrent_followers and len(targets.all) > 1
@@ -483,23 +496,91 @@ def apply_ranges(
     ids: Iterable[int],
 ) -> Iterator[BatchStats]:
     """The task function with ``spark.read = "direct"``: ``ids`` are indices into the
-    batch's offset ``ranges`` (one a task: :meth:`ApplyBatch._range_tasks`), each range read
-    from Kafka here (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and
+    batch's offset ``ranges`` (the task's share: :meth:`ApplyBatch._range_tasks`), each range
+    read from Kafka here (:func:`spark_jobs.kafka_direct.read_range`), parsed, reduced and
     applied, the garbage collector paused meanwhile (:mod:`spark_jobs.gc_pause`); each
-    follower's stats of each range."""
+    follower's stats of each range.
+
+    Up to ``spark.ranges_at_once`` ranges are applied at once, each in a thread with sinks of
+    its own (its *slot*: :func:`cached_sink`); a range's records stay in order, and ranges
+    are Kafka partitions, whose keys no other range holds. The first range that fails fails
+    the task, once the ranges under way have ended (no other is started)."""
+    ids = list(ids)
+    at_once = min(settings.spark.ranges_at_once, len(ids))
     conf = client_config(settings.kafka)
-    native = settings.spark.apply is ApplyPath.NATIVE
+
+    def one(i: int, slot: int) -> list[BatchStats]:
+        return _apply_range(settings, followers, heartbeat_topic, conf, ranges[i], slot)
+
+    if at_once <= 1:
+        for i in ids:
+            with gc_paused():
+                done = one(i, 0)
+            yield from done
+        return
+    with gc_paused():
+        by_range = _concurrently(ids, at_once, one)
     for i in ids:
-        r: Range | None = ranges[i]
-        with gc_paused():
-            done: list[BatchStats] = []
-            if native and settings.schema_.value_format is not ValueFormat.AVRO:
-                done, r = _native_part(settings, followers, heartbeat_topic, conf, ranges[i])
-            if r is not None:
-                records = read_range(conf, r)
-                rows = record_parser(settings, heartbeat_topic).rows(records)
-                done += apply_partition(settings, followers, latest_per_key(rows))
-        yield from done
+        yield from by_range[i]
+
+
+def _apply_range(
+    settings: Settings,
+    followers: Sequence[Follower],
+    heartbeat_topic: str | None,
+    conf: Mapping[str, str],
+    r: Range,
+    slot: int,
+) -> list[BatchStats]:
+    """Each follower's stats of range ``r``, applied with ``slot``'s sinks: natively what
+    that path takes (:func:`_native_part`), the rest the Python way."""
+    done: list[BatchStats] = []
+    left: Range | None = r
+    native = settings.spark.apply is ApplyPath.NATIVE
+    if native and settings.schema_.value_format is not ValueFormat.AVRO:
+        done, left = _native_part(settings, followers, heartbeat_topic, conf, r, slot)
+    if left is not None:
+        records = read_range(conf, left, keep=settings.spark.ranges_at_once)
+        rows = record_parser(settings, heartbeat_topic).rows(records)
+        done += apply_partition(settings, followers, latest_per_key(rows), slot)
+    return done
+
+
+def _concurrently(
+    ids: Sequence[int], at_once: int, run: Callable[[int, int], list[BatchStats]]
+) -> dict[int, list[BatchStats]]:
+    """``run(i, slot)`` for each of ``ids``, in ``at_once`` threads (``slot`` says which),
+    each taking the next id when its last one is done; what each returned, by id. After a
+    failure no id is started, and the first failure is raised once the others have ended."""
+    pending = collections.deque(ids)
+    done: dict[int, list[BatchStats]] = {}
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def take(slot: int) -> None:
+        while True:
+            with lock:
+                if failures or not pending:
+                    return
+                i = pending.popleft()
+            try:
+                done[i] = run(i, slot)
+            except BaseException as e:
+                with lock:
+                    failures.append(e)
+                return
+
+    threads = [
+        threading.Thread(target=take, args=(slot,), name=f"range-{slot}", daemon=True)
+        for slot in range(at_once)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return done
 
 
 def _stats(s: object) -> BatchStats:
@@ -515,16 +596,17 @@ def _native_part(
     heartbeat_topic: str | None,
     conf: Mapping[str, str],
     r: Range,
+    slot: int = 0,
 ) -> tuple[list[BatchStats], Range | None]:
     """What of ``r`` the native path applies (:func:`apply_parts`): each follower's stats
     of it, and what is left of ``r`` for the Python path (None: nothing; ``r`` itself when
     the range is not for the native path)."""
-    records = read_range(conf, r)
+    records = read_range(conf, r, keep=settings.spark.ranges_at_once)
     try:
         parts = native_parts(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
         if parts is None:
             return [], r
-        done = list(apply_parts(settings, followers, parts))
+        done = list(apply_parts(settings, followers, parts, slot))
         if parts.whole:
             return done, None
         return done, Range(r.topic, r.partition, parts.taken_to, r.end)
@@ -676,6 +758,7 @@ class ApplyBatch:
         # The direct read's ranges come from the checkpoint's offsets log when it is a local
         # directory (_logged_ranges); the batch running now.
         self._offsets_log = _local_offsets_log(opts.checkpoint)
+        self._dynamic: bool | None = None  # Spark's dynamic allocation (_task_groups)
         self.planner = direct_planner(settings, opts.checkpoint)  # with spark.read = direct
         self.batch_id: int | None = None
         self._said_logged = False
@@ -799,21 +882,40 @@ class ApplyBatch:
     def _range_tasks(
         self, spark: SparkSession, ranges: Sequence[Range], followers: Sequence[Follower]
     ) -> dict[str, BatchStats]:
-        """A task per offset range (``spark.read = "direct"``), as :meth:`_tasks`."""
+        """The batch's tasks over its offset ranges (``spark.read = "direct"``), as
+        :meth:`_tasks`: a task a range, or with ``spark.ranges_at_once`` above 1, the ranges
+        spread over a task a core (:func:`spread_ranges`), each task applying up to that many
+        at once (:func:`apply_ranges`): a task that waits on its followers then leaves its
+        core to a range of its own, and the last range of a batch does not run alone."""
         fs = tuple(followers)
         if not ranges:
             return self._totals(fs, [])
-        # A task per range, each given its index: a range parallelized makes each index a
-        # partition of its own in the task itself (no data shipped, no shuffle). An RDD,
-        # not a frame (spark.range(...).mapInArrow): no plan for Spark SQL to analyze and
+        # A task per group of range indices: the groups parallelized make each group a
+        # partition of its own in the task itself (no data shipped, no shuffle). An RDD, not
+        # a frame (spark.range(...).mapInArrow): no plan for Spark SQL to analyze and
         # optimize, and no Arrow runner per task, each batch. Measured at 1,000 changes/s
         # (the shared job, 200 ms triggers): the JVM's CPU fell from 6.7 to 5.3 s in 25 s.
-        n = len(ranges)
+        groups = self._task_groups(spark, ranges)
         apply = functools.partial(
             apply_ranges, self.settings, fs, self.opts.heartbeat_topic, tuple(ranges)
         )
-        done = spark.sparkContext.parallelize(range(n), n).mapPartitions(apply).collect()
+        tasks = spark.sparkContext.parallelize(groups, len(groups))
+        done = tasks.mapPartitions(lambda gs: apply(i for g in gs for i in g)).collect()
         return self._totals(fs, [_stats(s) for s in done])
+
+    def _task_groups(self, spark: SparkSession, ranges: Sequence[Range]) -> list[list[int]]:
+        """The range indices of each task: spread over a task a core with
+        ``spark.ranges_at_once`` above 1 (the cores Spark has now, each batch: executors come
+        and go), else a task a range. With dynamic allocation a task a range too: Spark asks
+        for executors by the tasks waiting, and a task a core would never ask for more."""
+        sc = spark.sparkContext
+        if self.settings.spark.ranges_at_once > 1:
+            if self._dynamic is None:
+                conf = sc.getConf().get("spark.dynamicAllocation.enabled", "false")
+                self._dynamic = conf.strip().lower() == "true"
+            if not self._dynamic:
+                return spread_ranges(ranges, sc.defaultParallelism)
+        return [[i] for i in range(len(ranges))]
 
     @staticmethod
     def _totals(fs: Sequence[Follower], tasks: Iterable[BatchStats]) -> dict[str, BatchStats]:

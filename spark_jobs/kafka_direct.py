@@ -13,10 +13,11 @@ batch's offset ranges:
   source's, so the checkpoint's offset log reads the same), planned on the driver from the
   brokers' low and high marks (:func:`reconcile`, :func:`admit`);
 * a micro-batch's frame is a row per topic-partition range with records
-  (:func:`plan_ranges`): ``foreachBatch`` collects those few rows and runs a task per range
-  (:func:`spark_jobs.apply_loop`), which reads it (:func:`read_range`), parses, reduces and
-  applies it. One partition holds every event of its keys, so the task's reduction is
-  whole, as with one task per Kafka partition on the Kafka source.
+  (:func:`plan_ranges`): ``foreachBatch`` spreads them over its tasks (:func:`spread_ranges`,
+  :func:`spark_jobs.apply_loop.apply_ranges`), and a task reads each of its ranges
+  (:func:`read_range`), parses, reduces and applies it. One partition holds every event of
+  its keys, so a range's reduction is whole, as with one task per Kafka partition on the
+  Kafka source.
 
 What Spark's Kafka source does with ``failOnDataLoss=false`` is done here too: a partition
 whose log start passed the next offset (retention, or a topic deleted and made again)
@@ -36,7 +37,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -216,6 +217,20 @@ def kafka_source_ranges(start: Offsets, end: Offsets) -> tuple[list[Range], list
     return out, again
 
 
+def spread_ranges(ranges: Sequence[Range], tasks: int) -> list[list[int]]:
+    """``ranges`` (by index) spread over at most ``tasks`` tasks so that each holds about as
+    many records: each range, the most records first, to the task that holds the fewest so
+    far (the first such task on a tie); each task's ranges in that order. No task is empty.
+    A range's records are counted as its offsets span (a compacted one holds fewer)."""
+    groups: list[list[int]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    load = [0] * len(groups)
+    for i in sorted(range(len(ranges)), key=lambda i: (-(ranges[i].end - ranges[i].start), i)):
+        least = load.index(min(load))
+        groups[least].append(i)
+        load[least] += ranges[i].end - ranges[i].start
+    return [g for g in groups if g]
+
+
 def range_starts(ranges: Iterable[Range]) -> Offsets:
     """Where each range starts, as offsets."""
     out: Offsets = {}
@@ -225,7 +240,7 @@ def range_starts(ranges: Iterable[Range]) -> Offsets:
 
 
 def read_range(
-    conf: Mapping[str, str], r: Range, stall_s: float = _STALL_S
+    conf: Mapping[str, str], r: Range, stall_s: float = _STALL_S, keep: int = 1
 ) -> Generator[KafkaRecord, None, None]:
     """The records of ``r`` from Kafka, in offset order (a compacted topic has gaps), a few
     hundred at a time and at most :data:`_PREFETCH_KB` prefetched (one larger record, up to
@@ -233,7 +248,7 @@ def read_range(
 
     The process keeps its consumer for the next range (:func:`_consumer`): making one and
     closing it cost each range 1.5 ms of CPU and 5-7 ms, however few its records. One that
-    failed is closed instead."""
+    failed is closed instead. Up to ``keep`` are kept (the ranges a task reads at once)."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     key, consumer = _consumer(conf)
@@ -281,12 +296,13 @@ def read_range(
         healthy = False
         raise
     finally:
-        _release(key, consumer, healthy)
+        _release(key, consumer, healthy, keep)
 
 
-# The process's idle consumer, under its client configuration: one at most (a Python worker
-# reads its tasks' ranges one after the other, all with its job's configuration).
-_IDLE: dict[tuple[tuple[str, str], ...], Any] = {}
+# The process's idle consumers, under their client configuration: of one configuration only
+# (a Python worker reads its tasks' ranges with its job's configuration), as many as it
+# reads ranges at once.
+_IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 _IDLE_LOCK = threading.Lock()
 
 
@@ -300,7 +316,10 @@ def _consumer(conf: Mapping[str, str]) -> tuple[tuple[tuple[str, str], ...], Any
 
     key = tuple(sorted(conf.items()))
     with _IDLE_LOCK:
-        idle = _IDLE.pop(key, None)
+        kept = _IDLE.get(key)
+        idle = kept.pop() if kept else None
+        if kept is not None and not kept:
+            del _IDLE[key]
     if idle is not None:
         return key, idle
     consumer = _Reader(
@@ -322,10 +341,10 @@ def _consumer(conf: Mapping[str, str]) -> tuple[tuple[tuple[str, str], ...], Any
     return key, consumer
 
 
-def _release(key: tuple[tuple[str, str], ...], consumer: Any, healthy: bool) -> None:
+def _release(key: tuple[tuple[str, str], ...], consumer: Any, healthy: bool, keep: int = 1) -> None:
     """Keep ``consumer`` for the next range, its partition unassigned (what it fetched of it
-    is dropped), in place of one kept for another configuration; or close it: one that
-    failed, or a second for the same configuration."""
+    is dropped), in place of those kept for another configuration; or close it: one that
+    failed, or one more than ``keep`` for the same configuration."""
     from confluent_kafka import KafkaException
 
     if healthy:
@@ -336,10 +355,12 @@ def _release(key: tuple[tuple[str, str], ...], consumer: Any, healthy: bool) -> 
     closing = [consumer]
     if healthy:
         with _IDLE_LOCK:
-            if key not in _IDLE:
-                closing = list(_IDLE.values())
-                _IDLE.clear()
-                _IDLE[key] = consumer
+            closing = [c for k in [k for k in _IDLE if k != key] for c in _IDLE.pop(k)]
+            kept = _IDLE.setdefault(key, [])
+            if len(kept) < keep:
+                kept.append(consumer)
+            else:
+                closing.append(consumer)
     for c in closing:
         c.close()
 

@@ -103,8 +103,8 @@ class SparkSettings(BaseModel):
     # `python` (orjson in the task that applies it, one parse per record: spark_jobs/parse.py).
     parse: ParsePath = ParsePath.JVM
     # How the jobs read Kafka: `direct` (each task reads its offset range itself with
-    # librdkafka and parses it in Python, whatever `parse` says; a task per Kafka partition:
-    # spark_jobs/kafka_direct.py) or `spark` (Spark's Kafka source; every record crosses the
+    # librdkafka and parses it in Python, whatever `parse` says; a task per Kafka partition
+    # or per core, `ranges_at_once`: spark_jobs/kafka_direct.py) or `spark` (Spark's Kafka source; every record crosses the
     # JVM). With `min_partitions` (which splits partitions) and no `read` given: `spark`.
     read: ReadPath = ReadPath.DIRECT
     # With `read = direct`: `native` (the default) takes a range of one table's common
@@ -120,6 +120,13 @@ class SparkSettings(BaseModel):
     # its offsets log says, so the checkpoint must be a local (or mounted) directory. `auto`:
     # `kafka` on a local checkpoint, `python` on `hdfs://`, `s3a://` and the like.
     direct_planner: DirectPlanner = DirectPlanner.AUTO
+    # With `read = direct`: how many of a batch's offset ranges (Kafka partitions) a task
+    # applies at once, each in a thread with follower connections of its own. Above 1, a
+    # batch's ranges are spread over a task a core (the most records first, to the task with
+    # the fewest), so that a task waiting on its followers leaves its core to another range
+    # (with Spark's dynamic allocation, a task a range still: it asks for executors by the
+    # tasks waiting); 1: a task a range, one at a time.
+    ranges_at_once: int = Field(default=2, ge=1, le=16)
 
     @model_validator(mode="before")
     @classmethod

@@ -58,16 +58,27 @@ def test_one_consumer_reads_range_after_range_and_a_failed_one_is_closed(
     first = read_range(conf, Range(a, 0, 0, 20))
     assert next(first).offset == 0  # its partition fetched ahead, then left
     first.close()
-    kept = kafka_direct._IDLE[key]
+    [kept] = kafka_direct._IDLE[key]
     assert kept.topics == {a}
     got = [(r.topic, r.partition, r.offset) for r in read_range(conf, Range(b, 1, 5, 9))]
     assert got == [(b, 1, o) for o in range(5, 9)]
-    assert kafka_direct._IDLE[key] is kept  # the same consumer, read again
+    assert kafka_direct._IDLE[key] == [kept]  # the same consumer, read again
     assert kept.topics == {a, b}
     again = list(read_range(conf, Range(a, 0, 18, 20)))
     assert [(r.topic, r.offset, r.value) for r in again] == [(a, 18, b"v36"), (a, 19, b"v38")]
-    assert kafka_direct._IDLE[key] is kept
-    # Another configuration's consumer takes its place: one is kept, not one a configuration.
+    assert kafka_direct._IDLE[key] == [kept]
+    # Two ranges read at once take two consumers; both are kept with keep=2, one with 1.
+    one, two = (
+        read_range(conf, Range(a, 0, 0, 2), keep=2),
+        read_range(conf, Range(b, 0, 0, 2), keep=2),
+    )
+    assert next(one).offset == 0 and next(two).offset == 0
+    assert key not in kafka_direct._IDLE  # both taken: the kept one and a new one
+    assert len(list(one)) == len(list(two)) == 1
+    assert len(kafka_direct._IDLE[key]) == 2 and kept in kafka_direct._IDLE[key]
+    assert len(list(read_range(conf, Range(a, 1, 0, 3)))) == 3
+    assert len(kafka_direct._IDLE[key]) == 1  # keep=1: the one read with is not kept again
+    # Another configuration's consumer takes their place: one configuration is kept.
     other = {**conf, "client.id": f"{topic_prefix}-2"}
     assert len(list(read_range(other, Range(a, 1, 0, 3)))) == 3
     assert list(kafka_direct._IDLE) == [tuple(sorted(other.items()))]

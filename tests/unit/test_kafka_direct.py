@@ -9,6 +9,7 @@ from spark_jobs.kafka_direct import (
     kafka_source_ranges,
     plan_ranges,
     reconcile,
+    spread_ranges,
     starting_offsets,
 )
 
@@ -87,3 +88,24 @@ def test_kafka_source_ranges_read_new_and_remade_partitions_from_their_log_start
     ]
     assert again == ["p.public.a[1]: offset 12 is past the end 3 (topic made again?)"]
     assert kafka_source_ranges(end, end) == ([], [])
+
+
+def test_spread_ranges_balances_records_over_the_tasks_the_most_first() -> None:
+    """The bench's batch: three partitions of a table and a heartbeat range over two cores;
+    each range goes, the most records first, to the task holding the fewest so far."""
+    rs = [Range("t", 0, 0, 33_000), Range("t", 1, 0, 34_000), Range("t", 2, 0, 33_500)]
+    rs.append(Range("hb", 0, 7, 9))
+    assert spread_ranges(rs, 2) == [[1, 3], [2, 0]]
+    # A tie goes to the first task; more tasks than ranges: a range a task, none empty.
+    assert spread_ranges([Range("t", p, 0, 10) for p in range(3)], 2) == [[0, 2], [1]]
+    assert spread_ranges(rs, 8) == [[1], [2], [0], [3]]
+    assert spread_ranges(rs, 1) == [[1, 2, 0, 3]]
+    # Each range in exactly one task, whatever the sizes.
+    many = [Range("t", p, p * 7 % 5, 10 + p * 13 % 17) for p in range(11)]
+    for tasks in range(1, 14):
+        groups = spread_ranges(many, tasks)
+        assert sorted(i for g in groups for i in g) == list(range(11))
+        assert len(groups) == min(tasks, 11)
+        sizes = [sum(many[i].end - many[i].start for i in g) for g in groups]
+        biggest = max(r.end - r.start for r in many)
+        assert max(sizes) - min(sizes) <= biggest  # no task over the others by a whole range

@@ -549,3 +549,79 @@ def test_a_follower_that_fails_the_task_fails_it_once_the_other_has_ended(
     # Both followers' threads had ended: the other's chunk after the failure was taken too.
     assert cache.inside == 0 and search.inside == 0 and cache.finished == 3
     assert len(search.batches) == 2 and search.closed
+
+
+def test_ranges_at_once_run_a_thread_a_slot_and_the_first_failure_ends_the_task() -> None:
+    """``_concurrently`` (a task's ranges, ``spark.ranges_at_once``): each id once, at most
+    ``at_once`` at a time, each thread with its own slot; after a failure no id starts, and
+    the failure is raised once the ranges under way have ended."""
+    both_in = threading.Barrier(2, timeout=10)
+    ran: list[tuple[int, int, str]] = []
+
+    def run(i: int, slot: int) -> list[apply_loop.BatchStats]:
+        if i in (10, 11):
+            both_in.wait()  # two ranges under way at once, or the barrier breaks
+        ran.append((i, slot, threading.current_thread().name))
+        return [apply_loop.BatchStats(job=f"j{i}", applied=i)]
+
+    done = apply_loop._concurrently([10, 11, 12, 13], 2, run)
+    assert {i: [s.applied for s in got] for i, got in done.items()} == {
+        10: [10],
+        11: [11],
+        12: [12],
+        13: [13],
+    }
+    assert {slot for _, slot, _ in ran} == {0, 1}
+    assert all(name == f"range-{slot}" for _, slot, name in ran)
+
+    started: list[int] = []
+    ended: list[int] = []
+    failed_in: list[threading.Thread] = []
+    go = threading.Event()
+
+    def failing(i: int, slot: int) -> list[apply_loop.BatchStats]:
+        started.append(i)
+        if i == 1:
+            failed_in.append(threading.current_thread())
+            go.set()
+            raise RuntimeError("range 1 failed")
+        assert go.wait(10)
+        failed_in[0].join(10)  # its failure is taken: this range is the last under way
+        ended.append(i)
+        return []
+
+    with pytest.raises(RuntimeError, match="range 1 failed"):
+        apply_loop._concurrently([1, 2, 3, 4], 2, failing)
+    # 1 was taken first; 2 may have started beside it, and then ended before the raise;
+    # nothing started after the failure.
+    assert sorted(started) in ([1], [1, 2])
+    assert ended == [i for i in started if i != 1]
+    assert 3 not in started and 4 not in started
+
+
+def test_a_slot_writes_with_sinks_of_its_own_and_drops_only_them(
+    published: list[dead_letter.DeadLetter],
+) -> None:
+    made: list[RecordingSink] = []
+
+    def make(_s: Settings) -> RecordingSink:
+        made.append(RecordingSink())
+        return made[-1]
+
+    followers = [apply_loop.Follower("job", make)]
+    try:
+        settings = load_settings()
+        (first,) = apply_loop.apply_partition(settings, followers, [_change(1, {}, 100)], 0)
+        (second,) = apply_loop.apply_partition(settings, followers, [_change(2, {}, 101)], 1)
+        assert first.applied == second.applied == 1
+        assert len(made) == 2 and [len(s.batches) for s in made] == [1, 1]
+        (again,) = apply_loop.apply_partition(settings, followers, [_change(3, {}, 102)], 1)
+        assert again.applied == 1
+        assert len(made) == 2 and [len(s.batches) for s in made] == [1, 2]  # kept, each slot's
+        (lost,) = apply_loop.apply_partition(
+            settings, followers, [_change(4, {"v": "failed-retry"}, 103)], 1
+        )
+        assert lost.unreachable and made[1].closed and not made[0].closed
+        assert list(apply_loop._SINKS) == [apply_loop._sink_key(settings, "job", 0)]
+    finally:
+        apply_loop._SINKS.clear()

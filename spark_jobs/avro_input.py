@@ -188,17 +188,18 @@ def _decode(writer: WriterSchema, part: str, body: memoryview) -> Any:
     return from_avro_value(writer.connect, datum)
 
 
-_local = threading.local()
+_kept: list[AvroTranscoder] = []  # this worker's one
 _lock = threading.Lock()
 
 
 def transcoder_for(settings: SchemaSettings) -> AvroTranscoder:
-    """This worker's transcoder for ``settings`` (kept across batches and tasks)."""
-    found: AvroTranscoder | None = getattr(_local, "transcoder", None)
-    if found is None or found.settings != settings:
-        with _lock:
-            found = _local.transcoder = AvroTranscoder(settings)
-    return found
+    """This worker's transcoder for ``settings``, kept across batches and tasks and shared by
+    the threads of a task's ranges (``spark.ranges_at_once``: new threads each task, so a
+    transcoder a thread would fetch its schemas again each task)."""
+    with _lock:
+        if not _kept or _kept[0].settings != settings:
+            _kept[:] = [AvroTranscoder(settings)]
+        return _kept[0]
 
 
 def avro_as_json(df: Any, settings: Settings) -> Any:

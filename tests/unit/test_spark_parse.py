@@ -403,3 +403,25 @@ def test_the_known_schema_shortcut_never_changes_a_row(values: list[bytes]) -> N
     assert len(carried) <= len(texts)  # (and each dead row carries its own)
     for a in carried:
         assert a["value_schema_json"] == alone[a["offset"]]["value_schema_json"]
+
+
+def test_a_worker_keeps_one_transcoder_its_range_threads_share(tmp_path: Path) -> None:
+    """``transcoder_for``: the schemas a transcoder fetched outlive a task whose ranges ran
+    in threads of their own (``spark.ranges_at_once``); other settings replace it."""
+    import threading
+
+    from spark_jobs.avro_input import transcoder_for
+
+    schema = SchemaSettings(value_format=ValueFormat.AVRO, avro_schema_dir=str(tmp_path))
+    first = transcoder_for(schema)
+    seen: list[AvroTranscoder] = []
+    threads = [
+        threading.Thread(target=lambda: seen.append(transcoder_for(schema))) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 3 and all(t is first for t in seen)
+    other = SchemaSettings(value_format=ValueFormat.AVRO, avro_schema_dir=str(tmp_path / "x"))
+    assert transcoder_for(other) is not first and transcoder_for(other).settings == other

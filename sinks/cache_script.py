@@ -39,8 +39,8 @@ class Reply(IntEnum):
 #   for 'jp' the held version the merge used ('' = none), else '*';
 #   for hash ops the columns as a JSON array of names, then for each column a NUL byte and
 #   its value as JSON text (no JSON text holds a NUL byte: JSON escapes control characters;
-#   only the names go through cjson, whose doubles never touch a value), for JSON ops the row
-#   as JSON, for 'd' ''.
+#   only the names go through cjson, whose doubles never touch a value; the rows of a call
+#   that share their names have them decoded once), for JSON ops the row as JSON, for 'd' ''.
 # Answers {codes, errors}: a character per row (Reply), and the error of each refused row,
 #   in order (a refused command fails its row alone, as it did with a call a row).
 # The watermark: ARGV[1] 'w', ARGV[2] the LSN; answers 1 if it advanced, else 0.
@@ -65,6 +65,7 @@ if ARGV[1] == 'w' then
 end
 
 local ttl, tombstone_ttl = tonumber(ARGV[1]), ARGV[2]
+local columns = {}  -- each hash payload's names, decoded once a call
 
 local function write(row, vkey, op, version, expected, payload)
   local held = redis.call('GET', vkey)
@@ -75,14 +76,21 @@ local function write(row, vkey, op, version, expected, payload)
     return '1'
   end
   if expected ~= '*' and expected ~= (held or '') then return '3' end
-  local existed = redis.call('EXISTS', row)
+  local existed = 1  -- asked only where the answer tells: a partial row
+  if op == 'hp' or op == 'jp' then existed = redis.call('EXISTS', row) end
   if op == 'h' then
     redis.call('DEL', row)
   end
   if op == 'h' or op == 'hp' then
     local at = string.find(payload, '\\0', 1, true) or #payload + 1
+    local header = string.sub(payload, 1, at - 1)
+    local names = columns[header]
+    if not names then
+      names = cjson.decode(header)
+      columns[header] = names
+    end
     local flat = {}
-    for i, column in ipairs(cjson.decode(string.sub(payload, 1, at - 1))) do
+    for i, column in ipairs(names) do
       local stop = string.find(payload, '\\0', at + 1, true) or #payload + 1
       flat[2 * i - 1] = column
       flat[2 * i] = string.sub(payload, at + 1, stop - 1)

@@ -501,3 +501,34 @@ def test_pipelines_are_sized_by_bytes(
         sink.close()
     assert len(sizes) >= 60 * 1000 // 8192 and max(sizes) <= 8192
     assert orjson.loads(raw.hget(f"{key_prefix}:public.items:59", "body")) == "z" * 1000
+
+
+def test_rows_of_one_call_with_other_columns_hold_their_own(
+    sink: CacheSink, raw: redis.Redis, key_prefix: str
+) -> None:
+    """One script call carries rows whose column lists differ (two tables, a narrower row,
+    names in another order): the script decodes each list of names once a call and each
+    row holds exactly its own columns, a row written over a wider one included."""
+    other = "public.items"
+    first = [
+        Change(T, "1", 100, 0, {"id": 1, "status": "new", "note": "a"}),
+        Change(other, "1", 100, 1, {"sku": "x", "qty": 2}),
+        Change(T, "2", 100, 2, {"id": 2, "status": "new", "note": "b"}),
+        Change(T, "3", 100, 3, {"note": "c", "id": 3}),
+        Change(other, "2", 100, 4, {"sku": "y", "qty": 3}),
+    ]
+    assert _outcomes(sink.apply(first)) == ["applied"] * 5
+    assert sink.read_row(T, "1") == {"id": 1, "status": "new", "note": "a"}
+    assert sink.read_row(T, "2") == {"id": 2, "status": "new", "note": "b"}
+    assert sink.read_row(T, "3") == {"note": "c", "id": 3}
+    assert sink.read_row(other, "1") == {"sku": "x", "qty": 2}
+    assert sink.read_row(other, "2") == {"sku": "y", "qty": 3}
+    narrower = [
+        Change(T, "1", 200, 0, {"id": 1}),
+        Change(T, "2", 200, 1, {"id": 2, "status": "paid", "note": "b"}),
+    ]
+    assert _outcomes(sink.apply(narrower)) == ["applied"] * 2
+    assert sink.read_row(T, "1") == {"id": 1}  # the columns it no longer has are gone
+    assert sink.read_row(T, "2") == {"id": 2, "status": "paid", "note": "b"}
+    if sink.value_mode == "hash":
+        assert raw.hkeys(sink.row_key(T, "1")) == [b"id"]

@@ -140,15 +140,23 @@ def test_kafka_outage_is_told_bounded_and_loses_nothing(pg_database: str, tmp_pa
         try:
             writer.start()
             sampler.start()
-            # Streaming (the slot confirms changes): an outage while starting stops the run
-            # at once, as one line, by design.
-            created = wait_until(
-                lambda: slot_row(dsn, reader.slot), timeout=120, what="the reader's slot"
-            )
+
+            # Streaming: an outage while starting stops the run at once, as one line, by
+            # design (the state record that ends the snapshot is waited for). Only the streamer
+            # confirms the slot past the point the slot was created at, and it starts once that
+            # record is acknowledged. That point is the reader's (its log line): the slot as
+            # first listed may be still being created, its confirmed position none or earlier,
+            # and an active slot confirmed past it was once taken for a streaming one while
+            # the snapshot ran (the cut then came as the record was written).
+            def created_at() -> int | None:
+                found = re.search(r"created replication slot .*?\blsn=(\S+)", log_text())
+                return Lsn.parse(found.group(1)) - Lsn(0) if found else None
+
+            consistent_point = wait_until(created_at, timeout=120, what="the reader's slot") or 0
 
             def streaming() -> bool:
                 slot = slot_row(dsn, reader.slot)
-                return slot is not None and slot[0] and (slot[1] or 0) > (created[1] or 0)
+                return slot is not None and slot[0] and (slot[1] or 0) > consistent_point
 
             wait_until(streaming, timeout=120, what="the reader to stream")
             # The slot also moves past WAL that holds none of the table's changes (other

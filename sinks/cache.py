@@ -90,8 +90,9 @@ _MERGE_ATTEMPTS: Final = 5
 _ROWS_PER_CALL: Final = 200
 
 # A row write waiting to be sent: the input slot it answers for, its change, and the row's
-# script arguments: its two KEYS (row key, version key) then its four ARGV (op, version,
-# expected version, payload; see sinks.cache_script).
+# script arguments: its two KEYS (row key, version key), its first four ARGV (op, version,
+# expected version, how many follow; see sinks.cache_script), then the ARGV that follow,
+# framed as RESP bulk strings in one bytes (what the native path renders: sinks.base).
 _Call = tuple[int, Change, list[bytes]]
 
 # A call packed with bytes formats: the command head, and each row's keys and ARGV.
@@ -99,6 +100,7 @@ _BULK: Final = cache_resp.BULK
 _HEAD: Final = _BULK % (7, b"EVALSHA") + _BULK % (40, SCRIPT_SHA.encode())
 _ROW_KEYS: Final = _BULK * 2
 _ROW_ARGV: Final = _BULK * 4
+_FIELD: Final = _BULK * 2
 _SKIPPED: Final = int(Reply.SKIPPED)
 _APPLIED: Final = int(Reply.APPLIED)
 _APPLIED_WITHOUT_HELD: Final = int(Reply.APPLIED_WITHOUT_HELD)
@@ -246,22 +248,20 @@ class CacheSink:
         partial JSON row, which is first merged with the held one (:meth:`_merge_json`)."""
         version = version_bytes(change.commit_lsn, change.order)
         if change.doc is None:
-            return self._args(change, b"d", version)
+            return self._args(change, b"d", version, 0)
         rendered = change.rendered
         if rendered is not None:  # made with the change, from the whole document
             if self.value_mode == "hash":
-                return self._args(change, b"h", version, rendered[1])
-            return self._args(change, b"j", version, rendered[0])
+                return self._args(change, b"h", version, 2 * len(change.doc), rendered[1])
+            return self._args(change, b"j", version, 1, _framed(rendered[0]))
         values, held = split_unchanged(change)
         if self.value_mode == "hash":
-            # The column names as JSON, then each value as JSON text after a NUL (see SCRIPT):
-            # each value encoded once, with no Python loop per column.
-            dumps = orjson.dumps
-            payload = b"\0".join([dumps(list(values)), *map(dumps, values.values())])
-            return self._args(change, b"hp" if held else b"h", version, payload)
+            return self._args(
+                change, b"hp" if held else b"h", version, 2 * len(values), hash_fields(values)
+            )
         if held:
             return None
-        return self._args(change, b"j", version, orjson.dumps(values))
+        return self._args(change, b"j", version, 1, _framed(orjson.dumps(values)))
 
     def _keys(self, table: str, key: str) -> tuple[bytes, bytes]:
         """The script's KEYS for a row write: the row key and its version key (as
@@ -281,19 +281,22 @@ class CacheSink:
         change: Change,
         op: bytes,
         version: bytes,
-        payload: bytes = b"",
+        count: int,
+        framed: bytes = b"",
         expected: bytes = b"*",
     ) -> list[bytes]:
-        """A row's script arguments: its KEYS then its ARGV (:data:`_Call`)."""
+        """A row's script arguments (:data:`_Call`): its KEYS, its first four ARGV, then
+        ``framed``, the ``count`` ARGV that follow, as RESP bulk strings."""
         row_key, version_key = self._keys(change.table, change.key)
-        return [row_key, version_key, op, version, expected, payload]
+        return [row_key, version_key, op, version, expected, b"%d" % count, framed]
 
     def script_args(self, rows: Sequence[Sequence[bytes]]) -> list[bytes]:
         """EVALSHA's arguments after its key count (``2 * len(rows)``) for ``rows`` (each a
         row's script arguments, :meth:`_args`): every row's KEYS, then the TTLs and every
         row's ARGV (see :data:`sinks.cache_script.SCRIPT`)."""
         keys = [k for row in rows for k in row[:2]]
-        return [*keys, *self._ttls, *[a for row in rows for a in row[2:]]]
+        argv = [a for row in rows for a in (*row[2:6], *cache_resp.unframed(row[6]))]
+        return [*keys, *self._ttls, *argv]
 
     def _pack(self, calls: Sequence[_Call]) -> bytes:
         """The EVALSHA of ``calls``' rows in RESP: byte for byte redis-py's packing of
@@ -305,10 +308,11 @@ class CacheSink:
         parts += [keys % (len(a[0]), a[0], len(a[1]), a[1]) for _, _, a in calls]
         parts.append(self._ttl_argv)
         parts += [
-            argv % (len(a[2]), a[2], len(a[3]), a[3], len(a[4]), a[4], len(a[5]), a[5])
+            argv % (len(a[2]), a[2], len(a[3]), a[3], len(a[4]), a[4], len(a[5]), a[5]) + a[6]
             for _, _, a in calls
         ]
-        return cache_resp.command(5 + 6 * len(calls), parts)
+        follow = sum([int(a[5]) for _, _, a in calls])
+        return cache_resp.command(5 + 6 * len(calls) + follow, parts)
 
     def _merge_json(
         self, merges: list[tuple[int, Change]], outcomes: BatchOutcomes
@@ -335,7 +339,9 @@ class CacheSink:
                         merged[column] = held_row[column]
                 expected = held_version if held_version is not None else b""
                 version = version_bytes(change.commit_lsn, change.order)
-                args = self._args(change, b"jp", version, orjson.dumps(merged), expected)
+                args = self._args(
+                    change, b"jp", version, 1, _framed(orjson.dumps(merged)), expected
+                )
             except (SinkError, ValueError, TypeError) as e:
                 outcomes.set(slot, Outcome.FAILED, str(e))
                 continue
@@ -534,6 +540,23 @@ class CacheSink:
             raise RetryableSinkError(f"Redis unreachable: {e}") from e
         except RedisError as e:
             raise SinkError(f"Redis refused a read: {e}") from e
+
+
+def hash_fields(values: Mapping[str, Any]) -> bytes:
+    """A row's hash fields as the script takes them (:data:`_Call`): each column's name then
+    its value as JSON text, framed as RESP bulk strings; what the native path renders of a
+    document (:data:`sinks.base.Rendered`) is the same bytes."""
+    dumps = orjson.dumps
+    pairs = []
+    for name, value in values.items():
+        n, v = name.encode(), dumps(value)
+        pairs.append(_FIELD % (len(n), n, len(v), v))
+    return b"".join(pairs)
+
+
+def _framed(data: bytes) -> bytes:
+    """One argument framed as a RESP bulk string."""
+    return _BULK % (len(data), data)
 
 
 def _call_bytes(call: _Call) -> int:

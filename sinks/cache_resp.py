@@ -21,7 +21,7 @@ from typing import Any, Final
 import redis
 from redis.exceptions import ResponseError
 
-__all__ = ["BULK", "command", "pack", "send"]
+__all__ = ["BULK", "command", "pack", "send", "unframed"]
 
 # One argument as a RESP bulk string: ``BULK % (len(arg), arg)``.
 BULK: Final = b"$%d\r\n%b\r\n"
@@ -30,6 +30,23 @@ BULK: Final = b"$%d\r\n%b\r\n"
 def pack(args: Sequence[bytes]) -> bytes:
     """One command in RESP, byte for byte what redis-py sends for the same arguments."""
     return b"".join([b"*%d\r\n" % len(args), *[BULK % (len(a), a) for a in args]])
+
+
+def unframed(framed: bytes) -> list[bytes]:
+    """The arguments of ``framed``, a run of RESP bulk strings (:data:`BULK` each)."""
+    out: list[bytes] = []
+    at = 0
+    while at < len(framed):
+        if framed[at : at + 1] != b"$":
+            raise ValueError(f"no bulk string at byte {at} of {framed[:80]!r}")
+        eol = framed.index(b"\r\n", at)
+        start = eol + 2
+        end = start + int(framed[at + 1 : eol])
+        if framed[end : end + 2] != b"\r\n":
+            raise ValueError(f"a bulk string of {framed[:80]!r} does not end where it says")
+        out.append(framed[start:end])
+        at = end + 2
+    return out
 
 
 def command(count: int, parts: Iterable[bytes]) -> bytes:

@@ -579,9 +579,19 @@ struct Texts<'s> {
     values: String,
 }
 
+/// `data` framed as a RESP bulk string (`$<length>\r\n<data>\r\n`), as redis-py packs an
+/// argument (`sinks.cache_resp.BULK`).
+fn bulk_string(out: &mut Vec<u8>, data: &[u8]) {
+    out.push(b'$');
+    out.extend_from_slice(data.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// What the followers write of a document with the id `key` (`sinks.base.Rendered`): the
-/// document as `orjson.dumps` writes it; the Redis follower's hash payload (the column names
-/// as a JSON array, then each value's JSON after a NUL: `sinks.cache`); and the row digest
+/// document as `orjson.dumps` writes it; the Redis follower's hash fields (each column's name
+/// then its value's JSON, each framed as a RESP bulk string: `sinks.cache`); and the row digest
 /// the search follower keeps beside it (`pgcdc.core.row_digest.stored`, as `orjson.dumps`
 /// writes it), of the document with its fields in sorted order (`row_digest.canonical`).
 fn rendered(key: &str, texts: &Texts<'_>) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
@@ -589,25 +599,19 @@ fn rendered(key: &str, texts: &Texts<'_>) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let value = |at: usize| &texts.values.as_bytes()[cols[at].2..cols[at].3];
     let size = texts.values.len() + cols.iter().map(|c| c.1.len() + 2).sum::<usize>() + 2;
     let mut source = Vec::with_capacity(size);
-    let mut hash = Vec::with_capacity(size);
+    let mut hash = Vec::with_capacity(size + 16 * cols.len());
     source.push(b'{');
-    hash.push(b'[');
-    for (i, (_, name, _, _)) in cols.iter().enumerate() {
+    for (i, (raw, name, _, _)) in cols.iter().enumerate() {
         if i > 0 {
             source.push(b',');
-            hash.push(b',');
         }
         source.extend_from_slice(name.as_bytes());
         source.push(b':');
         source.extend_from_slice(value(i));
-        hash.extend_from_slice(name.as_bytes());
+        bulk_string(&mut hash, raw.as_bytes());
+        bulk_string(&mut hash, value(i));
     }
     source.push(b'}');
-    hash.push(b']');
-    for i in 0..cols.len() {
-        hash.push(0);
-        hash.extend_from_slice(value(i));
-    }
     // Sorted as orjson's OPT_SORT_KEYS sorts: by the names themselves (their UTF-8 bytes,
     // which order as their code points, as Python's sorted() does).
     let mut order: Vec<usize> = (0..cols.len()).collect();

@@ -15,6 +15,7 @@ import redis
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError
+from sinks import cache_resp
 from sinks.base import Change
 from sinks.cache import CacheSink
 from sinks.cache_script import SCRIPT_SHA, version_bytes
@@ -210,7 +211,8 @@ def test_json_merge_refuses_to_write_over_a_concurrent_write(
         # landed between the read and the write. The script must answer "conflict" (3),
         # which makes apply() read and merge again, rather than write stale data.
         late = Change(T, "1", 12, 0, {"id": 1})
-        stale_merge = sink._args(late, b"jp", version_bytes(12, 0), b'{"id":1}', expected=b"")
+        row = cache_resp.BULK % (8, b'{"id":1}')
+        stale_merge = sink._args(late, b"jp", version_bytes(12, 0), 1, row, expected=b"")
         reply = sink.client.evalsha(sink._script_sha(), 2, *sink.script_args([stale_merge]))
         assert reply == [b"3", []]
         assert sink.read_row(T, "1") == {"id": 1, "body": "old", "n": 0}

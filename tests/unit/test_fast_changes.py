@@ -26,6 +26,7 @@ from pgcdc.core.contract import (
 from pgcdc.core.settings import SchemaSettings
 from schemas.envelope import EventEncoder
 from sinks.base import Change
+from sinks.cache import hash_fields
 from spark_jobs import convert
 from spark_jobs.changes import ChangeBuilder, RecordError
 from spark_jobs.fast_changes import native_range
@@ -112,7 +113,7 @@ def _rendered_as_the_followers_render(c: Change) -> None:
     assert c.rendered is not None
     source, fields, digest = c.rendered
     assert source == orjson.dumps(c.doc)
-    assert fields == b"\0".join([orjson.dumps(list(c.doc)), *map(orjson.dumps, c.doc.values())])
+    assert fields == hash_fields(c.doc)
     assert digest == orjson.dumps(row_digest.stored(c.key, c.doc))
     assert row_digest.canonical(c.doc) == orjson.dumps(dict(sorted(c.doc.items())))
 

@@ -95,24 +95,25 @@ def test_a_call_is_what_redis_py_packed_for_the_same_write(
     ttl = str(ttl_s or 0)
     doc = {"id": 7, "note": 'ünï "q"', "n": None, "big": 2**63 - 1, "f": 1.5}
     partial = Change(T, "7", 2**40, 3, {**doc, "note": UNAVAILABLE_VALUE_PLACEHOLDER})
-    cases: list[tuple[Change, str, bytes]]
+    cases: list[tuple[Change, str, list[bytes]]]
     if value_mode == "hash":
-        # The names as a JSON array, then each value as JSON text after a NUL byte.
-        def fields(row: dict[str, object]) -> bytes:
-            return b"\0".join([orjson.dumps(list(row)), *[orjson.dumps(v) for v in row.values()]])
+        # Each column's name, then its value as JSON text: each its own argument.
+        def fields(row: dict[str, object]) -> list[bytes]:
+            return [x for k, v in row.items() for x in (k.encode(), orjson.dumps(v))]
 
         kept = {k: v for k, v in doc.items() if k != "note"}
         cases = [(Change(T, "7", 2**40, 3, doc), "h", fields(doc)), (partial, "hp", fields(kept))]
     else:
-        cases = [(Change(T, "7", 2**40, 3, doc), "j", orjson.dumps(doc))]
+        cases = [(Change(T, "7", 2**40, 3, doc), "j", [orjson.dumps(doc)])]
         assert sink._write_args(partial) is None  # merged with the held row first
-    cases.append((Change(T, "7", 2**40, 3, None), "d", b""))
+    cases.append((Change(T, "7", 2**40, 3, None), "d", []))
     rows = []
-    for change, op, payload in cases:
+    for change, op, follow in cases:
         args = sink._write_args(change)
         assert args is not None
         keys = [sink.row_key(T, "7").encode(), sink.version_key(T, "7").encode()]
-        argv = [op.encode(), version_string(change.version_order).encode(), b"*", payload]
+        version = version_string(change.version_order).encode()
+        argv = [op.encode(), version, b"*", b"%d" % len(follow), *follow]
         assert sink._pack([(0, change, args)]) == redis_py(
             "EVALSHA", SCRIPT_SHA, 2, *keys, ttl, "600", *argv
         )
@@ -136,3 +137,17 @@ def test_a_key_that_is_no_text_redis_can_take_fails_alone() -> None:
     [result] = sink.apply([Change(T, "\ud800", 10, 0, {"id": 1})])
     assert result.outcome == "failed" and not result.retryable
     assert "surrogate" in (result.reason or "")
+
+
+@given(st.lists(st.binary(max_size=40), max_size=12))
+def test_framed_arguments_read_back_as_they_were(args: list[bytes]) -> None:
+    """What the cluster's calls and the tests take apart: a run of bulk strings, as the
+    native path and :func:`sinks.cache.hash_fields` frame a row's hash fields."""
+    framed = b"".join(cache_resp.BULK % (len(a), a) for a in args)
+    assert cache_resp.unframed(framed) == args
+
+
+@pytest.mark.parametrize("framed", [b"x", b"$3\r\nab\r\n", b"$2\r\nabc\r\n", b"$\r\n"])
+def test_a_run_that_is_not_bulk_strings_is_refused(framed: bytes) -> None:
+    with pytest.raises(ValueError):
+        cache_resp.unframed(framed)

@@ -80,6 +80,7 @@ from sinks.base import (
     ApplyResult,
     BatchOutcomes,
     Change,
+    OnePerKey,
     Outcome,
     chunks_by_bytes,
     split_unchanged,
@@ -100,6 +101,7 @@ from sinks.search_index import (
     takes,
 )
 from sinks.search_requests import (
+    MAX_EXTERNAL_VERSION,
     RETRY,
     Retrying,
     action_format,
@@ -132,6 +134,17 @@ _MGET_CHUNK: Final = 500
 _BULK_ITEMS: Final = "errors,items.*.status,items.*.result,items.*.error"
 # How a bulk answer in which no item failed starts (``errors`` comes before ``items``).
 _NO_ERRORS: Final = '{"errors":false,'
+_new_result: Final = tuple.__new__
+_APPLIED: Final = Outcome.APPLIED
+
+
+def _with_digest(rendered: tuple[bytes, bytes, bytes]) -> bytes:
+    """A rendered document's source line with its row digest, as :meth:`SearchSink._add_index_op`
+    writes it."""
+    source = rendered[0]
+    return source[:-1] + (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + rendered[2] + b"}"
+
+
 # What a source line takes after its other fields: the row digest's field and object.
 _DIGEST_FIELD: Final = orjson.dumps(row_digest.FIELD) + b":"
 _DIGEST_AFTER: Final = b"," + _DIGEST_FIELD
@@ -281,6 +294,7 @@ class SearchSink:
         # digest's field out of _source, so that index actions into it carry the digest.
         self._digests: dict[str, bool] = {}
         self._digest_unreadable = False  # a mapping the follower may not read (logged once)
+        self.rendered_batches = 0  # batches written by _apply_rendered (the native path's)
 
     @classmethod
     def from_settings(cls, settings: SearchSettings, **kwargs: Any) -> SearchSink:
@@ -1029,6 +1043,10 @@ class SearchSink:
         LSN cannot be a version: the caller fails the batch rather than dead-lettering it.
         Applying a batch again is safe.
         """
+        if type(changes) is OnePerKey and changes:
+            done = self._apply_rendered(changes)
+            if done is not None:
+                return done
         for change in changes:
             check_versionable(change)
         outcomes = BatchOutcomes(changes)
@@ -1069,6 +1087,65 @@ class SearchSink:
         if self._builds:
             self.advance_builds()
         return outcomes.results()
+
+    def _apply_rendered(self, changes: OnePerKey) -> list[ApplyResult] | None:
+        """The native path's common batch written with no bookkeeping a change (about 1.7 µs
+        less a change of the sink's CPU): one table, no index being built, each change a
+        whole document rendered with it (:data:`sinks.base.Rendered`) or a delete, each id
+        and version writable. Every change ``applied``, or None: the batch is not that one, or
+        a request did not go through whole (refused, failed, a document refused), and
+        :meth:`apply` writes the batch the general way, which decides each change's outcome
+        as it always does. A write sent twice so is the same write again (the same external
+        version, which ``external_gte`` takes), so each outcome is what the general way alone
+        gives."""
+        table = changes[0].table
+        if self._builds:
+            return None
+        newest = 0
+        for c in changes:
+            key = c.key
+            if (
+                c.table != table
+                or c.unchanged
+                or (c.rendered is None and c.doc is not None)
+                or not key
+                or (len(key) > _MAX_ID_BYTES // 4 and len(key.encode()) > _MAX_ID_BYTES)
+            ):
+                return None
+            if c.commit_lsn > newest:
+                newest = c.commit_lsn
+        if newest > MAX_EXTERNAL_VERSION:
+            return None
+        try:
+            name = self.index_for(table)
+        except (SinkError, ValueError):
+            return None
+        self.ensure_index(table)
+        if self._builds:  # laying the index out again began a build
+            return None
+        index = self._writes.get(name, name)
+        put = self._action_format("index", index)
+        remove = self._action_format("delete", index)
+        keeps = self._keeps_digest(index)
+        dumps = orjson.dumps
+        lines = [
+            remove % (dumps(c.key), c.commit_lsn)
+            if c.rendered is None
+            else put
+            % (dumps(c.key), c.commit_lsn, _with_digest(c.rendered) if keeps else c.rendered[0])
+            for c in changes
+        ]
+        params = {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
+        for run in chunks_by_bytes(lines, len, self.bulk_max_bytes):
+            try:
+                response = self.client.bulk(body=b"".join(run), params=params)
+            except TransportError:
+                return None  # the general way retries, splits or refuses, as it does
+            if response.get("errors") is not False:
+                return None
+        self.rendered_batches += 1
+        new = _new_result
+        return [new(ApplyResult, (c.key, table, _APPLIED, None, False)) for c in changes]
 
     def _echoes(self, ops: Sequence[_Op]) -> list[_Op]:
         """The same writes to the serving versions of the tables being built."""

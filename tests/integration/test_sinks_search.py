@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from opensearchpy.exceptions import NotFoundError
 
@@ -14,7 +15,8 @@ from pgcdc.core import row_digest
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.search_documents import every_document
-from sinks.base import Change
+from sinks.base import Change, OnePerKey
+from sinks.cache import hash_fields
 from sinks.search import SearchSink
 from sinks.search_index import index_settings
 from tests.conftest import Endpoints, wait_until
@@ -664,3 +666,74 @@ def test_a_bulk_answer_without_errors_is_not_read_item_by_item(sink: SearchSink)
     finally:
         reader.loads = loads  # type: ignore[method-assign]
     assert _doc(sink, "1") == {"version": 100, "source": {"id": 1}}
+
+
+def _rendered(key: str, lsn: int, order: int, doc: dict[str, Any] | None) -> Change:
+    """A change as the native path makes it: its document rendered with it."""
+    if doc is None:
+        return Change(T, key, lsn, order, None)
+    rendered = (
+        orjson.dumps(doc),
+        hash_fields(doc),
+        orjson.dumps(row_digest.stored(key, doc)),
+    )
+    return Change(T, key, lsn, order, doc, split=True, rendered=rendered)
+
+
+def test_a_rendered_batch_is_written_as_the_general_way_writes_it(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """The native path's batches (one change a key, each document rendered with it) go in
+    without bookkeeping a change: the same documents, versions and row digests as the same
+    changes written the general way, with deletes of held and never-held documents."""
+    fast = SearchSink(endpoints.search_url, index_prefix)
+    general = SearchSink(endpoints.search_url, index_prefix + "-general")
+    try:
+        rows: dict[str, dict[str, Any] | None] = {
+            str(i): {"id": i, "title": f"row {i} \u00e9", "n": i / 3, "ok": i % 2 == 0}
+            for i in range(50)
+        }
+        rows["empty"] = {}
+        first = [_rendered(k, 100, i, doc) for i, (k, doc) in enumerate(rows.items())]
+        then = [_rendered("3", 200, 0, None), _rendered("never", 200, 1, None)]
+        then.append(_rendered("4", 200, 2, {"id": 4, "title": "again"}))
+        for batch in (first, then):
+            got_fast = fast.apply(OnePerKey(batch))
+            got_general = general.apply(list(batch))
+            assert got_fast == got_general
+            assert set(_outcomes(got_fast)) == {"applied"}
+        assert (fast.rendered_batches, general.rendered_batches) == (2, 0)
+        assert _all_docs(fast) == _all_docs(general)
+        index = fast.index_for(T)
+        assert digest_folds(fast.client, index) == digest_folds(
+            general.client, general.index_for(T)
+        )
+        assert digests_missing(fast.client, index) == 0
+    finally:
+        general.client.indices.delete(index=f"{index_prefix}-general*", ignore_unavailable=True)
+        fast.close()
+        general.close()
+
+
+def test_a_rendered_batch_with_a_refused_document_is_written_the_general_way(
+    sink: SearchSink,
+) -> None:
+    """A document refused in a rendered batch: the batch is written again the general way,
+    which fails that one alone and applies the others (each write carries its version, so
+    the second write of a document is the same write)."""
+    sink.apply(OnePerKey([_rendered("1", 10, 0, {"id": 1, "qty": 3})]))
+    assert sink.rendered_batches == 1
+    batch = [
+        _rendered("2", 20, 0, {"id": 2, "qty": 5}),
+        _rendered("3", 20, 1, {"id": 3, "qty": "three"}),
+        _rendered("4", 20, 2, {"id": 4, "qty": 7}),
+    ]
+    results = sink.apply(OnePerKey(batch))
+    assert _outcomes(results) == ["applied", "failed", "applied"]
+    assert "mapper_parsing_exception" in (results[1].reason or "")
+    assert sink.rendered_batches == 1  # this one went the general way
+    assert _doc(sink, "3") is None
+    assert [_doc(sink, k) for k in ("2", "4")] == [
+        {"version": 20, "source": {"id": 2, "qty": 5}},
+        {"version": 20, "source": {"id": 4, "qty": 7}},
+    ]

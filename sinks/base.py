@@ -35,9 +35,9 @@ class Outcome(StrEnum):
 
 # What the followers write of a change's whole document, made with it (the direct read's
 # native path, spark_jobs.fast_changes, makes them from the record's bytes): the document as
-# ``orjson.dumps`` writes it; the Redis follower's hash fields (sinks.cache.hash_fields:
-# each column's name then its value's JSON, framed as RESP bulk strings); and the row digest the search
-# follower keeps beside it, as ``orjson.dumps(row_digest.stored(key, doc))`` writes it.
+# ``orjson.dumps`` writes it; the Redis follower's hash fields (sinks.cache.hash_fields: each
+# column's name then its value's JSON, framed as RESP bulk strings); and the row digest the
+# search follower keeps beside it, as ``orjson.dumps(row_digest.stored(key, doc))`` writes it.
 # Only for a change whose ``doc`` is split (no unchanged column): each is of ``doc`` whole.
 Rendered = tuple[bytes, bytes, bytes]
 

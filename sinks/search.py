@@ -136,18 +136,17 @@ _BULK_ITEMS: Final = "errors,items.*.status,items.*.result,items.*.error"
 _NO_ERRORS: Final = '{"errors":false,'
 _new_result: Final = tuple.__new__
 _APPLIED: Final = Outcome.APPLIED
-
-
-def _with_digest(rendered: tuple[bytes, bytes, bytes]) -> bytes:
-    """A rendered document's source line with its row digest, as :meth:`SearchSink._add_index_op`
-    writes it."""
-    source = rendered[0]
-    return source[:-1] + (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + rendered[2] + b"}"
-
-
 # What a source line takes after its other fields: the row digest's field and object.
 _DIGEST_FIELD: Final = orjson.dumps(row_digest.FIELD) + b":"
 _DIGEST_AFTER: Final = b"," + _DIGEST_FIELD
+
+
+def _with_digest(rendered: tuple[bytes, bytes, bytes]) -> bytes:
+    """A rendered document's source line with its row digest, as
+    :meth:`SearchSink._add_index_op` writes it."""
+    source = rendered[0]
+    digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + rendered[2]
+    return source[:-1] + digest + b"}"
 
 
 @dataclass(slots=True)
@@ -1095,9 +1094,8 @@ class SearchSink:
         and version writable. Every change ``applied``, or None: the batch is not that one, or
         a request did not go through whole (refused, failed, a document refused), and
         :meth:`apply` writes the batch the general way, which decides each change's outcome
-        as it always does. A write sent twice so is the same write again (the same external
-        version, which ``external_gte`` takes), so each outcome is what the general way alone
-        gives."""
+        as it always does. A write sent again so is the same write (the same external version,
+        which ``external_gte`` takes): each outcome is what the general way alone gives."""
         table = changes[0].table
         if self._builds:
             return None

@@ -583,7 +583,19 @@ struct Texts<'s> {
 /// argument (`sinks.cache_resp.BULK`).
 fn bulk_string(out: &mut Vec<u8>, data: &[u8]) {
     out.push(b'$');
-    out.extend_from_slice(data.len().to_string().as_bytes());
+    // The length's digits, written in place (no string made for them).
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = data.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");

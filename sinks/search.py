@@ -141,12 +141,23 @@ _DIGEST_FIELD: Final = orjson.dumps(row_digest.FIELD) + b":"
 _DIGEST_AFTER: Final = b"," + _DIGEST_FIELD
 
 
+def _digest_bytes(source: bytes, kept: bytes) -> bytes:
+    """What puts the row digest ``kept`` (its object's JSON) at the end of ``source`` (a JSON
+    object): spliced in before its closing brace."""
+    return (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + kept
+
+
 def _with_digest(rendered: tuple[bytes, bytes, bytes]) -> bytes:
     """A rendered document's source line with its row digest, as
     :meth:`SearchSink._add_index_op` writes it."""
     source = rendered[0]
-    digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + rendered[2]
-    return source[:-1] + digest + b"}"
+    return source[:-1] + _digest_bytes(source, rendered[2]) + b"}"
+
+
+def _id_too_long(key: str) -> bool:
+    """Whether a document id is over :data:`_MAX_ID_BYTES` in UTF-8 (a character is at most
+    4 bytes: a short id needs no encoding to tell)."""
+    return len(key) > _MAX_ID_BYTES // 4 and len(key.encode()) > _MAX_ID_BYTES
 
 
 @dataclass(slots=True)
@@ -1107,7 +1118,7 @@ class SearchSink:
                 or c.unchanged
                 or (c.rendered is None and c.doc is not None)
                 or not key
-                or (len(key) > _MAX_ID_BYTES // 4 and len(key.encode()) > _MAX_ID_BYTES)
+                or _id_too_long(key)
             ):
                 return None
             if c.commit_lsn > newest:
@@ -1133,7 +1144,7 @@ class SearchSink:
             % (dumps(c.key), c.commit_lsn, _with_digest(c.rendered) if keeps else c.rendered[0])
             for c in changes
         ]
-        params = {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
+        params = self._bulk_params()
         for run in chunks_by_bytes(lines, len, self.bulk_max_bytes):
             try:
                 response = self.client.bulk(body=b"".join(run), params=params)
@@ -1144,6 +1155,11 @@ class SearchSink:
         self.rendered_batches += 1
         new = _new_result
         return [new(ApplyResult, (c.key, table, _APPLIED, None, False)) for c in changes]
+
+    def _bulk_params(self) -> dict[str, str]:
+        """A bulk request's query: whether it waits for a refresh, and what of its answer is
+        wanted (:data:`_BULK_ITEMS`)."""
+        return {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
 
     def _echoes(self, ops: Sequence[_Op]) -> list[_Op]:
         """The same writes to the serving versions of the tables being built."""
@@ -1167,8 +1183,7 @@ class SearchSink:
         key = change.key
         if not key:
             raise SinkError("empty document id")
-        # A character is at most 4 bytes in UTF-8: a short id needs no encoding to tell.
-        if len(key) > _MAX_ID_BYTES // 4 and len(key.encode()) > _MAX_ID_BYTES:
+        if _id_too_long(key):
             raise SinkError(f"document id is longer than {_MAX_ID_BYTES} bytes")
         return self.index_for(change.table)
 
@@ -1211,7 +1226,7 @@ class SearchSink:
                 if rendered is not None
                 else orjson.dumps(self._stored_digest(change.key, values))
             )
-            digest = (_DIGEST_FIELD if len(source) == 2 else _DIGEST_AFTER) + kept
+            digest = _digest_bytes(source, kept)
             source = source[:-1] + digest + b"}"
         fmt = self._action_format("index", index)
         action = fmt % (orjson.dumps(change.key), change.commit_lsn, source)
@@ -1307,7 +1322,7 @@ class SearchSink:
         """One bulk request; items refused with 429/5xx are sent again with backoff. A body
         the server finds too large (413) is split in two and each half sent; a single
         document too large on its own is refused for good (it goes to the dead letter)."""
-        params = {"refresh": "true" if self.refresh else "false", "filter_path": _BULK_ITEMS}
+        params = self._bulk_params()
         attempts = self._retrying.max_attempts
         pending = ops
         for attempt in range(attempts):

@@ -119,15 +119,20 @@ def small_parts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 @pytest.mark.parametrize("off_at", [None, 620], ids=["native", "python-after-620"])
 def test_a_range_taken_part_by_part_leaves_both_followers_at_each_keys_newest(
-    endpoints: Endpoints, topic_prefix: str, small_parts: list[int], off_at: int | None
+    endpoints: Endpoints,
+    topic_prefix: str,
+    key_prefix: str,
+    index_prefix: str,
+    small_parts: list[int],
+    off_at: int | None,
 ) -> None:
     topic = _produce(endpoints, topic_prefix, off_at)
     settings = Settings.model_validate(
         {
             "spark": {"apply": "native"},
             "kafka": {"topic_prefix": topic_prefix, "bootstrap_servers": endpoints.kafka_bootstrap},
-            "redis": {"url": endpoints.redis_url, "key_prefix": topic_prefix},
-            "search": {"url": endpoints.search_url, "index_prefix": topic_prefix},
+            "redis": {"url": endpoints.redis_url, "key_prefix": key_prefix},
+            "search": {"url": endpoints.search_url, "index_prefix": index_prefix},
         }
     )
     followers = [FOLLOWERS["cache"], FOLLOWERS["search"]]
@@ -151,14 +156,14 @@ def test_a_range_taken_part_by_part_leaves_both_followers_at_each_keys_newest(
 
     expected = _expected(endpoints, topic_prefix, topic)
     table_name = next(iter(expected.values())).table
-    cache = CacheSink(endpoints.redis_url, topic_prefix)
+    cache = CacheSink(endpoints.redis_url, key_prefix)
     try:
         for key, c in expected.items():
             assert cache.read_row(table_name, key) == c.doc, key
     finally:
         cache.close()
     search = OpenSearch(endpoints.search_url)
-    index = index_name(topic_prefix, table_name)
+    index = index_name(index_prefix, table_name)
     search.indices.refresh(index=index)
     hits = search.search(index=index, body={"size": KEYS + 10, "query": {"match_all": {}}})
     held = {h["_id"]: h["_source"] for h in hits["hits"]["hits"]}

@@ -289,9 +289,9 @@ def warm_passes(
     ``max_passes`` ran: what each pass cost OpenSearch a document (µs) and its rate.
 
     :mod:`benchmarks.warmup`'s rounds leave OpenSearch's JIT compiler work that only the
-    jobs' own writes bring: after seven rounds (the last at 36 µs a document), the first
-    backlog cost OpenSearch 65 µs a document, 2.0-2.5 s of it its C2 compiler's, the second
-    46-55 and the third 45-47 (measured 2026-12-01). The mode measured first then ran on a
+    jobs' own writes bring: after six or seven rounds (the last at 36-45 µs a document), the
+    first backlog cost OpenSearch 65-70 µs a document, 2.0-2.5 s of it its C2 compiler's, the
+    second 46-55 and the third 45-47 (measured 2026-12-01). The mode measured first then ran on a
     colder server than the next, and the ratios said so. Warming on the measured path makes
     the modes' figures those of a server in service, which stays warm."""
     passes: list[dict[str, float]] = []

@@ -40,10 +40,11 @@ def _field(name: str, kind: str, semantic: str | None = None) -> dict[str, Any]:
 # The benchmarks' 10-column row (benchmarks.workload's tables) as the reader's schema says it
 # (captured: tests/fixtures/orders_after_fields.json). The amount is a Connect Decimal, which
 # the search follower maps as a number read from the decimal's text, and the timestamps are
-# ZonedTimestamps, dates: a warm-up whose amount was a plain string (text with a keyword) and
-# whose timestamps were all one "+00:00" text left OpenSearch to compile the benchmarks' own
-# path in their first run (2.5 s of its C2 compiler's CPU in the first backlog after seven
-# rounds, 1.3 s in the second, 0.6 s in the third: measured 2026-12-01).
+# ZonedTimestamps, dates, each row's its own in the reader's form. The rounds once wrote the
+# amount as a plain string (text with a keyword) and one "+00:00" timestamp for every row:
+# the first backlog after them spent 2.5 s of OpenSearch's C2 compiler's CPU, 2.0 s with
+# these rows. The rest is the jobs' own writing, which the backlog group warms up on its own
+# (benchmarks.followers_backlog.warm_passes). Measured 2026-12-01.
 SCHEMA: Final = {
     "type": "struct",
     "fields": [

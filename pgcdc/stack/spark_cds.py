@@ -21,6 +21,7 @@ the JVM says nothing then (``-Xlog:cds=off``). Executors on a cluster are not to
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -39,6 +40,10 @@ from pgcdc.stack import common  # noqa: E402
 # What the JVM prints about an archive it cannot use (and about classes it skips while
 # writing one) is none of a test's business.
 QUIET = "-Xlog:cds=off,cds+dynamic=off"
+# Archives kept in the cache: this one and the others used last (each checkout's virtualenv
+# has its own, about 160 MiB: a fresh clone a run left 25 of them, 3.9 GiB, in two days).
+KEEP = 4
+_UNUSED_S = 7 * 86400  # and none kept that went unused for a week
 
 
 def _java() -> str:
@@ -81,9 +86,33 @@ def archive() -> Path:
 
 
 def jvm_options() -> str:
-    """The options that map the archive, or nothing when there is none yet."""
+    """The options that map the archive, or nothing when there is none yet. Giving it out
+    marks it used (its modification time: what :func:`prune` keeps the newest of)."""
     path = archive()
-    return f"-XX:SharedArchiveFile={path} {QUIET}" if path.is_file() else ""
+    if not path.is_file():
+        return ""
+    with contextlib.suppress(OSError):  # a cache this user may read but not write
+        os.utime(path)
+    return f"-XX:SharedArchiveFile={path} {QUIET}"
+
+
+def prune(keep: Path, *, now: float | None = None) -> list[Path]:
+    """Delete from ``keep``'s folder the archives beyond the :data:`KEEP` used last (``keep``
+    among them) and any other unused for a week; those deleted. An archive deleted while a
+    JVM maps it stays mapped; a checkout whose archive went writes it again (``ensure``) and
+    its JVMs start without it meanwhile."""
+    now = time.time() if now is None else now
+    used: list[tuple[float, Path]] = []
+    for p in keep.parent.glob("spark-*.jsa"):
+        try:  # another checkout's ensure may prune beside this one
+            used.append((p.stat().st_mtime, p))
+        except OSError:
+            continue
+    others = [(at, p) for at, p in sorted(used, reverse=True) if p != keep]
+    gone = [p for i, (at, p) in enumerate(others) if i >= KEEP - 1 or now - at > _UNUSED_S]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
 
 
 def workload() -> None:
@@ -179,9 +208,7 @@ def ensure() -> Path | None:
         print(f"spark-cds: no archive, Spark's JVMs start without one: {tail}")
         return None
     partial.replace(path)
-    for old in path.parent.glob("*.jsa"):  # another JVM's or Spark's, unused for a week
-        if old != path and time.time() - old.stat().st_atime > 7 * 86400:
-            old.unlink(missing_ok=True)
+    prune(path)
     print(
         f"spark-cds: wrote {path} ({path.stat().st_size >> 20} MiB, {time.monotonic() - began:.0f} s)"
     )

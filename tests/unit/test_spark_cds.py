@@ -23,3 +23,42 @@ def test_the_session_jvm_maps_the_class_archive(spark: Any) -> None:
     # Mapped: the JVM took the archive (one made by another JDK build, or for another class
     # path, would be left unmapped, silently).
     assert str(path) in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("ages", [[0, 1, 2, 3, 4, 5], [9, 8, 1, 7], [1]])
+def test_the_cache_keeps_the_archives_used_last(tmp_path: Path, ages: list[int]) -> None:
+    """Beside the archive just written, the cache keeps the others used last, up to KEEP in
+    all, and none unused for a week; the archive itself always stays."""
+    now = 1_800_000_000.0
+    day = 86400
+    kept = tmp_path / "spark-4.2.0-current.jsa"
+    kept.write_bytes(b"x")
+    os.utime(kept, (now - 30 * day, now - 30 * day))  # old: it is the one in use all the same
+    others = []
+    for i, age in enumerate(ages):
+        p = tmp_path / f"spark-4.2.0-{i}.jsa"
+        p.write_bytes(b"x")
+        os.utime(p, (now - age * day, now - age * day))
+        others.append((age, p))
+    (tmp_path / "not-an-archive.txt").write_text("x")
+
+    by_use = [(age, p) for age, p in sorted(others)]
+    want = [p for age, p in by_use[: spark_cds.KEEP - 1] if age <= 7]
+
+    gone = spark_cds.prune(kept, now=now)
+
+    assert sorted(p for p in tmp_path.glob("*.jsa") if p != kept) == sorted(want)
+    assert kept.is_file() and (tmp_path / "not-an-archive.txt").is_file()
+    assert sorted(gone) == sorted({p for _, p in by_use} - set(want))
+    assert gone or (len(ages) < spark_cds.KEEP and max(ages) <= 7)  # the rare path was met
+
+
+def test_giving_the_archive_out_marks_it_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "spark-4.2.0-x.jsa"
+    path.write_bytes(b"x")
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    monkeypatch.setattr(spark_cds, "archive", lambda: path)
+    assert spark_cds.jvm_options() == f"-XX:SharedArchiveFile={path} {spark_cds.QUIET}"
+    assert path.stat().st_mtime > 1_000_000_000

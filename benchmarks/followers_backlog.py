@@ -4,7 +4,8 @@
 
 The run loads ``--rows`` rows of the benchmark's 10-column table into a database of its own,
 snapshots them into Kafka with ``cdc run --until current`` (the reader's rate: rows over its
-wall time, its start included), then applies the topics into Redis and OpenSearch, once per
+wall time, its start included; the faster of this snapshot and a second one taken after the
+warm-up passes, by a reader of its own), then applies the topics into Redis and OpenSearch, once per
 mode and read/parse path (``spark.read``, ``spark.parse``), each into follower prefixes of
 its own from offset 0 with ``--available-now``, after the shared job applied it unmeasured
 until OpenSearch's cost a document stopped falling (:func:`warm_passes`, ``--warm-passes``):
@@ -198,7 +199,13 @@ def produce(env: BenchEnv, rows: int) -> tuple[OursReader, float, float]:
     with env.connect() as conn:
         create_table(conn, TABLE)
         bulk_load(conn, TABLE, rows)
-    reader = OursReader(env, [TABLE], role="bl")
+    return snapshot(env, rows, "bl")
+
+
+def snapshot(env: BenchEnv, rows: int, role: str) -> tuple[OursReader, float, float]:
+    """Snapshot the loaded table with a reader of its own (``role``: its slot and topic
+    prefix); (reader, rows/s, CPU µs per change)."""
+    reader = OursReader(env, [TABLE], role=role)
     m = reader.launch(until_current=True, snapshot_mode="initial")
     st = m.wait(3600)
     if st.returncode != 0:
@@ -320,10 +327,18 @@ def run(
     per mode and (read, parse) path; every figure of the run. With ``steady_batch``, the
     shared job on the direct read applies the backlog once more in batches of that many
     records (``steady``: its figures after the first batch)."""
-    reader, reader_rate, reader_cpu = produce(env, rows)
-    log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, reader_rate,
+    reader, first_rate, reader_cpu = produce(env, rows)
+    log.info("reader: %d rows at %.0f rows/s (%.1f µs CPU per change)", rows, first_rate,
              reader_cpu)  # fmt: skip
-    warmed = warm_passes(env, reader, rows, reader_rate, warm_up) if warm_up else []
+    warmed = warm_passes(env, reader, rows, first_rate, warm_up) if warm_up else []
+    # The first snapshot ran on a server just started or idle (PostgreSQL's and Kafka's
+    # caches cold, the reader the first process of the run); the modes run after the warm
+    # passes. The reader's rate is the faster of that snapshot and a second, taken now, so
+    # that the ratios do not gain from a cold denominator.
+    _again, again_rate, again_cpu = snapshot(env, rows, "bl_again")
+    log.info("reader, a second snapshot: %d rows at %.0f rows/s (%.1f µs CPU per change)",
+             rows, again_rate, again_cpu)  # fmt: skip
+    reader_rate, reader_cpu = max((first_rate, reader_cpu), (again_rate, again_cpu))
     results = []
     for path in paths:
         for mode in modes:
@@ -345,6 +360,7 @@ def run(
     return {
         "rows": rows,
         "reader_rows_per_s": round(reader_rate),
+        "reader_snapshots_rows_per_s": [round(first_rate), round(again_rate)],
         "reader_cpu_us_per_change": round(reader_cpu, 1),
         "modes": results,
         "steady_batch": steady_batch,
@@ -384,8 +400,11 @@ def backlog(b: Bench) -> None:
                 f"time(s) unmeasured first (OpenSearch's CPU a document {said} µs), until its "
                 "cost stopped falling"
             )
+        first, again = result["reader_snapshots_rows_per_s"]
         b.record.add(Figure("followers", "backlog reader rows/s", result["reader_rows_per_s"],
-                            "rows/s", detail))  # fmt: skip
+                            "rows/s", f"{detail}; the faster of two snapshots, {first:,} "
+                            f"rows/s (it produced the backlog) and {again:,} (after the "
+                            "warm-up passes)"))  # fmt: skip
         steady_name = ("backlog CPU µs per change after the first batch (shared, read={} "
                        "parse={})").format(*STEADY_PATH)  # fmt: skip
         steady_cpu = (result["steady"] or {}).get("steady_cpu_us_per_change")

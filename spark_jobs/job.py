@@ -31,8 +31,10 @@ from spark_jobs.options import parse_args, parser
 from spark_jobs.progress import ProgressLog
 from spark_jobs.source import (
     checkpoint_files,
+    direct_planner,
     is_local_path,
     kafka_stream,
+    plan_only,
     settings_env_from_conf,
     spark_session,
     start_python_workers,
@@ -125,6 +127,8 @@ def run(
             return 2
     spark = spark_session(settings, f"cdc-{opts.name}", opts.checkpoint)
     spark.sparkContext.setLogLevel("WARN")
+    if direct and direct_planner(settings, opts.checkpoint) is DirectPlanner.KAFKA:
+        plan_only(spark, submitted_conf())
     interrupt = install_interrupt(spark, opts.name)
 
     batch = ApplyBatch(settings, opts, make_sink, chosen)

@@ -88,8 +88,9 @@ _new_record: Final = tuple.__new__
 
 @dataclass(frozen=True)
 class Subscription:
-    """What the job reads: named topics, or every topic matching a pattern (whole name,
-    as Spark's ``subscribePattern``); the heartbeat topic joins either."""
+    """What the job reads: named topics, or every topic whose whole name matches a pattern
+    (anchored for Spark's ``subscribePattern``, which finds a pattern anywhere in a name:
+    :func:`spark_jobs.source.subscription`); the heartbeat topic joins either."""
 
     topics: tuple[str, ...]
     pattern: str | None

@@ -113,7 +113,9 @@ def parser(job: str, followers: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument(
         "--topics", help="comma-separated topics (default: every table topic under the prefix)"
     )
-    p.add_argument("--topic-pattern", help="regex of topics to follow, instead of --topics")
+    p.add_argument(
+        "--topic-pattern", help="regex of topics to follow (whole names), instead of --topics"
+    )
     p.add_argument(
         "--no-heartbeats",
         action="store_true",

@@ -220,15 +220,22 @@ def planner_options(settings: Settings, opts: JobOptions) -> dict[str, str]:
 
 
 def subscription(opts: JobOptions) -> Subscription:
-    """The topics a job reads: those named, or those matching the pattern; and the heartbeat
-    topic (unless the job runs without heartbeats)."""
+    """The topics a job reads: those named, or those whose whole name matches the pattern;
+    and the heartbeat topic (unless the job runs without heartbeats).
+
+    The pattern is anchored at both ends. Spark's Kafka source subscribes to every topic the
+    pattern is *found in* (``SubscribePatternStrategy``: Scala's ``findFirstIn``), where
+    Kafka's consumers, and the direct read's Python planner, match the whole name: a job of
+    the prefix ``cdc`` read ``mycdc.public.orders`` too, another database's rows, into the
+    same documents and keys, and the heartbeats of the prefix ``cdc_staging``, another
+    server's LSNs, into its watermark."""
     if opts.topics:
         beat = (opts.heartbeat_topic,) if opts.heartbeat_topic else ()
         return Subscription((*opts.topics, *beat), None)
     pattern = opts.topic_pattern or ""
     if opts.heartbeat_topic:
         pattern = f"(?:{pattern})|{re.escape(opts.heartbeat_topic)}"
-    return Subscription((), pattern)
+    return Subscription((), f"^(?:{pattern})$")
 
 
 log = logging.getLogger(__name__)

@@ -343,6 +343,9 @@ def spark() -> Iterator[Any]:
         SparkSession.builder.master("local[2]")
         .appName("cdc-tests")
         .config("spark.jars", jars)
+        # As scripts/spark-submit gives them, so that the archive of Spark's classes
+        # (spark_cds) serves this JVM and the jobs' alike.
+        .config("spark.driver.extraClassPath", spark_cds.driver_class_path(jars.split(",")))
         # A 60 MB record takes several copies in the JVM (bytes, text, parsed JSON) and
         # on its way to Python: 1g ran out in tests/e2e/test_jobs_robustness.py.
         .config("spark.driver.memory", "2g")

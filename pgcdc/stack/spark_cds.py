@@ -17,6 +17,9 @@ driver JVM (through ``SPARK_SUBMIT_OPTS``, unless that is set: set it, even to a
 run without), and ``tests/conftest.py`` to every JVM the tests start. A JVM that finds it
 unusable (another JDK build, another class path) runs without it, as if it were not given;
 the JVM says nothing then (``-Xlog:cds=off``). Executors on a cluster are not touched.
+Every JVM that maps it has the Kafka connector's jars on its class path
+(:func:`driver_class_path`), as its writer had: an archive serves only the class path it
+was written with.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run by spark-submit as a file (the archive's workload)
@@ -43,6 +48,9 @@ QUIET = "-Xlog:cds=off,cds+dynamic=off"
 # Archives kept in the cache: this one and the others used last (each checkout's virtualenv
 # has its own, about 160 MiB: a fresh clone a run left 25 of them, 3.9 GiB, in two days).
 KEEP = 4
+# The class path the archive is written with, as the JVMs that map it have it: the Kafka
+# connector's jars on the driver's class path (driver_class_path), before Spark's own.
+LAYOUT = "connector-jars-on-the-driver-class-path"
 _UNUSED_S = 7 * 86400  # and none kept that went unused for a week
 
 
@@ -81,8 +89,21 @@ def archive() -> Path:
     stamp = [java, os.stat(java).st_mtime_ns if os.path.exists(java) else 0, jars]
     stamp.append(jars.stat().st_mtime_ns if jars.exists() else 0)
     spark = _spark_version(pyspark) if pyspark else "unknown"
-    key = hashlib.sha256(repr((stamp, spark)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr((stamp, spark, LAYOUT)).encode()).hexdigest()[:16]
     return common.paths().cache / "spark-cds" / f"spark-{spark}-{key}.jsa"
+
+
+def driver_class_path(jars: Sequence[Path | str]) -> str:
+    """The Kafka connector's ``jars`` as the driver's class path (``--driver-class-path``,
+    ``spark.driver.extraClassPath``), which every JVM that maps the archive is given.
+
+    With the jars only in ``--jars`` (``spark.jars``), Spark's own class loader read their
+    classes from the jars at every start, outside any archive: the Kafka admin client's
+    first request alone loaded the protocol's several hundred message classes. On the class
+    path, the archive holds them. Measured (a 20,000-row backlog, the shared job, four runs
+    each): the driver JVM's CPU 3.6 s against 4.1 in all, 0.97 s against 1.22 from the
+    query's start to its end."""
+    return ":".join(str(j) for j in jars)
 
 
 def jvm_options() -> str:
@@ -117,8 +138,9 @@ def prune(keep: Path, *, now: float | None = None) -> list[Path]:
 
 def workload() -> None:
     """What the archive's JVM runs: a session as the tests configure it, a shuffle, a Python
-    UDF over Arrow and two micro-batches of a streaming query with ``foreachBatch``, so
-    the classes of the paths the jobs take are loaded (and so archived) once."""
+    UDF over Arrow, two micro-batches of a streaming query with ``foreachBatch`` and Spark's
+    Kafka source asking a listener that is no broker for its topics, so the classes of the
+    paths the jobs take are loaded (and so archived) once."""
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -155,8 +177,48 @@ def workload() -> None:
         while len(seen) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         query.stop()
+    kafka_source(session)
     session.stop()
     assert len(seen) >= 3, f"the streaming query ran {len(seen)} batches"
+
+
+def kafka_source(session: Any) -> None:
+    """Start a query on Spark's Kafka source whose broker is a socket here that takes the
+    admin client's connection and answers nothing: the client sends its first request
+    (which loads the protocol's message classes) and the query fails once it gives up. No
+    broker is needed to write the archive."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    with tempfile.TemporaryDirectory() as cp:
+        query = (
+            session.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", f"127.0.0.1:{port}")
+            .option("subscribePattern", "^cds$")
+            .option("kafka.default.api.timeout.ms", "3000")
+            .option("kafka.request.timeout.ms", "1000")
+            .option("fetchOffset.numRetries", "1")
+            .load()
+            .writeStream.option("checkpointLocation", cp)
+            .foreachBatch(lambda batch, n: None)
+            .start()
+        )
+        with contextlib.suppress(Exception):  # it fails: no broker answered
+            query.awaitTermination(60)
+        query.stop()
+    listener.close()
+    for conn in held:
+        conn.close()
 
 
 def ensure() -> Path | None:
@@ -172,6 +234,7 @@ def ensure() -> Path | None:
     jars = subprocess.run(
         [str(ROOT / "scripts" / "stack"), "jars"], capture_output=True, text=True, check=False
     ).stdout.strip()
+    class_path = ["--driver-class-path", driver_class_path(jars.split(","))] if jars else []
     env = {
         **os.environ,
         "PYSPARK_PYTHON": sys.executable,
@@ -181,7 +244,7 @@ def ensure() -> Path | None:
     began = time.monotonic()
     try:  # half a minute here; the parallel phase waits for it, so not for ever
         done = subprocess.run(
-            [str(submit), __file__, "--workload", jars],
+            [str(submit), *class_path, __file__, "--workload", jars],
             env=env,
             capture_output=True,
             text=True,

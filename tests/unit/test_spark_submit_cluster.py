@@ -155,3 +155,22 @@ def test_the_driver_and_its_ui_listen_on_loopback_unless_asked_otherwise() -> No
     # Another --conf, or the job's own arguments, change nothing.
     assert s.local_ip(["--conf", "spark.ui.port=4050", *app], {}) == "127.0.0.1"
     assert s.local_ip([*app, "--conf", "spark.driver.host=x"], {}) == "127.0.0.1"
+
+
+def test_the_connector_jars_go_on_the_drivers_class_path_unless_one_is_given() -> None:
+    """The class path the archive of Spark's classes is written with (spark_cds), so that
+    the driver maps the connector's classes too; a user's own class path, or a driver on
+    the cluster (whose files are elsewhere), keeps Spark's default."""
+    s = _submit()
+    job = ["spark_jobs/sync.py"]
+
+    def class_path(args: list[str]) -> str | None:
+        argv = s.build_argv(args, JARS, EXE, None, {})
+        return (
+            argv[argv.index("--driver-class-path") + 1] if "--driver-class-path" in argv else None
+        )
+
+    assert class_path(job) == ":".join(str(j) for j in JARS)
+    assert class_path(["--driver-class-path", "/mine.jar", *job]) == "/mine.jar"
+    assert class_path(["--conf", "spark.driver.extraClassPath=/mine.jar", *job]) is None
+    assert class_path(["--deploy-mode", "cluster", *job]) is None

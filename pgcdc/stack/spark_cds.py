@@ -46,7 +46,7 @@ from pgcdc.stack import common  # noqa: E402
 # writing one) is none of a test's business.
 QUIET = "-Xlog:cds=off,cds+dynamic=off"
 # Archives kept in the cache: this one and the others used last (each checkout's virtualenv
-# has its own, about 160 MiB: a fresh clone a run left 25 of them, 3.9 GiB, in two days).
+# has its own, about 170 MiB: a fresh clone a run left 25 of them, 3.9 GiB, in two days).
 KEEP = 4
 # The class path the archive is written with, as the JVMs that map it have it: the Kafka
 # connector's jars on the driver's class path (driver_class_path), before Spark's own.

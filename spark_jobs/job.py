@@ -127,6 +127,7 @@ def run(
             return 2
     spark = spark_session(settings, f"cdc-{opts.name}", opts.checkpoint)
     spark.sparkContext.setLogLevel("WARN")
+    start_python_workers(spark)  # while the driver sets the query up and plans its first batch
     if direct and direct_planner(settings, opts.checkpoint) is DirectPlanner.KAFKA:
         plan_only(spark, submitted_conf())
     interrupt = install_interrupt(spark, opts.name)
@@ -167,7 +168,6 @@ def run(
         apply_said(settings),
         extra={"job": opts.name},
     )
-    start_python_workers(spark)  # while the query plans its first batch
     try:
         progress = ProgressLog(opts.name, direct=direct) if opts.available_now else None
         await_stop(query, interrupt, spark.sparkContext._jvm, progress)

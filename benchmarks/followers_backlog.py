@@ -93,6 +93,9 @@ class ModeResult:
     cores: dict[str, float] | None = None
     # Each job's CPU seconds by kind of process inside the apply window.
     window_cpu_parts: dict[str, str] | None = None
+    # Seconds from the jobs' spark-submit to their last batch: the window and the start-up
+    # before it (the JVM's, the session's), which the window leaves out.
+    submit_to_done_s: float | None = None
 
 
 def _stamp(line: str) -> float | None:
@@ -274,6 +277,7 @@ def apply_mode(
             peak_parts={j: jobs.procs[j].peak_parts_text() for j in stats},
             cpu_parts={j: jobs.procs[j].cpu_parts_text() for j in stats},
             window_cpu_parts={j: jobs.procs[j].cpu_parts_between(start, end) for j in stats},
+            submit_to_done_s=round(end - started, 2),
             cores={"jobs": round(cpu / window, 2), **servers.cores(start, end)},
             held=held,
             steady_cpu_us_per_change=sum(x[0] for x in known)
@@ -343,11 +347,11 @@ def run(
     for path in paths:
         for mode in modes:
             r = apply_mode(env, reader, rows, mode, path, reader_rate, max_offsets)
-            log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader, %.1f µs CPU per change, "
+            log.info("%s (read=%s parse=%s): %.0f rows/s = %.2f× the reader (%.2f s; %.2f s from spark-submit), %.1f µs CPU per change, "
                      "peak RSS %s MiB, PSS %s MiB (%s); CPU by process %s; after the first batch %s µs CPU per change, %s rows/s; "
                      "cores busy in the window %s; CPU by process in the window %s",
-                     mode, *path, r.rows_per_s, r.ratio_to_reader, r.cpu_us_per_change,
-                     r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, r.cpu_parts, _round(r.steady_cpu_us_per_change),
+                     mode, *path, r.rows_per_s, r.ratio_to_reader, r.window_s, r.submit_to_done_s,
+                     r.cpu_us_per_change, r.peak_rss_mib, r.peak_pss_mib, r.peak_parts, r.cpu_parts, _round(r.steady_cpu_us_per_change),
                      _round(r.steady_rows_per_s), r.cores, r.window_cpu_parts)  # fmt: skip
             results.append(asdict(r))
     steady_run = None

@@ -424,7 +424,9 @@ def backlog(b: Bench) -> None:
             where = f"{r['mode']}, read={r['read']} parse={r['parse']}"
             b.record.add(Figure("followers", f"backlog applied × the reader's rate ({where})",
                                 r["ratio_to_reader"], "×",
-                                f"{detail}; {r['rows_per_s']:,.0f} rows/s"))  # fmt: skip
+                                f"{detail}; {r['rows_per_s']:,.0f} rows/s, applied in "
+                                f"{r['window_s']:.2f} s ({r['submit_to_done_s']:.2f} s "
+                                "from spark-submit)"))  # fmt: skip
             b.record.add(Figure("followers", f"backlog CPU µs per change ({where})",
                                 r["cpu_us_per_change"], "µs",
                                 f"{detail}; JVM + Python CPU of the jobs' trees"))  # fmt: skip

@@ -96,8 +96,11 @@ from sinks.search_index import (
     mapping_from_connect_schema,
     new_columns,
     newer_columns,
+    reads_rfc3339,
     refused_columns,
     row_fields,
+    strict_dates,
+    strict_properties,
     takes,
 )
 from sinks.search_requests import (
@@ -304,6 +307,7 @@ class SearchSink:
         # digest's field out of _source, so that index actions into it carry the digest.
         self._digests: dict[str, bool] = {}
         self._digest_unreadable = False  # a mapping the follower may not read (logged once)
+        self._rfc3339: bool | None = None  # whether the server has that date format (asked once)
         self.rendered_batches = 0  # batches written by _apply_rendered (the native path's)
 
     @classmethod
@@ -418,6 +422,8 @@ class SearchSink:
         field limit) is logged: the columns are then mapped from their values, as before."""
 
         def put(new: Mapping[str, Any]) -> bool:
+            if not self._reads_rfc3339():
+                new = strict_properties(new)
             try:
                 self.client.indices.put_mapping(index=index, body={"properties": new})
             except TransportError as e:
@@ -989,6 +995,8 @@ class SearchSink:
         """Create index ``name`` with its ``aliases`` unless it exists; whether this call
         created it (not another writer)."""
         created = [False]
+        if not self._reads_rfc3339():
+            mapping = strict_dates(mapping)
         settings = index_settings(
             self.gc_deletes,
             shards=self.shards,
@@ -1021,6 +1029,30 @@ class SearchSink:
         if created[0]:  # made with this mapping: whether it takes the digest is known
             self._digests[name] = keeps_digest(mapping)
         return created[0]
+
+    def _reads_rfc3339(self) -> bool:
+        """Whether the server has the ``rfc3339_lenient`` date format that dates and zoned
+        timestamps are mapped with (:data:`sinks.search_index.RFC3339_FORMAT`), asked once;
+        if it has not, or may not be asked, they are mapped as strict_date_optional_time
+        (the same dates, parsed slower), said in one line."""
+        if self._rfc3339 is None:
+            try:
+                info = self._retrying.call("read the server's version", self.client.info)
+            except RetryableSinkError:
+                raise  # unreachable now: the index is not made either, and asked again
+            except SinkError as e:  # refused (no cluster:monitor/main privilege)
+                info, why = {}, f"its version could not be read ({e})"
+            else:
+                version = info.get("version") or {}
+                why = f"{version.get('distribution', 'elasticsearch')} {version.get('number')}"
+            self._rfc3339 = reads_rfc3339(info)
+            if not self._rfc3339:
+                log.info(
+                    "dates and zoned timestamps are mapped as strict_date_optional_time, "
+                    "not rfc3339_lenient (OpenSearch 2.12 or later): %s",
+                    why,
+                )
+        return self._rfc3339
 
     def refresh_indices(self, *tables: str) -> None:
         """Make everything written so far searchable (all of this sink's tables' indices if

@@ -81,19 +81,35 @@ _ISO_DATE: Final[dict[str, Any]] = {
     "format": "strict_date_optional_time",
     "ignore_malformed": True,
 }
+# Dates, and timestamps with a zone (always one: ZonedTimestamp is UTC with "Z"), read by
+# OpenSearch's hand-written RFC 3339 parser (2.12+): java.time's strict_date_optional_time
+# cost OpenSearch 6 us of its 37-43 a document of the benchmarks' rows (two such columns;
+# 50,000 documents, medians of 5 rounds; 8 % of its CPU profile). It indexes every value
+# of these types as strict_date_optional_time does, to the millisecond, but a zoned year
+# before 1 or beyond 9999 ("-0914-07-02T21:41:18Z", "+10000-01-01T00:00:00Z"; PostgreSQL
+# goes from 4713 BC to 294276): like 'infinity' and BC dates, that stays in _source and out
+# of the index (tests/integration/test_search_dates.py, docs/production.md). Timestamps
+# without a zone, which it refuses, keep _ISO_DATE. Not both: with
+# "rfc3339_lenient||strict_date_optional_time" OpenSearch parses through java.time as slowly.
+RFC3339_FORMAT: Final = "rfc3339_lenient"
+_RFC3339_DATE: Final[dict[str, Any]] = {
+    "type": "date",
+    "format": RFC3339_FORMAT,
+    "ignore_malformed": True,
+}
 
 # Debezium and Connect semantic types (the field's "name"). The sync jobs hand the sinks
 # natural values (spark_jobs/convert.py), not Debezium's compact encodings: dates and
 # timestamps as ISO-8601 text, times of day as "HH:MM:SS.ffffff", decimals as exact text.
 _NUMBER_FROM_TEXT: Final[dict[str, Any]] = {"type": "double", "ignore_malformed": True}
 _SEMANTIC_TYPES: Final[dict[str, dict[str, Any]]] = {
-    "io.debezium.time.Date": _ISO_DATE,
-    "org.apache.kafka.connect.data.Date": _ISO_DATE,
+    "io.debezium.time.Date": _RFC3339_DATE,
+    "org.apache.kafka.connect.data.Date": _RFC3339_DATE,
     "io.debezium.time.Timestamp": _ISO_DATE,
     "org.apache.kafka.connect.data.Timestamp": _ISO_DATE,
     "io.debezium.time.MicroTimestamp": _ISO_DATE,
     "io.debezium.time.NanoTimestamp": _ISO_DATE,
-    "io.debezium.time.ZonedTimestamp": _ISO_DATE,
+    "io.debezium.time.ZonedTimestamp": _RFC3339_DATE,
     "io.debezium.time.IsoTimestamp": _ISO_DATE,
     "io.debezium.time.Time": {"type": "keyword"},
     "org.apache.kafka.connect.data.Time": {"type": "keyword"},
@@ -263,12 +279,47 @@ _WHOLE: Final = ("byte", "short", "integer", "long")
 _FLOATING: Final = ("half_float", "float", "double")
 
 
+def reads_rfc3339(info: Mapping[str, Any]) -> bool:
+    """Whether the server that answered ``info`` (its ``GET /``) has the ``rfc3339_lenient``
+    date format: OpenSearch 2.12 or later (Elasticsearch and older OpenSearch refuse a
+    mapping that names it)."""
+    version = info.get("version") or {}
+    if version.get("distribution") != "opensearch":
+        return False
+    try:
+        major, minor = (int(x) for x in str(version.get("number", "")).split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 12)
+
+
+def strict_dates(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` (an index's or a field's) with each field of the ``rfc3339_lenient``
+    format, nested ones too, read as strict_date_optional_time instead, for a server without
+    that format (:func:`reads_rfc3339`)."""
+    out = dict(mapping)
+    if out.get("type") == "date" and out.get("format") == RFC3339_FORMAT:
+        out["format"] = _ISO_DATE["format"]
+    if isinstance(out.get("properties"), Mapping):
+        out["properties"] = strict_properties(out["properties"])
+    return out
+
+
+def strict_properties(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`strict_dates` of each field of ``properties``."""
+    return {k: strict_dates(v) if isinstance(v, Mapping) else v for k, v in properties.items()}
+
+
 def takes(held: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     """Whether an index field mapped as ``held`` takes every value of a column that would now
     be mapped as ``wanted`` (:func:`field_mapping`): False means OpenSearch refuses some (a
     text column into an ``integer`` field, ``'many-3'``)."""
     a, b = str(held.get("type", "object")), str(wanted.get("type", "object"))
     if a == b:
+        if a == "date" and held.get("format") == RFC3339_FORMAT:
+            # A timestamp without a zone is no RFC 3339 date: it would be left out of the
+            # index (ignore_malformed), every one of them.
+            return wanted.get("format") == RFC3339_FORMAT
         if a == "object":
             inner = held.get("properties") or {}
             return all(

@@ -371,7 +371,7 @@ def test_an_index_deleted_under_the_sink_is_made_again_as_the_sink_makes_it(
             for index, body in got.items()
         }
 
-    made = {name: ([write], "integer", "strict_date_optional_time", "24h", "0")}
+    made = {name: ([write], "integer", "rfc3339_lenient", "24h", "0")}
     try:
         assert _outcomes(sink.apply([row(i, 100) for i in range(1, 4)])) == ["applied"] * 3
         assert _outcomes(other.apply([row(9, 100)])) == ["applied"]  # a second worker

@@ -6,6 +6,8 @@ these column types (time.precision.mode=adaptive, decimal.handling.mode=string/p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pgcdc.core import row_digest
@@ -18,8 +20,10 @@ from sinks.search_index import (
     index_settings,
     keeps_digest,
     mapping_from_connect_schema,
+    reads_rfc3339,
     refused_columns,
     row_fields,
+    strict_dates,
 )
 
 pytestmark = pytest.mark.unit
@@ -133,11 +137,14 @@ def test_mapping_types_every_column() -> None:
     assert p["title"]["fields"]["keyword"]["type"] == "keyword"
     assert p["blob"] == {"type": "binary"}
     # Dates, timestamps and times arrive as ISO text from spark_jobs/convert.py.
+    # Dates and zoned timestamps by OpenSearch's RFC 3339 parser; timestamps without a zone,
+    # which it refuses, by java.time's.
     iso = {"type": "date", "format": "strict_date_optional_time", "ignore_malformed": True}
-    assert p["born"] == iso
+    rfc = {"type": "date", "format": "rfc3339_lenient", "ignore_malformed": True}
+    assert p["born"] == rfc
     assert p["seen"] == iso
     assert p["at_ms"] == iso
-    assert p["at"] == iso
+    assert p["at"] == rfc
     assert p["t"] == {"type": "keyword"}
     assert p["meta"] == {"type": "text"}
     assert p["uid"] == {"type": "keyword"}
@@ -268,3 +275,65 @@ def test_the_digest_field_is_never_compared_as_a_column() -> None:
     # A row struct that named it (no PostgreSQL table can) is still not refused by it.
     odd = [{"field": row_digest.FIELD, "type": "string"}]
     assert refused_columns(live, odd) == []
+
+
+# GET / as servers answer it: OpenSearch 2.19.6 (the stack's, captured), 2.11.1, and
+# Elasticsearch 7.10.2 (no distribution field).
+_OPENSEARCH_2_19 = {
+    "name": "stack-1",
+    "cluster_name": "cdc-stack",
+    "cluster_uuid": "48OXMl03Qkq7Ulj3KFZLXQ",
+    "version": {
+        "distribution": "opensearch",
+        "number": "2.19.6",
+        "build_type": "zip",
+        "build_hash": "97d3c13bf22a4a72ac11dc503fe44c97662b9161",
+        "build_date": "2026-07-01T04:27:16.038403104Z",
+        "build_snapshot": False,
+        "lucene_version": "9.12.3",
+        "minimum_wire_compatibility_version": "7.10.0",
+        "minimum_index_compatibility_version": "7.0.0",
+    },
+    "tagline": "The OpenSearch Project: https://opensearch.org/",
+}
+
+
+@pytest.mark.parametrize(
+    ("version", "reads"),
+    [
+        (_OPENSEARCH_2_19["version"], True),
+        ({"distribution": "opensearch", "number": "2.12.0"}, True),
+        ({"distribution": "opensearch", "number": "3.0.0"}, True),
+        ({"distribution": "opensearch", "number": "2.11.1"}, False),
+        ({"distribution": "opensearch", "number": "1.3.20"}, False),
+        ({"number": "7.10.2", "build_flavor": "oss"}, False),  # Elasticsearch
+        ({"distribution": "opensearch", "number": "unknown"}, False),
+        ({}, False),
+    ],
+)
+def test_the_rfc3339_date_format_is_used_where_the_server_has_it(
+    version: dict[str, Any], reads: bool
+) -> None:
+    assert reads_rfc3339({**_OPENSEARCH_2_19, "version": version}) is reads
+
+
+def _field(name: str) -> dict[str, Any]:
+    return next(f for f in ROW_FIELDS if f["field"] == name)
+
+
+def test_a_server_without_the_rfc3339_format_gets_strict_dates_nested_ones_too() -> None:
+    fields = [
+        *ROW_FIELDS,
+        {"type": "struct", "field": "span", "fields": [{**_field("born"), "field": "since"}]},
+    ]
+    m = mapping_from_connect_schema(fields)
+    assert m["properties"]["span"]["properties"]["since"]["format"] == "rfc3339_lenient"
+    strict = strict_dates(m)
+    iso = {"type": "date", "format": "strict_date_optional_time", "ignore_malformed": True}
+    p = strict["properties"]
+    assert p["born"] == p["seen"] == p["at"] == p["span"]["properties"]["since"] == iso
+    # Nothing else changes, and the mapping given is left as it was.
+    assert {k: v for k, v in p.items() if k not in ("born", "at", "span")} == {
+        k: v for k, v in m["properties"].items() if k not in ("born", "at", "span")
+    }
+    assert m["properties"]["born"]["format"] == "rfc3339_lenient"

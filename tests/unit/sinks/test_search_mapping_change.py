@@ -34,6 +34,30 @@ def test_what_an_index_field_takes(held: str, now: str, ok: bool) -> None:
     assert takes(_m(held), _m(now)) is ok
 
 
+_ZONED = {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}
+_DATE = {"type": "int32", "name": "io.debezium.time.Date"}
+_LOCAL = {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}
+
+
+@pytest.mark.parametrize(
+    ("held", "now", "ok"),
+    [
+        (_ZONED, _ZONED, True),
+        (_DATE, _ZONED, True),  # ALTER COLUMN d TYPE timestamptz: both RFC 3339
+        (_LOCAL, _ZONED, True),  # java.time's parser reads every RFC 3339 value
+        (_LOCAL, _DATE, True),
+        # ALTER COLUMN TYPE timestamp: a timestamp without a zone is no RFC 3339 date, each
+        # would be left out of the index: the index's next version maps it.
+        (_ZONED, _LOCAL, False),
+        (_DATE, _LOCAL, False),
+    ],
+)
+def test_an_rfc3339_date_field_takes_only_values_with_a_zone(
+    held: dict[str, Any], now: dict[str, Any], ok: bool
+) -> None:
+    assert takes(field_mapping(held), field_mapping(now)) is ok
+
+
 def test_a_struct_is_judged_field_by_field() -> None:
     point = {"type": "struct", "fields": [{"field": "x", "type": "double"}]}
     wider = {"type": "struct", "fields": [{"field": "x", "type": "string"}]}

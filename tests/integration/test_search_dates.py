@@ -1,0 +1,107 @@
+"""Dates and zoned timestamps are mapped with OpenSearch's ``rfc3339_lenient`` format
+(sinks.search_index): every value the followers give those columns is indexed as
+strict_date_optional_time, the format it replaced, indexes it, to the millisecond, but a
+zoned timestamp before year 1 or after 9999 (a sign before its year), which stays in
+``_source`` and out of the index (as 'infinity' does).
+
+The values are PostgreSQL's own text of timestamptz and date values across their whole range
+(years 4713 BC to 294276), through the reader's conversion (schemas.convert) and the jobs'
+(spark_jobs.convert), at every fraction width."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from opensearchpy import OpenSearch
+
+from schemas.convert import timestamptz_converter
+from sinks.search_index import field_mapping
+from spark_jobs.convert import field_converter
+from tests.conftest import Endpoints
+
+pytestmark = pytest.mark.integration
+
+_STRICT = {"type": "date", "format": "strict_date_optional_time", "ignore_malformed": True}
+_ZONED = {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}
+_DATE = {"type": "int32", "name": "io.debezium.time.Date"}
+
+
+def _postgres_values(dsn: str) -> tuple[list[str], list[int]]:
+    """PostgreSQL's text of timestamptz values (session zone UTC) and date values as days
+    since the epoch (what the reader sends for a date): the ends of each range, the years
+    around 1, 9999 and 10000, and random ones."""
+    rng = random.Random(11)
+    # Seconds since the epoch: 4713-11-24 BC .. 294276-12-31, PostgreSQL's timestamptz range.
+    lo, hi = -210_866_803_200, 9_224_318_016_000 - 1
+    edges = [lo, hi, 0, -1, -62_135_596_800, -62_135_596_801, 253_402_300_799, 253_402_300_800]
+    seconds = edges + [rng.randint(lo, hi) for _ in range(300)]
+    seconds += [rng.randint(-62_135_596_800, 253_402_300_799) for _ in range(300)]
+    micros = [rng.choice([0, 1, 999_999, 120_000, rng.randint(0, 999_999)]) for _ in seconds]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        rows = conn.execute(
+            "SELECT (to_timestamp(s) + make_interval(secs => m / 1e6))::text, "
+            "(to_timestamp(s) AT TIME ZONE 'UTC')::date - date '1970-01-01' "
+            "FROM unnest(%s::float8[], %s::int[]) AS t(s, m)",
+            (seconds, micros),
+        ).fetchall()
+    return [r[0] for r in rows] + ["infinity", "-infinity"], [r[1] for r in rows]
+
+
+def _indexed(client: OpenSearch, index: str, mapping: dict[str, Any], values: list[str]) -> dict:
+    """Each value's indexed instant (epoch ms), None where the index left it out; the
+    ``_source`` of each is the value as given."""
+    client.indices.create(index=index, body={"mappings": {"properties": {"d": mapping}}})
+    body = b"".join(
+        orjson.dumps({"index": {"_index": index, "_id": str(i)}})
+        + b"\n"
+        + orjson.dumps({"d": v})
+        + b"\n"
+        for i, v in enumerate(values)
+    )
+    answer = client.bulk(body=body, refresh=True)
+    assert not answer["errors"], answer["items"][:3]
+    got = client.search(
+        index=index,
+        body={
+            "size": len(values),
+            "docvalue_fields": [{"field": "d", "format": "epoch_millis"}],
+            "query": {"match_all": {}},
+        },
+    )["hits"]["hits"]
+    assert len(got) == len(values)
+    assert all(h["_source"] == {"d": values[int(h["_id"])]} for h in got)
+    return {values[int(h["_id"])]: h.get("fields", {}).get("d", [None])[0] for h in got}
+
+
+def test_dates_and_zoned_timestamps_index_as_strict_dates_did(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    texts, days = _postgres_values(endpoints.postgres_dsn)
+    to_date = field_converter(_DATE)
+    zoned = sorted({timestamptz_converter(w)(t) for t in texts for w in (0, 1, 3, 6)})
+    dates = sorted({to_date(d) for d in days} | {"infinity", "-infinity"})
+    assert any(v.startswith("+") for v in zoned) and any(v.startswith("-") for v in zoned)
+    assert any(v.endswith(" BC") for v in dates) and any(len(v) > 10 for v in dates)
+
+    client = OpenSearch(endpoints.search_url)
+    try:
+        for name, schema, values in (("zoned", _ZONED, zoned), ("date", _DATE, dates)):
+            mapping = field_mapping(schema)
+            assert mapping["format"] == "rfc3339_lenient"
+            now = _indexed(client, f"{index_prefix}-{name}-rfc", mapping, values)
+            before = _indexed(client, f"{index_prefix}-{name}-strict", _STRICT, values)
+            differ = {v for v in values if now[v] != before[v]}
+            # Only zoned years before 1 or past 9999 ("-0914-07-02T21:41:18Z",
+            # "+10000-01-01T00:00:00Z"): out of the index now.
+            odd = differ ^ {v for v in values if v[0] in "+-" and v[1].isdigit()}
+            assert not odd, [(v, now[v], before[v]) for v in sorted(odd)[:8]]
+            assert all(now[v] is None for v in differ)
+            # Every other value that is a date in the index is still one.
+            assert sum(now[v] is not None for v in values) > len(values) // 2
+    finally:
+        client.close()

@@ -58,8 +58,10 @@ def spark_zips_off(path: list[str]) -> list[str]:
     """Take off ``path`` (``sys.path``) the zips inside the installed pyspark package (its
     ``python/lib/pyspark.zip`` and py4j's, which Spark puts first when ``SPARK_HOME`` is that
     package) whose package is installed too (``pyspark-…zip`` or ``py4j-…zip``: ``pyspark``,
-    ``py4j``), and forget their importers; the zips taken off. A zip of another Spark home
-    is kept: that pyspark may not be the installed one."""
+    ``py4j``), and its jars (``jars/spark-core_….jar``, which Spark puts there too: no Python
+    in it, but 5,854 entries whose directory each worker's first task read again), and forget
+    their importers; the entries taken off. A zip of another Spark home is kept: that
+    pyspark may not be the installed one."""
 
     def installed(package: str) -> str | None:
         for entry in path:
@@ -74,9 +76,14 @@ def spark_zips_off(path: list[str]) -> list[str]:
     off = [
         e
         for e in path
-        if e.endswith(".zip")
-        and os.path.realpath(e).startswith(home + os.sep)
-        and installed(os.path.basename(e).split("-")[0].removesuffix(".zip")) is not None
+        if os.path.realpath(e).startswith(home + os.sep)
+        and (
+            e.endswith(".jar")
+            or (
+                e.endswith(".zip")
+                and installed(os.path.basename(e).split("-")[0].removesuffix(".zip")) is not None
+            )
+        )
     ]
     for entry in off:
         path.remove(entry)

@@ -102,20 +102,24 @@ def test_only_a_local_master_gets_the_daemon() -> None:
 
 
 def _spark_zips() -> list[str]:
-    """The zips Spark puts on its Python processes' path: the installed pyspark's own."""
+    """The zips and the jar Spark puts on its Python processes' path: the installed
+    pyspark's own."""
     import pyspark
 
-    lib = Path(pyspark.__file__).parent / "python" / "lib"
-    zips = sorted(str(z) for z in lib.glob("*.zip"))
+    home = Path(pyspark.__file__).parent
+    zips = sorted(str(z) for z in (home / "python" / "lib").glob("*.zip"))
     assert any("pyspark.zip" in z for z in zips) and any("py4j" in z for z in zips)
-    return zips
+    core = sorted(str(j) for j in (home / "jars").glob("spark-core_*.jar"))
+    assert len(core) == 1
+    return sorted([*zips, *core])
 
 
 def test_the_installed_pyspark_s_own_zips_come_off_the_path_another_home_s_stay(
     tmp_path: Path,
 ) -> None:
-    """The installed pyspark's zips come off (the package is the same code); a zip of
-    another Spark home, or of a package not installed, stays."""
+    """The installed pyspark's zips come off (the package is the same code), and its
+    spark-core jar (no Python in it); a zip of another Spark home, or of a package not
+    installed, stays."""
     import pyspark
 
     site = str(Path(pyspark.__file__).parent.parent)

@@ -19,6 +19,8 @@ import pytest
 from opensearchpy import OpenSearch
 
 from schemas.convert import timestamptz_converter
+from sinks.base import Change, Outcome
+from sinks.search import SearchSink
 from sinks.search_index import field_mapping
 from spark_jobs.convert import field_converter
 from tests.conftest import Endpoints
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.integration
 _STRICT = {"type": "date", "format": "strict_date_optional_time", "ignore_malformed": True}
 _ZONED = {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}
 _DATE = {"type": "int32", "name": "io.debezium.time.Date"}
+_LOCAL = "io.debezium.time.MicroTimestamp"
 
 
 def _postgres_values(dsn: str) -> tuple[list[str], list[int]]:
@@ -105,3 +108,84 @@ def test_dates_and_zoned_timestamps_index_as_strict_dates_did(
             assert sum(now[v] is not None for v in values) > len(values) // 2
     finally:
         client.close()
+
+
+T = "public.events"
+
+
+def _schema(at: dict[str, Any], *more: dict[str, Any]) -> dict[str, Any]:
+    """A Debezium value schema whose row has id (int32), ``at`` and the ``more`` fields."""
+    row = {
+        "type": "struct",
+        "field": "after",
+        "optional": True,
+        "fields": [{"field": "id", "type": "int32"}, {**at, "field": "at"}, *more],
+    }
+    return {"type": "struct", "fields": [{**row, "field": "before"}, row]}
+
+
+def _mapped(sink: SearchSink, field: str) -> list[str | None]:
+    """The format of ``field`` in each index of the sink's table, oldest first."""
+    got = sink.client.indices.get_mapping(index=f"{sink.index_for(T)}*")
+    return [
+        body["mappings"]["properties"].get(field, {}).get("format")
+        for _, body in sorted(got.items())
+    ]
+
+
+def _indexed_at(sink: SearchSink, key: str) -> list[Any]:
+    """The instant (epoch ms) the serving index holds for the row ``key``'s ``at``."""
+    sink.client.indices.refresh(index=sink.index_for(T))
+    hits = sink.client.search(
+        index=sink.index_for(T),
+        body={
+            "query": {"ids": {"values": [key]}},
+            "docvalue_fields": [{"field": "at", "format": "epoch_millis"}],
+        },
+    )["hits"]["hits"]
+    return [h.get("fields", {}).get("at", [None])[0] for h in hits]
+
+
+def test_a_timestamptz_column_altered_to_timestamp_gets_the_index_s_next_version(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """ALTER COLUMN at TYPE timestamp: its values lose their zone, which the RFC 3339 field
+    would leave out of the index, each of them: the follower builds the index's next version
+    with a strict_date_optional_time field (sinks.search_index.takes), and the rows written
+    since are dates in it."""
+    sink = SearchSink(endpoints.search_url, index_prefix, evolve_indices=True, refresh=True)
+    try:
+        sink.register_schema(T, _schema(_ZONED))
+        got = sink.apply([Change(T, "1", 100, 0, {"id": 1, "at": "2024-05-01T10:20:30Z"})])
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        assert _mapped(sink, "at") == ["rfc3339_lenient"]
+        sink.register_schema(T, _schema({"type": "int64", "name": _LOCAL}))
+        assert _mapped(sink, "at") == ["rfc3339_lenient", "strict_date_optional_time"]
+        got = sink.apply([Change(T, "2", 200, 0, {"id": 2, "at": "2024-05-01T10:20:30"})])
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        assert sink.advance_builds(force=True) == []  # row 1 is not in the next version yet
+        sink.apply([Change(T, "1", 300, 0, {"id": 1, "at": "2024-05-01T10:20:31"})])
+        assert sink.advance_builds(force=True) != []  # switched: searches read version 2
+        assert _indexed_at(sink, "2") == ["1714558830000"]
+        assert _indexed_at(sink, "1") == ["1714558831000"]
+    finally:
+        sink.close()
+
+
+def test_a_server_without_the_rfc3339_format_gets_strict_dates(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """Where the server has no rfc3339_lenient (older OpenSearch, Elasticsearch, a version
+    the follower may not read: it is told so here, the rest is this server), the index and
+    the columns mapped later take strict_date_optional_time."""
+    sink = SearchSink(endpoints.search_url, index_prefix, refresh=True)
+    sink._rfc3339 = False  # what _reads_rfc3339 concludes from such a server's answer
+    try:
+        sink.register_schema(T, _schema(_ZONED))
+        got = sink.apply([Change(T, "1", 100, 0, {"id": 1, "at": "2024-05-01T10:20:30Z"})])
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        sink.register_schema(T, _schema(_ZONED, {**_DATE, "field": "born"}))  # ADD COLUMN
+        assert _mapped(sink, "at") == _mapped(sink, "born") == ["strict_date_optional_time"]
+        assert _indexed_at(sink, "1") == ["1714558830000"]
+    finally:
+        sink.close()

@@ -329,6 +329,19 @@ def key_prefix(endpoints: Endpoints) -> Iterator[str]:
     r.close()
 
 
+def _drop_bare_gateway() -> None:
+    """Shut down a JVM that an earlier test started without a session (a job's ``run()``
+    joins or starts one to read spark-submit's options, ``spark_jobs.source.submitted_conf``):
+    the session would be made in it, with its class path, which lacks the driver class path
+    below, so the JVM would not map the archive of Spark's classes."""
+    from pyspark.core.context import SparkContext
+
+    if SparkContext._gateway is not None and SparkContext._active_spark_context is None:
+        SparkContext._gateway.shutdown()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local[2] SparkSession with the Kafka connector jars fetched by scripts/stack."""
@@ -339,6 +352,7 @@ def spark() -> Iterator[Any]:
     ).stdout.strip()
     # Python workers run this interpreter (its packages), not whatever python3 is first.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    _drop_bare_gateway()
     session = (
         SparkSession.builder.master("local[2]")
         .appName("cdc-tests")

@@ -215,7 +215,7 @@ def test_the_kafka_planner_refuses_a_checkpoint_that_is_not_local(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """spark.direct_planner = kafka takes each batch's ranges from the checkpoint's offsets
-    log: a job on an hdfs:// checkpoint stops at once, with one line (no JVM started)."""
+    log: a job on an hdfs:// checkpoint stops at once, with one line (no session made)."""
     from spark_jobs.job import run
 
     monkeypatch.setenv("CDC_SPARK__DIRECT_PLANNER", "kafka")

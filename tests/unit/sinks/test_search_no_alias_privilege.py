@@ -31,6 +31,9 @@ class NoAliases:
         self.bulks: list[bytes] = []
         self.mappings_read: list[str] = []
 
+    def info(self) -> dict[str, Any]:
+        return {"version": {"distribution": "opensearch", "number": "2.19.6"}}
+
     def exists(self, index: str) -> bool:
         return index in self.made
 

@@ -58,6 +58,24 @@ def test_the_variable_wins_as_in_the_settings_and_the_spark_read_keeps_c2() -> N
     )
 
 
+def test_a_driver_heap_under_256_mib_starts_small() -> None:
+    # A starting heap over the largest stops the JVM: -Xms128m only where -Xmx allows it.
+    s = _submit()
+    env = {"CDC_SPARK__READ": "direct"}
+    assert "-Xms128m -Xmn48m" in s.DIRECT_JAVA_OPTIONS
+    for memory, expected in (
+        (["--driver-memory", "512m"], s.DIRECT_JAVA_OPTIONS),
+        (["--driver-memory=256m"], s.DIRECT_JAVA_OPTIONS),
+        (["--driver-memory", "1G"], s.DIRECT_JAVA_OPTIONS),
+        (["--driver-memory", "200m"], s.SMALL_DRIVER_JAVA_OPTIONS),
+        (["--driver-memory", "100"], s.SMALL_DRIVER_JAVA_OPTIONS),  # MiB, as Spark reads it
+        (["--conf", "spark.driver.memory=192m"], s.SMALL_DRIVER_JAVA_OPTIONS),
+        (["--driver-memory", "lots"], s.DIRECT_JAVA_OPTIONS),  # spark-submit says what is wrong
+    ):
+        assert _java_options(s.build_argv([*memory, *JOB], JARS, EXE, None, env)) == expected
+    assert "-Xms64m" in s.SMALL_DRIVER_JAVA_OPTIONS and "-Xmn" not in s.SMALL_DRIVER_JAVA_OPTIONS
+
+
 def test_the_users_own_java_options_are_left_alone() -> None:
     s = _submit()
     env = {"CDC_SPARK__READ": "direct"}

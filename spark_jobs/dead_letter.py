@@ -19,6 +19,7 @@ from confluent_kafka.cimpl import NewTopic
 from pgcdc.core.errors import PublishError
 from pgcdc.core.kafka_config import client_config
 from pgcdc.core.settings import Settings
+from sinks.base import plain
 
 
 class RefusedChange(TypedDict):
@@ -83,7 +84,7 @@ def letter(rec: DeadLetter, job: str) -> bytes:
     with ``truncated`` and ``bytes``) when that would exceed :data:`MAX_LETTER_BYTES`."""
     stamp = {"job": job, "ts_ms": int(time.time() * 1000)}
     try:
-        body = orjson.dumps({**rec, **stamp}, option=orjson.OPT_NON_STR_KEYS)
+        body = orjson.dumps({**rec, **stamp}, default=plain, option=orjson.OPT_NON_STR_KEYS)
         size: int | None = len(body)
     except (TypeError, orjson.JSONEncodeError):  # contents no JSON can carry
         body, size = b"", None

@@ -81,11 +81,11 @@ def quiet(jvm: Any) -> None:
 def await_stop(query: Any, interrupt: Interrupt, jvm: Any, progress: Any = None) -> None:
     """Wait until the query ends or a Ctrl-C asks for a stop (then stop it quietly); between
     two waits, ``progress`` (a :class:`spark_jobs.progress.ProgressLog`) sees the query's
-    recent progress reports."""
+    new progress reports."""
     while not interrupt.stop.is_set():
         ended = query.awaitTermination(POLL_S)
         if progress is not None:
-            progress.update(query.recentProgress)
+            progress.poll(query)
         if ended:
             return
     quiet(jvm)

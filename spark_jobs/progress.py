@@ -80,6 +80,22 @@ def progress_line(batch_id: int, done: int, left: int, elapsed_s: float) -> str:
     )
 
 
+def new_reports(query: Any, after: int) -> list[dict[str, Any]]:
+    """``query``'s progress reports of the batches after ``after``, oldest first: read from
+    its newest back, each one's JSON as the JVM writes it. PySpark's ``recentProgress``
+    converts every report the query keeps (up to 100), two py4j calls each, at each poll of
+    the wait loop (twice a second)."""
+    held = query._jsq.recentProgress()
+    out: list[dict[str, Any]] = []
+    for i in range(len(held) - 1, -1, -1):
+        report = json.loads(held[i].json())
+        if int(report.get("batchId", -1)) <= after:
+            break
+        out.append(report)
+    out.reverse()
+    return out
+
+
 class ProgressLog:
     """Logs :func:`progress_line` once per micro-batch that read records, from the query's
     progress reports (polled by the driver's wait loop: no listener calls back into Python
@@ -94,6 +110,10 @@ class ProgressLog:
         self.started = clock()
         self.done = 0
         self.last_batch = -1
+
+    def poll(self, query: Any) -> None:
+        """Log the batches ``query`` reported since the last poll (:func:`new_reports`)."""
+        self.update(new_reports(query, self.last_batch))
 
     def update(self, reports: Iterable[Mapping[str, Any]]) -> None:
         """Log each report of a batch not logged yet (Spark's ``recentProgress``)."""

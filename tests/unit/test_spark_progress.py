@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +12,7 @@ from spark_jobs.progress import (
     AVAILABLE_NOW_BATCH_RECORDS,
     ProgressLog,
     batch_limit,
+    new_reports,
     progress_line,
     records_left,
     records_read,
@@ -83,4 +86,45 @@ def test_the_direct_read_counts_records_by_offsets_not_input_rows(
         log.update([report])
     assert [r.getMessage() for r in caplog.records] == [
         "batch 3: read 310 of 410 records (76%), 10 records/s, ETA 10s"
+    ]
+
+
+class _Report:
+    """A progress report as py4j gives it: its JSON on asking (each ask counted)."""
+
+    def __init__(self, report: dict[str, object], asked: list[int]) -> None:
+        self.report, self.asked = report, asked
+
+    def json(self) -> str:
+        self.asked.append(int(str(self.report["batchId"])))
+        return json.dumps(self.report)
+
+
+def test_a_poll_reads_only_the_reports_of_batches_it_has_not_seen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    asked: list[int] = []
+    offsets = '{"t.a": {"0": %d}}'
+    held = [
+        _Report(
+            {
+                "batchId": b,
+                "numInputRows": 10,
+                "sources": [{"endOffset": offsets % (10 * b + 10), "latestOffset": offsets % 1000}],
+            },
+            asked,
+        )
+        for b in range(100)  # what Spark keeps of a long run (numRecentProgressUpdates)
+    ]
+    query = SimpleNamespace(_jsq=SimpleNamespace(recentProgress=lambda: held))
+    assert [r["batchId"] for r in new_reports(query, 97)] == [98, 99]
+    assert asked == [99, 98, 97]  # from the newest back, to the first one seen
+    assert new_reports(query, 99) == [] and asked[3:] == [99]
+    log = ProgressLog("sync", clock=iter([0.0, 10.0, 20.0]).__next__)
+    log.last_batch = 98
+    with caplog.at_level(logging.INFO, logger="spark_jobs.progress"):
+        log.poll(query)
+        log.poll(query)
+    assert [r.getMessage() for r in caplog.records] == [
+        "batch 99: read 10 of 10 records (100%), 1 records/s, caught up"
     ]

@@ -38,13 +38,15 @@ from pgcdc.core.contract import (
 )
 from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ApplyPath, ReadPath
-from sinks.base import Change
+from sinks.base import Change, WholeDocument
 from spark_jobs.convert import after_schema, native_kinds
 from spark_jobs.parse import CHANGE, KafkaRecord, RecordParser, key_prefix
 
 log = logging.getLogger(__name__)
 
 _HEADERS = (HEADER_COMMIT_LSN, HEADER_ORDER, HEADER_UNCHANGED)
+_NEW = object.__new__  # what the native module makes each Change with (its take)
+_NO_COLUMNS = frozenset[str]()  # a whole document's unchanged columns
 _PLACEHOLDERS = sorted(PLACEHOLDER_TEXTS)
 # Records handed to the native module at a time: the range's records are not all held at
 # once (a 4 kB record each), only each key's newest change.
@@ -82,7 +84,6 @@ class NativeParts:
     ) -> None:
         """``make`` makes the native reducer; ``part`` is the range's first part (read
         already), ``records`` the rest of it."""
-        self._make = make
         self._fast = make()
         self._part = part  # the next part, read already
         self._records = records
@@ -110,26 +111,19 @@ class NativeParts:
     def take(self) -> tuple[list[Change], list[tuple[str, int, int]], int]:
         """Each key's newest change of the parts added since the last take, the Kafka
         position of its record, and the newest commit time among them (0 for none)."""
-        table, schema = self.table, self.schema
-        changes: list[Change] = []
-        offsets: list[int] = []
-        newest = 0
-        split = frozenset[str]()
-        for offset, key, lsn, order, doc, ts_ms, rendered in self._fast.changes():
-            changes.append(
-                Change(table, key, lsn, order, None)
-                if doc is None
-                else Change(table, key, lsn, order, doc, split, True, rendered, schema)
-            )
-            offsets.append(offset)
-            if ts_ms is not None and ts_ms > newest:
-                newest = ts_ms
-        if changes:
-            self._fast = self._make()
+        changes, where, newest = self._fast.take(
+            _NEW,
+            Change,
+            WholeDocument,
+            self.table,
+            self.schema,
+            _NO_COLUMNS,
+            self.topic,
+            self.partition,
+        )
         self.taken_to = self._added_to
         self.taken += len(changes)
-        topic, partition = self.topic, self.partition
-        return changes, [(topic, partition, o) for o in offsets], newest
+        return changes, where, newest
 
 
 def native_parts(

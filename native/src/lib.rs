@@ -363,7 +363,7 @@ fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
 
 /// What the module offers, as a number: `pgcdc.core.native.INTERFACE` must be the same, or
 /// pgcdc does not use it (a module built from older sources would lack what it calls).
-const INTERFACE: u32 = 5;
+const INTERFACE: u32 = 6;
 
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -25,7 +25,7 @@ from pgcdc.core.contract import (
 )
 from pgcdc.core.settings import SchemaSettings
 from schemas.envelope import EventEncoder
-from sinks.base import Change
+from sinks.base import Change, WholeDocument
 from sinks.cache import hash_fields
 from spark_jobs import convert
 from spark_jobs.changes import ChangeBuilder, RecordError
@@ -112,10 +112,15 @@ def _rendered_as_the_followers_render(c: Change) -> None:
         return
     assert c.rendered is not None
     source, fields, digest = c.rendered
-    assert source == orjson.dumps(c.doc)
-    assert fields == hash_fields(c.doc)
-    assert digest == orjson.dumps(row_digest.stored(c.key, c.doc))
-    assert row_digest.canonical(c.doc) == orjson.dumps(dict(sorted(c.doc.items())))
+    # Its document is read from that JSON when asked (sinks.base.WholeDocument); its length
+    # is known without reading it, and is what the Redis follower asks.
+    assert isinstance(c.doc, WholeDocument) and c.doc.json is source
+    doc = dict(c.doc)
+    assert len(c.doc) == len(doc)
+    assert source == orjson.dumps(doc)
+    assert fields == hash_fields(doc)
+    assert digest == orjson.dumps(row_digest.stored(c.key, doc))
+    assert row_digest.canonical(doc) == orjson.dumps(dict(sorted(doc.items())))
 
 
 def _headers(lsn: int, order: int | None) -> list[tuple[str, bytes | None]]:

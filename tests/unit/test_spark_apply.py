@@ -14,7 +14,7 @@ from pyspark.sql import Row
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import SinkError
 from pgcdc.core.settings import Settings, load_settings
-from sinks.base import ApplyResult, Change, Outcome
+from sinks.base import ApplyResult, Change, Outcome, WholeDocument
 from spark_jobs import apply_loop, dead_letter
 
 pytestmark = pytest.mark.unit
@@ -359,6 +359,24 @@ def test_a_letter_too_large_carries_the_position_not_the_contents() -> None:
     assert got["reason"] == "value is not a Debezium event" and "value" not in got
     small = orjson.loads(dead_letter.letter({**big, "value": "x"}, "cache_sync"))
     assert small["value"] == "x" and "truncated" not in small
+
+
+def test_a_refused_whole_document_is_dead_lettered_with_its_values() -> None:
+    # The native path's documents are read from their JSON when asked (WholeDocument), no
+    # dict: the letter carries their values all the same.
+    doc = WholeDocument(b'{"id":1,"name":"caf\xc3\xa9","n":1.5}', 3)
+    refused = dead_letter.RefusedChange(
+        topic="t",
+        partition=0,
+        offset=4,
+        table="public.items",
+        key='{"id":1}',
+        reason="mapper_parsing_exception",
+        commit_lsn=7,
+        doc=doc,
+    )
+    got = orjson.loads(dead_letter.letter(refused, "search_sync"))
+    assert got["doc"] == {"id": 1, "name": "café", "n": 1.5} and "truncated" not in got
 
 
 def test_reduced_changes_that_cannot_be_built_are_dead_lettered(

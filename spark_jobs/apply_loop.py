@@ -736,6 +736,7 @@ class ApplyBatch:
         # The query's last progress report (set by the job once the query started): under
         # a rate limit it tells whether the previous batch reached the end of the topics.
         self.last_progress: Callable[[], Mapping[str, Any] | None] = lambda: None
+        self._progress_seen: tuple[int, Mapping[str, Any] | None] | None = None
         self.metrics = JobMetrics(*(f.job for f in self.followers))
         self.outage_retries = 0  # batches run again because a follower was unreachable
         self.catch_ups = 0  # followers caught up on what they missed while behind
@@ -1159,6 +1160,15 @@ class ApplyBatch:
         records = catch_up_records(spark, self.settings, self.opts, start, end)
         return self._tasks(self.events(records), follower)[job]
 
+    def _previous_progress(self, batch_id: int) -> Mapping[str, Any] | None:
+        """The query's last progress report as batch ``batch_id`` sees it (the report of a
+        batch before it), asked once a batch: each ask is two py4j calls and the JVM's JSON
+        of the report."""
+        seen = self._progress_seen
+        if seen is None or seen[0] != batch_id:
+            seen = self._progress_seen = (batch_id, self.last_progress())
+        return seen[1]
+
     def _watermark(self, batch_id: int, total: BatchStats) -> int:
         """The LSN to record after applying ``batch_id`` (0: nothing new); the rule is
         :mod:`spark_jobs.watermark`'s."""
@@ -1167,7 +1177,7 @@ class ApplyBatch:
         self.watermarks.seen(batch_id, total.heartbeat_lsn)
         if not self.opts.max_offsets_per_trigger:
             return self.watermarks.complete(batch_id)  # every batch is complete
-        previous = self.last_progress()
+        previous = self._previous_progress(batch_id)
         if previous and previous.get("batchId") == batch_id - 1 and progress_complete(previous):
             return self.watermarks.complete(batch_id - 1)
         return 0
@@ -1340,6 +1350,6 @@ class ApplyBatch:
                     extra={**extra, "follower": f.job},
                 )
         try:
-            self.metrics.progress(self.last_progress())
+            self.metrics.progress(self._previous_progress(batch_id))
         except Exception:  # metrics never stop a job
             log.exception("batch %d: metrics not updated", batch_id)

@@ -4,9 +4,12 @@ follower's external versions are tested in test_search_versions.py.)"""
 from __future__ import annotations
 
 import base64
+import copy
 import math
+import pickle
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,10 +21,12 @@ from sinks.base import (
     Change,
     OnePerKey,
     Outcome,
+    WholeDocument,
     fill_unchanged,
     is_placeholder,
     key_id,
     one_per_key,
+    plain,
     reduce_batch,
     split_unchanged,
 )
@@ -285,3 +290,18 @@ def test_batch_outcomes_skip_superseded_and_flag_missing_results() -> None:
     assert results[0] == ApplyResult("1", "public.t", Outcome.SKIPPED, results[0].reason)
     assert results[0].reason and "superseded" in results[0].reason
     assert results[2].reason == "no outcome (bug)"
+
+
+def test_a_whole_document_is_its_json_read_when_asked() -> None:
+    values = {"id": 7, "name": "caf\u00e9", "price": 1.5, "tags": None, "big": 2**64 - 1}
+    doc = WholeDocument(orjson.dumps(values), len(values))
+    assert len(doc) == 5 and doc._values is None  # its length is known unread
+    assert doc == values and values == doc and list(doc.items()) == list(values.items())
+    assert doc["name"] == "caf\u00e9" and doc.get("nope") is None and "price" in doc
+    assert {**doc} == values and dict(doc) == values
+    for other in (pickle.loads(pickle.dumps(doc)), copy.deepcopy(doc)):
+        assert type(other) is dict and other == values
+    # Not a dict, so orjson needs the default that reads it (spark_jobs.dead_letter's).
+    with pytest.raises(TypeError):
+        orjson.dumps({"doc": WholeDocument(b"{}", 0)})
+    assert orjson.loads(orjson.dumps({"doc": doc}, default=plain)) == {"doc": values}

@@ -109,6 +109,7 @@ SinkFactory = Callable[[Settings], Sink]
 _CHUNK = 2000  # changes per sink.apply call
 _MAX_PAUSE_S = 15.0  # longest wait between two runs of a batch during an outage
 _PROBE_EVERY_S = 2.0  # how often a follower that is behind is asked whether it answers
+_SPANS_KEPT = 200  # batches whose ranges' spans the progress line may still ask (ApplyBatch.spans)
 
 
 def unreachable_reason(e: BaseException) -> str | None:
@@ -743,6 +744,9 @@ class ApplyBatch:
         # The direct read: where the current batch's ranges start (a batch's start offsets
         # for a source that logs no initial offsets: spark_jobs.behind.batch_start).
         self.read_from: behind.Offsets | None = None
+        # The direct read: the offsets each recent batch's ranges spanned (the progress line's
+        # records: spark_jobs.progress.ProgressLog).
+        self.spans: dict[int, int] = {}
         # Set when the job is asked to stop (Ctrl-C: spark_jobs.interrupt).
         self.stopping = threading.Event()
         # Who is behind since where (several followers only: one alone never falls behind).
@@ -788,6 +792,9 @@ class ApplyBatch:
             if ranges is None:
                 ranges = [Range.of(row) for row in events.collect()]
             self.read_from = range_starts(ranges)
+            if self.batch_id is not None:
+                self.spans[self.batch_id] = sum(r.end - r.start for r in ranges)
+                self.spans.pop(self.batch_id - _SPANS_KEPT, None)
             if self.stop_planners and not self._planners_stopped:
                 # The source is planned (Spark did it before it called this): they idle from
                 # now on.

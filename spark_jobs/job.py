@@ -169,7 +169,9 @@ def run(
         extra={"job": opts.name},
     )
     try:
-        progress = ProgressLog(opts.name, direct=direct) if opts.available_now else None
+        progress = (
+            ProgressLog(opts.name, direct=direct, spans=batch.spans) if opts.available_now else None
+        )
         await_stop(query, interrupt, spark.sparkContext._jvm, progress)
     finally:
         if health is not None:

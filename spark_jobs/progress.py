@@ -102,10 +102,17 @@ class ProgressLog:
     from the JVM, which outlived the driver's callback server at the end of a run)."""
 
     def __init__(
-        self, job: str, clock: Callable[[], float] = time.monotonic, direct: bool = False
+        self,
+        job: str,
+        clock: Callable[[], float] = time.monotonic,
+        direct: bool = False,
+        spans: Mapping[int, int] | None = None,
     ) -> None:
         self.job = job
         self.direct = direct  # spark.read = "direct": records from the offsets, not the rows
+        # The direct read's offsets each batch's ranges spanned, by batch (ApplyBatch.spans):
+        # a run's first report has no start offsets, and its records went uncounted.
+        self.spans = spans if spans is not None else {}
         self.clock = clock
         self.started = clock()
         self.done = 0
@@ -123,7 +130,10 @@ class ProgressLog:
                 continue
             self.last_batch = batch_id
             sources = report.get("sources") or []
-            rows = records_read(sources) if self.direct else int(report.get("numInputRows") or 0)
+            if not self.direct:
+                rows = int(report.get("numInputRows") or 0)
+            else:
+                rows = self.spans.get(batch_id, records_read(sources))
             if not rows:
                 continue
             self.done += rows

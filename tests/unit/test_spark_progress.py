@@ -128,3 +128,37 @@ def test_a_poll_reads_only_the_reports_of_batches_it_has_not_seen(
     assert [r.getMessage() for r in caplog.records] == [
         "batch 99: read 10 of 10 records (100%), 1 records/s, caught up"
     ]
+
+
+def test_the_direct_reads_first_batch_counts_the_offsets_its_ranges_spanned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A run's first report has no start offsets: its records were left out of "read", and
+    # the backlog's total read 70,000 of a 100,000-record backlog.
+    offsets = '{"t.a": {"0": %d}}'
+    first = {
+        "batchId": 0,
+        "numInputRows": 1,
+        "sources": [
+            {"startOffset": None, "endOffset": offsets % 30_000, "latestOffset": offsets % 100_000}
+        ],
+    }
+    second = {
+        "batchId": 1,
+        "numInputRows": 1,
+        "sources": [
+            {
+                "startOffset": offsets % 30_000,
+                "endOffset": offsets % 60_000,
+                "latestOffset": offsets % 100_000,
+            }
+        ],
+    }
+    spans = {0: 30_000, 1: 30_000}
+    log = ProgressLog("sync", clock=iter([0.0, 10.0, 20.0]).__next__, direct=True, spans=spans)
+    with caplog.at_level(logging.INFO, logger="spark_jobs.progress"):
+        log.update([first, second])
+    assert [r.getMessage() for r in caplog.records] == [
+        "batch 0: read 30000 of 100000 records (30%), 3000 records/s, ETA 23s",
+        "batch 1: read 60000 of 100000 records (60%), 3000 records/s, ETA 13s",
+    ]

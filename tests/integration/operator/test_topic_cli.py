@@ -12,7 +12,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from typer.testing import CliRunner
 
 from cdc.cli import app
-from tests.conftest import Endpoints
+from cdc.topics import tail
+from pgcdc.core.settings import load_settings
+from tests.conftest import Endpoints, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -71,13 +73,28 @@ def test_demo_peek_shows_the_newest_of_the_whole_topic(
     from demo import peek
 
     producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap})
+
+    # A record for a partition the producer's metadata does not show yet fails with "unknown
+    # partition" (the topic was created a moment ago): wait until it knows all three leaders.
+    def three_leaders() -> bool:
+        parts = producer.list_topics(env["topic"], timeout=5).topics[env["topic"]].partitions
+        return len(parts) == 3 and all(p.leader >= 0 for p in parts.values())
+
+    wait_until(three_leaders, timeout=30, what="the producer to know the 3 partitions' leaders")
+    failed: list[str] = []
     for i in range(9):
         value = json.dumps({"payload": {"op": "c", "before": None, "after": {"n": i}}})
         key = json.dumps({"payload": {"id": i}})
         producer.produce(
-            env["topic"], key=key, value=value, partition=i % 3, timestamp=1_700_000_000_000 + i
+            env["topic"],
+            key=key,
+            value=value,
+            partition=i % 3,
+            timestamp=1_700_000_000_000 + i,
+            on_delivery=lambda err, _msg: failed.append(err.str()) if err else None,
         )
-    assert producer.flush(10) == 0
+    assert producer.flush(10) == 0 and failed == []
+    assert tail(load_settings().kafka, env["topic"], 0).total == 9  # every partition's end seen
     assert peek.main([env["topic"], "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" key ")[1] for line in lines] == [

@@ -87,17 +87,6 @@ def wait_until(
         time.sleep(interval)
 
 
-def wait_for_leaders(client: Any, topic: str, partitions: int) -> None:
-    """Wait until ``client`` (a producer) knows the leaders of a new topic's partitions: a
-    record for a partition it does not know yet fails, and ``flush()`` does not count it."""
-
-    def known() -> bool:
-        parts = client.list_topics(topic, timeout=5).topics[topic].partitions
-        return len(parts) == partitions and all(p.leader >= 0 for p in parts.values())
-
-    wait_until(known, timeout=30, what=f"a producer to know {topic}'s {partitions} leaders")
-
-
 def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 

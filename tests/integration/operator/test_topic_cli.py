@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cdc.cli import app
 from cdc.topics import tail
 from pgcdc.core.settings import load_settings
-from tests.conftest import Endpoints, wait_for_leaders
+from tests.conftest import Endpoints, wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -74,7 +74,13 @@ def test_demo_peek_shows_the_newest_of_the_whole_topic(
 
     producer = Producer({"bootstrap.servers": endpoints.kafka_bootstrap})
 
-    wait_for_leaders(producer, env["topic"], 3)
+    # A record for a partition the producer's metadata does not show yet fails with "unknown
+    # partition" (the topic was created a moment ago): wait until it knows all three leaders.
+    def three_leaders() -> bool:
+        parts = producer.list_topics(env["topic"], timeout=5).topics[env["topic"]].partitions
+        return len(parts) == 3 and all(p.leader >= 0 for p in parts.values())
+
+    wait_until(three_leaders, timeout=30, what="the producer to know the 3 partitions' leaders")
     failed: list[str] = []
     for i in range(9):
         value = json.dumps({"payload": {"op": "c", "before": None, "after": {"n": i}}})

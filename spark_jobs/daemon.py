@@ -20,16 +20,30 @@ data source (``pyspark.sql.worker.*``) only import pyspark from the package, not
 PySpark imports a worker module after the fork so that nothing imported starts a thread
 before it: none of these modules does, and a test holds it (``tests/unit/test_daemon.py``). A module that cannot be imported here is
 left to the worker, which then fails the task with the error the job would have had anyway.
+
+The daemon also caps the C library's malloc arenas of itself and its workers
+(:func:`limit_arenas`), unless ``MALLOC_ARENA_MAX`` is set: glibc gives a thread that
+allocates an arena of its own, up to eight a core, and a worker's threads (a range each, a
+follower each, librdkafka's) each took one and kept freed memory in it. Measured in the
+shared job (a 300,000-row backlog, 30,000 records a batch, three runs each, alternated): a
+Python worker's peak RSS 475-487 MiB, with two arenas 375-398 MiB (the job's tree
+1,150-1,162 MiB, with two arenas 1,050-1,075); the workers' CPU a change 18.6-19.3 µs, with
+two arenas 18.5-18.7 µs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 
 WORKER = "pyspark.worker"
+# The malloc arenas a daemon and its workers keep (glibc's M_ARENA_MAX, through mallopt).
+ARENAS = 2
+_M_ARENA_MAX = -8
 # What a sync task unpickles (its function, settings and followers), and the worker itself.
 PRELOAD = (WORKER, "spark_jobs.sync", "spark_jobs.documents_sync", "pgcdc.core.native")
 
@@ -52,6 +66,22 @@ def preload(worker_module: str | None) -> list[str]:
     gc.collect()
     gc.freeze()
     return done
+
+
+def limit_arenas(environ: Mapping[str, str] = os.environ) -> bool:
+    """Cap this process's malloc arenas, and those of the processes it forks, at
+    :data:`ARENAS`: True when capped; False when ``MALLOC_ARENA_MAX`` is set (the user's
+    value stands; glibc read it at the start) or the C library has no ``mallopt`` (not
+    glibc)."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, ARENAS))
 
 
 def spark_zips_off(path: list[str]) -> list[str]:
@@ -94,6 +124,7 @@ def spark_zips_off(path: list[str]) -> list[str]:
 if __name__ == "__main__":
     worker_module = sys.argv[1] if len(sys.argv) > 1 else None
     spark_zips_off(sys.path)  # before pyspark is imported (a planner's daemon too)
+    limit_arenas()  # before any thread: the workers fork from here
     from pyspark import daemon
 
     preload(worker_module)

@@ -130,3 +130,42 @@ def test_the_installed_pyspark_s_own_zips_come_off_the_path_another_home_s_stay(
     assert sorted(spark_zips_off(path)) == own
     assert path == [other, lonely, site]
     assert spark_zips_off([other, str(tmp_path)]) == []  # no installed pyspark: all stay
+
+
+def _arenas(cap: bool, environ: dict[str, str] | None = None) -> int:
+    """The malloc arenas a fresh interpreter holds once eight threads have each allocated
+    (glibc's ``malloc_stats`` names each on stderr), after ``limit_arenas()`` or not."""
+    code = (
+        "import ctypes, sys, threading\n"
+        "from spark_jobs.daemon import limit_arenas\n"
+        f"print(limit_arenas() if {cap!r} else None)\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.malloc.restype = ctypes.c_void_p\n"
+        "both = threading.Barrier(9)\n"
+        "def allocate():\n"
+        "    libc.malloc(4096)\n"
+        "    both.wait()\n"
+        "    both.wait()\n"
+        "threads = [threading.Thread(target=allocate) for _ in range(8)]\n"
+        "for t in threads: t.start()\n"
+        "both.wait()\n"
+        "libc.malloc_stats()\n"
+        "both.wait()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | (environ or {})
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, env=env
+    )
+    return sum(1 for line in out.stderr.splitlines() if line.startswith("Arena "))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_stats")
+def test_the_daemon_caps_its_workers_malloc_arenas() -> None:
+    """Each thread that allocates takes an arena of its own (up to eight a core), and a
+    worker's threads kept freed memory in each: the daemon caps them at two, for itself and
+    the workers it forks; a MALLOC_ARENA_MAX of the user's stands."""
+    from spark_jobs.daemon import ARENAS, limit_arenas
+
+    assert _arenas(cap=False) > ARENAS
+    assert _arenas(cap=True) == ARENAS
+    assert limit_arenas({"MALLOC_ARENA_MAX": "4"}) is False

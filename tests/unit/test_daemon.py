@@ -168,4 +168,5 @@ def test_the_daemon_caps_its_workers_malloc_arenas() -> None:
 
     assert _arenas(cap=False) > ARENAS
     assert _arenas(cap=True) == ARENAS
-    assert limit_arenas({"MALLOC_ARENA_MAX": "4"}) is False
+    assert _arenas(cap=True, environ={"MALLOC_ARENA_MAX": "3"}) == 3
+    assert limit_arenas({"MALLOC_ARENA_MAX": "3"}) is False

@@ -713,19 +713,44 @@ class Publisher:
             f"({self.committed.describe() if self.committed else 'the slot'})"
         )
 
-    def _abort(self) -> None:
+    def _abort(self, timeout_s: float = 30.0) -> None:
         """Abort the open Kafka transaction. A producer found fenced meanwhile raises
-        :class:`Fenced`: another reader took over, and this one must not start again."""
+        :class:`Fenced`: another reader took over, and this one must not start again.
+
+        librdkafka takes no abort while a commit that timed out is still in progress
+        (``_CONFLICT``): that commit is resumed, the only way on, so its end tells whether
+        this producer was fenced. Ending the run with a retryable error instead would let
+        its next run take the transactional id back from the reader that fenced it. A
+        resumed commit that succeeds leaves its records, and its position, to Kafka; the
+        next run reads the position there."""
         if not self.txn_open:
             return
         self._begin_needed = True
-        try:
-            self._producer.abort_transaction(30)
-        except KafkaException as e:
-            if _fenced(e.args[0]):
-                raise self._fenced_failure(e.args[0]) from e
-            # The next run's init_transactions aborts it in any case.
-            log.warning("could not abort the Kafka transaction: %s", e.args[0].str())
+        deadline = time.monotonic() + timeout_s
+        resume_commit = False
+        while True:
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                if resume_commit:
+                    self._producer.commit_transaction(left)
+                    log.info("a commit that had timed out completed while the run was ending")
+                else:
+                    self._producer.abort_transaction(left)
+                return
+            except KafkaException as e:
+                err = e.args[0]
+                if _fenced(err):
+                    raise self._fenced_failure(err) from e
+                if _fatal(err) or time.monotonic() >= deadline:
+                    break
+                if err.code() == KafkaError._CONFLICT:
+                    resume_commit = True
+                elif err.txn_requires_abort():
+                    resume_commit = False
+                elif not err.retriable():
+                    break
+        # The next run's init_transactions aborts it in any case.
+        log.warning("could not abort the Kafka transaction: %s", err.str())
 
     def _fenced_failure(self, err: KafkaError) -> PublishError:
         return Fenced(

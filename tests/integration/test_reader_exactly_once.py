@@ -278,7 +278,11 @@ def _fence(readers: Readers, first: subprocess.Popen[bytes], first_log: Path) ->
             second_log,
         )
         first.send_signal(signal.SIGCONT)
-        _wait("the first reader to stop", lambda: first.poll() is not None, None, None, 60)
+        try:
+            _wait("the first reader to stop", lambda: first.poll() is not None, None, None, 60)
+        except AssertionError as e:
+            tail = first_log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{e}; its log ends:\n{tail}") from None
         text = first_log.read_text(errors="replace")
         assert first.returncode == 1, text[-3000:]
         assert "this reader is fenced" in text, text[-3000:]

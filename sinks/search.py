@@ -259,9 +259,13 @@ class SearchSink:
         refresh_interval: str = "1s",
         evolve_indices: bool = True,
         build_check_interval_s: float = 10.0,
+        row_digests: bool = True,
     ) -> None:
         check_index_prefix(index_prefix)
         self.evolve_indices = evolve_indices
+        # Whether the indices this sink makes keep the row digest (search.row_digests);
+        # what an index keeps is read from its mapping (_keeps_digest), whoever made it.
+        self.row_digests = row_digests
         self._stored_digest = row_digest.stored_function()  # hashed natively where it can be
         self.build_check_interval_s = build_check_interval_s
         # Tables whose next index version is being built: what searches read, and the next.
@@ -323,11 +327,20 @@ class SearchSink:
                 "replicas": settings.number_of_replicas,
                 "refresh_interval": settings.refresh_interval,
                 "evolve_indices": settings.evolve_indices,
+                "row_digests": settings.row_digests,
                 **kwargs,
             },
         )
 
     # -- indices -------------------------------------------------------------------------
+
+    def _mapping(self, fields: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
+        """The mapping of an index this sink makes for a table of ``fields`` (its Connect
+        schema's; none known: typed by the first values), with the row digest's field when
+        :attr:`row_digests`."""
+        if fields:
+            return mapping_from_connect_schema(fields, digest=self.row_digests)
+        return dynamic_mapping(digest=self.row_digests)
 
     def index_for(self, table: str) -> str:
         """The index name of ``table`` (``schema.table``)."""
@@ -520,9 +533,7 @@ class SearchSink:
                 )
                 return False
             target = now.next_index
-            mapping = versions.with_version(
-                mapping_from_connect_schema(fields), name, now.version + 1, since_lsn
-            )
+            mapping = versions.with_version(self._mapping(fields), name, now.version + 1, since_lsn)
             columns = "; ".join(
                 f"{c} is {held} in the index, {new} now" for c, held, new in refused
             )
@@ -785,7 +796,7 @@ class SearchSink:
             known = self._serving.get(name) if lost else None
             version = known.version if known is not None else 1
             fields = self._schemas.get(table)
-            mapping = mapping_from_connect_schema(fields) if fields else dynamic_mapping()
+            mapping = self._mapping(fields)
             if version == 1:
                 index, aliases = name, [alias]
             else:
@@ -922,7 +933,7 @@ class SearchSink:
             target = now.next_index
             fields = self._schemas.get(table) or []
             mapping = versions.with_version(
-                mapping_from_connect_schema(fields),
+                self._mapping(fields),
                 name,
                 now.version + 1,
                 self._shape_lsns.get((table, target)),

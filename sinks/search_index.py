@@ -218,17 +218,20 @@ def keeps_digest(mapping: Mapping[str, Any]) -> bool:
     return row_digest.FIELD in (source.get("excludes") or ())
 
 
-def mapping_from_connect_schema(fields: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def mapping_from_connect_schema(
+    fields: Sequence[Mapping[str, Any]], *, digest: bool = True
+) -> dict[str, Any]:
     """An OpenSearch mapping for a row from its Connect schema fields.
 
     ``fields`` is the ``fields`` list of the row struct (the envelope's ``after``), each a
     Connect schema with ``field``, ``type`` and optionally ``name`` and ``items``. Columns
     added later are mapped when a schema with them is met (:func:`new_columns`); a value
     of a column no schema told is mapped dynamically. Unknown semantic names fall back to
-    the plain Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`.
+    the plain Connect type. The row digest's field is mapped as in :func:`dynamic_mapping`
+    (with ``digest``).
     """
-    mapping = dynamic_mapping()
-    mapping["properties"] = {**_properties(fields), **mapping["properties"]}
+    mapping = dynamic_mapping(digest=digest)
+    mapping["properties"] = {**_properties(fields), **mapping.get("properties", {})}
     return mapping
 
 

@@ -490,6 +490,12 @@ class SearchSettings(BaseModel):
     # follower's user needs the indices:admin/aliases privilege. False: those changes are
     # refused and dead-lettered, and cdc status says so until the index is built by hand.
     evolve_indices: bool = True
+    # Each document's row digest kept beside it in the indices the follower makes, left out of
+    # _source, so that cdc verify folds ranges inside OpenSearch (docs/verify.md). It costs
+    # OpenSearch about a quarter of its CPU a document (benchmarks.search_mapping_cost). False:
+    # new indices keep none, and cdc verify reads their documents back (slower). An index
+    # keeps what it was made with.
+    row_digests: bool = True
     # Joined documents, [[search.documents]] in the file (CDC_SEARCH__DOCUMENTS: a JSON
     # list): each a root table with lookups and nested lists, written to the index
     # <index_prefix>-<name> (docs/documents.md) by spark_jobs/documents_sync.py.

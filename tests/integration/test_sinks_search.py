@@ -15,6 +15,7 @@ from pgcdc.core import row_digest
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.search_documents import every_document
+from pgcdc.core.settings import SearchSettings
 from sinks.base import Change, OnePerKey
 from sinks.cache import hash_fields
 from sinks.search import SearchSink
@@ -635,6 +636,44 @@ def test_an_index_made_before_digests_gets_the_rows_alone(
         mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
         assert "_source" not in mapping and _F not in mapping["properties"]
         assert set(sink.client.indices.get_alias(index=index)[index]["aliases"]) == {f"{index}-W"}
+    finally:
+        sink.close()
+
+
+def test_with_row_digests_off_the_indices_it_makes_keep_none(
+    endpoints: Endpoints, index_prefix: str
+) -> None:
+    """search.row_digests = false: a table's index, typed from its schema or by its first
+    values, keeps no digest field and leaves nothing out of _source; its documents are the
+    rows, written the general way and the rendered way alike."""
+    settings = SearchSettings(
+        url=endpoints.search_url, index_prefix=index_prefix, row_digests=False
+    )
+    typed = "public.typed"
+    fields = [
+        {"type": "int64", "optional": False, "field": "id"},
+        {"type": "string", "optional": True, "field": "body"},
+    ]
+    sink = SearchSink.from_settings(settings, schemas={typed: fields})
+    try:
+        assert sink.row_digests is False
+        rows = {str(i): {"id": i, "body": f"b{i}"} for i in range(20)}
+        for table in (T, typed):
+            general = [Change(table, k, 100, i, doc) for i, (k, doc) in enumerate(rows.items())]
+            assert set(_outcomes(sink.apply(general))) == {"applied"}
+            index = sink.index_for(table)
+            mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
+            assert "_source" not in mapping and _F not in mapping["properties"]
+            assert _sources(sink, index) == rows
+        # As the native path renders them: with the digest, which the index does not take.
+        rendered = [
+            Change(typed, k, 200, i, doc, split=True, rendered=_rendered(k, 200, i, doc).rendered)
+            for i, (k, doc) in enumerate(rows.items())
+        ]
+        before = sink.rendered_batches
+        assert set(_outcomes(sink.apply(OnePerKey(rendered)))) == {"applied"}
+        assert sink.rendered_batches == before + 1  # the rendered way wrote it
+        assert _sources(sink, sink.index_for(typed)) == rows
     finally:
         sink.close()
 

@@ -16,6 +16,7 @@ from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.search_documents import every_document
 from pgcdc.core.settings import SearchSettings
+from pgcdc.verify.followers import SearchFollower
 from sinks.base import Change, OnePerKey
 from sinks.cache import hash_fields
 from sinks.search import SearchSink
@@ -674,6 +675,10 @@ def test_with_row_digests_off_the_indices_it_makes_keep_none(
         assert set(_outcomes(sink.apply(OnePerKey(rendered)))) == {"applied"}
         assert sink.rendered_batches == before + 1  # the rendered way wrote it
         assert _sources(sink, sink.index_for(typed)) == rows
+        # cdc verify reads such an index back instead of folding it.
+        follower = SearchFollower(sink)
+        assert not follower.can_fold(T) and not follower.can_fold(typed)
+        assert follower.digests(typed) == {k: follower.digest(k, d) for k, d in rows.items()}
     finally:
         sink.close()
 

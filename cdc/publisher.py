@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.cimpl import NewTopic
@@ -94,6 +94,11 @@ def producer_config(settings: KafkaSettings) -> dict[str, Any]:
         "message.timeout.ms": 120_000,
     }
     return conf | client_conf(settings) | settings.producer
+
+
+# Calls that :meth:`Publisher._abort` makes at most (besides its deadline): librdkafka may
+# answer each at once (a conflicting call under way), so the count bounds them too.
+_ABORT_CALLS: Final = 20
 
 
 def _fenced(err: KafkaError) -> bool:
@@ -728,7 +733,7 @@ class Publisher:
         self._begin_needed = True
         deadline = time.monotonic() + timeout_s
         resume_commit = False
-        while True:
+        for _ in range(_ABORT_CALLS):
             left = max(1.0, deadline - time.monotonic())
             try:
                 if resume_commit:
@@ -744,11 +749,13 @@ class Publisher:
                 if _fatal(err) or time.monotonic() >= deadline:
                     break
                 if err.code() == KafkaError._CONFLICT:
-                    resume_commit = True
+                    resume_commit = not resume_commit  # the call under way is the other one
                 elif err.txn_requires_abort():
                     resume_commit = False
                 elif not err.retriable():
                     break
+                else:
+                    time.sleep(0.1)  # a timed-out call took its time; another may not
         # The next run's init_transactions aborts it in any case.
         log.warning("could not abort the Kafka transaction: %s", err.str())
 

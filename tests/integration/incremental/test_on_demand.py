@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Endpoints
+from tests.conftest import Endpoints, wait_until
 from tests.e2e.pipeline import (
     cache_state,
     diff,
@@ -42,6 +42,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 # over 50 chunks (the test counts them), with 60% less table to snapshot and sync.
 ROWS = 8_000
 CHUNK = 400
+# How long each chunk's window is held open after its low watermark (chunk_pause/).
+CHUNK_PAUSE = Path(__file__).resolve().parent / "chunk_pause"
+PAUSE_S = 0.1
 
 
 def test_cdc_snapshot_while_three_writers_change_the_table(
@@ -50,12 +53,21 @@ def test_cdc_snapshot_while_three_writers_change_the_table(
     with pipeline(endpoints, tmp_path, "incr_demand") as p:
         wl = Workload(p.dsn, "public.orders", writers=3, ops_per_txn=3, seed=5, pause_s=0.002)
         wl.setup(ROWS)
-        reader = Reader(p, tmp_path / "reader.log", CDC_POSTGRES__INCREMENTAL_CHUNK_ROWS=str(CHUNK))
+        reader = Reader(
+            p,
+            tmp_path / "reader.log",
+            CDC_POSTGRES__INCREMENTAL_CHUNK_ROWS=str(CHUNK),
+            # Each chunk's window held open a moment, so that the writers change rows in it.
+            PYTHONPATH=str(CHUNK_PAUSE),
+            PGCDC_CHUNK_PAUSE_S=str(PAUSE_S),
+        )
         reader.catch_up()  # the initial snapshot
         reader.start()
         try:
             reader.wait_for("replication started")
+            assert f"chunk pause: {PAUSE_S} s" in reader.text(), reader.text()[-2000:]
             wl.start()
+            wait_until(lambda: len(wl.log) >= 50, timeout=60, what="the writers' first commits")
             out = cdc(p, "snapshot", "public.orders")
             assert "execute-snapshot signal" in out.stdout
             reader.wait_for("incremental snapshot of public.orders complete", timeout=240)

@@ -18,7 +18,6 @@ decided here from the machine, not hard-coded:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from contextlib import ExitStack
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.stack.versions import IMAGES as ALL_IMAGES
+from tests.ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,12 +105,6 @@ def remove_stale_containers() -> list[str]:
             _docker("rm", "-f", "-v", cid)
             gone.append(cid)
     return gone
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _healthy(container: Any, timeout: float) -> None:

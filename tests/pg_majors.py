@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from pgcdc.stack import common, pgbin, pgroot
 from pgcdc.stack.pgserver import NativeRuntime, PgServer, RootRuntime, Runtime, runtime_for
+from tests.ports import free_port
 
 ENV = "CDC_TEST_POSTGRES"
 # The newest major the default run covers besides the stack's, and the whole matrix.
@@ -118,12 +118,6 @@ def stack_major() -> int | None:
     """The major the machine has installed (the stack's, unless chosen otherwise)."""
     found = pgbin.find()
     return pgbin.version(found) if found is not None else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def can_run(major: int) -> str | None:

@@ -44,6 +44,7 @@ from psycopg import sql
 from tests.conftest import ROOT, STACK, Endpoints, _native_stack
 from tests.e2e.pipeline import CDC, Pipeline, kill_group, new_pipeline, start_reader
 from tests.e2e.proxy import Proxy
+from tests.ports import free_port as _free_port
 
 SCHEMA = """
 CREATE TABLE branches (bid int PRIMARY KEY, bbalance bigint NOT NULL);
@@ -75,12 +76,6 @@ CUT_S = (5.0, 45.0)
 
 def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OwnRedis:

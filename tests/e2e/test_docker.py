@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +40,7 @@ from demo.compare import diff, leader_state
 from demo.compose import ComposeStack, run
 from pgcdc.stack import common, docker
 from tests.conftest import wait_until
+from tests.ports import free_port
 
 # The first test may wait for the images' preparation (from scratch: installing the engine,
 # debootstrap and five builds, over 15 minutes on a busy 2-core machine).
@@ -90,14 +90,7 @@ def prepared() -> dict[str, float]:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return [free_port() for _ in range(n)]
 
 
 def _leftovers(project: str) -> dict[str, list[str]]:

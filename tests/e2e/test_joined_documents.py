@@ -16,7 +16,6 @@ import contextlib
 import random
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -44,6 +43,7 @@ from tests.e2e.pipeline import (
     tail,
 )
 from tests.integration.real_databases.support import cleanup
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 
@@ -223,13 +223,6 @@ def converge(p: Pipeline, job: subprocess.Popen[bytes], log: Path, timeout: floa
         if time.monotonic() > deadline:
             pytest.fail(f"the index differs from PostgreSQL's join:\n{problems}\n{tail(log)}")
         time.sleep(1)  # polled: the next look, within the deadline above
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def ready(port: int) -> bool:

@@ -9,7 +9,6 @@ proxy, and cutting it makes Kafka unreachable without touching the shared stack.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,12 +19,7 @@ from pgcdc.core.ports import HOST
 from pgcdc.stack import common
 from pgcdc.stack.kafka import Kafka
 from tests.e2e.proxy import Proxy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 class _ProxiedBroker(Kafka):

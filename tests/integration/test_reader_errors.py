@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 from tests.conftest import Endpoints, unique, wait_until
 from tests.integration.reader_support import ReaderEnv
 from tests.integration.real_databases.throwaway import refused_port
+from tests.ports import free_port as _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def reader(endpoints: Endpoints, pg_database: str, topic_prefix: str) -> ReaderEnv:
     return ReaderEnv(pg_database, endpoints.kafka_bootstrap, topic_prefix, unique("slot"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _one_error_line(stderr: str) -> str:

@@ -14,7 +14,6 @@ free port's REST API.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import tarfile
 import time
@@ -27,6 +26,7 @@ from benchmarks.debezium import find_java
 from pgcdc.stack import common, versions
 from pgcdc.stack.kafka import KAFKA_VERSION
 from tests.integration.debezium_parity.connect_check import maven_jars
+from tests.ports import free_port
 
 JDBC_VERSION = "3.6.0.Final"
 JDBC_URL = (
@@ -107,12 +107,6 @@ def ensure_jdbc_plugin() -> Path:
     tgz.unlink()
     (home / ".complete").write_text(JDBC_VERSION + "\n")
     return home
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ConnectStandalone:

@@ -30,6 +30,7 @@ from pgcdc.core.lsn import Lsn
 from pgcdc.stack.common import StackError, chown, run
 from pgcdc.stack.pgserver import PgServer
 from tests.pg_majors import chosen_major
+from tests.ports import free_port
 
 # PostgreSQL 15's binaries as Debian installs them (PG_BINDIR names others).
 BIN = Path(os.environ.get("PG_BINDIR") or "/usr/lib/postgresql/15/bin")
@@ -48,13 +49,6 @@ def wal_file_name(lsn: Lsn, timeline: int = 1, segment_bytes: int = WAL_SEGMENT_
     segno = lsn.value // segment_bytes
     per_xlogid = 0x1_0000_0000 // segment_bytes
     return f"{timeline:08X}{segno // per_xlogid:08X}{segno % per_xlogid:08X}"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at 127.0.0.1 now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

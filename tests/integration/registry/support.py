@@ -14,16 +14,16 @@ Every test writes its own topics (``tests.conftest.topic_prefix``), so its subje
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pgcdc.core.ports import HOST, REGISTRY_URL
+from pgcdc.core.ports import REGISTRY_URL
 from pgcdc.stack import common
 from pgcdc.stack.registry import Registry
 from tests.conftest import STACK
+from tests.ports import free_port as _free_port
 
 
 def stack_registry() -> str:
@@ -45,12 +45,6 @@ def registry_for_tests() -> Iterator[tuple[str, str]]:
         yield url, os.environ.get("PGCDC_TEST_REGISTRY_USER_INFO", "")
         return
     yield stack_registry(), ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -723,7 +723,7 @@ class Publisher:
         :class:`Fenced`: another reader took over, and this one must not start again.
 
         librdkafka takes no abort while a commit that timed out is still in progress
-        (``_CONFLICT``): that commit is resumed, the only way on, so its end tells whether
+        (``_CONFLICT``, or ``_STATE`` once the commit has begun): that commit is resumed, the only way on, so its end tells whether
         this producer was fenced. Ending the run with a retryable error instead would let
         its next run take the transactional id back from the reader that fenced it. A
         resumed commit that succeeds leaves its records, and its position, to Kafka; the
@@ -748,8 +748,10 @@ class Publisher:
                     raise self._fenced_failure(err) from e
                 if _fatal(err) or time.monotonic() >= deadline:
                     break
-                if err.code() == KafkaError._CONFLICT:
-                    resume_commit = not resume_commit  # the call under way is the other one
+                if err.code() in (KafkaError._CONFLICT, KafkaError._STATE):
+                    # The other call is under way (a conflicting call), or the transaction
+                    # is in its state ("not valid in state BeginCommit"): that one goes on.
+                    resume_commit = not resume_commit
                 elif err.txn_requires_abort():
                     resume_commit = False
                 elif not err.retriable():

@@ -723,11 +723,11 @@ class Publisher:
         :class:`Fenced`: another reader took over, and this one must not start again.
 
         librdkafka takes no abort while a commit that timed out is still in progress
-        (``_CONFLICT``, or ``_STATE`` once the commit has begun): that commit is resumed, the only way on, so its end tells whether
-        this producer was fenced. Ending the run with a retryable error instead would let
-        its next run take the transactional id back from the reader that fenced it. A
-        resumed commit that succeeds leaves its records, and its position, to Kafka; the
-        next run reads the position there."""
+        (``_CONFLICT``, or ``_STATE`` once the commit has begun): that commit is resumed,
+        the only way on, so its end tells whether this producer was fenced. Ending the run
+        with a retryable error instead would let its next run take the transactional id back
+        from the reader that fenced it. A resumed commit that succeeds leaves its records,
+        and its position, to Kafka; the next run reads the position there."""
         if not self.txn_open:
             return
         self._begin_needed = True

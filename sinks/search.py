@@ -89,6 +89,7 @@ from sinks.search_index import (
     DEFAULT_GC_DELETES,
     WATERMARK_MAPPING,
     check_index_prefix,
+    drops_recovery_source,
     dynamic_mapping,
     index_name,
     index_settings,
@@ -102,6 +103,7 @@ from sinks.search_index import (
     strict_dates,
     strict_properties,
     takes,
+    without_recovery_source,
 )
 from sinks.search_requests import (
     MAX_EXTERNAL_VERSION,
@@ -312,6 +314,8 @@ class SearchSink:
         self._digests: dict[str, bool] = {}
         self._digest_unreadable = False  # a mapping the follower may not read (logged once)
         self._rfc3339: bool | None = None  # whether the server has that date format (asked once)
+        # Whether the server takes an index that keeps no _recovery_source (asked with it).
+        self._drops_recovery_source = False
         self.rendered_batches = 0  # batches written by _apply_rendered (the native path's)
 
     @classmethod
@@ -1008,6 +1012,8 @@ class SearchSink:
         created = [False]
         if not self._reads_rfc3339():
             mapping = strict_dates(mapping)
+        if self._drops_recovery_source:
+            mapping = without_recovery_source(mapping)
         settings = index_settings(
             self.gc_deletes,
             shards=self.shards,
@@ -1045,7 +1051,9 @@ class SearchSink:
         """Whether the server has the ``rfc3339_lenient`` date format that dates and zoned
         timestamps are mapped with (:data:`sinks.search_index.RFC3339_FORMAT`), asked once;
         if it has not, or may not be asked, they are mapped as strict_date_optional_time
-        (the same dates, parsed slower), said in one line."""
+        (the same dates, parsed slower), said in one line. The same answer tells whether the
+        indices this sink makes may keep no ``_recovery_source``
+        (:func:`~sinks.search_index.without_recovery_source`)."""
         if self._rfc3339 is None:
             try:
                 info = self._retrying.call("read the server's version", self.client.info)
@@ -1057,6 +1065,7 @@ class SearchSink:
                 version = info.get("version") or {}
                 why = f"{version.get('distribution', 'elasticsearch')} {version.get('number')}"
             self._rfc3339 = reads_rfc3339(info)
+            self._drops_recovery_source = drops_recovery_source(info)
             if not self._rfc3339:
                 log.info(
                     "dates and zoned timestamps are mapped as strict_date_optional_time, "

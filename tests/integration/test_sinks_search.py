@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from opensearchpy.exceptions import NotFoundError
+from opensearchpy.exceptions import NotFoundError, TransportError
 
 from pgcdc.core import row_digest
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
@@ -20,7 +20,7 @@ from pgcdc.verify.followers import SearchFollower
 from sinks.base import Change, OnePerKey
 from sinks.cache import hash_fields
 from sinks.search import SearchSink
-from sinks.search_index import index_settings
+from sinks.search_index import dynamic_mapping, index_settings
 from tests.conftest import Endpoints, wait_until
 from tests.integration.search_digests import digest_folds, digests_missing, python_folds
 
@@ -555,6 +555,20 @@ def _sources(sink: SearchSink, index: str) -> dict[str, dict[str, Any]]:
     return found
 
 
+def _keeps_recovery_source(sink: SearchSink, index: str, key: str) -> bool:
+    """Whether OpenSearch stored a ``_recovery_source`` for document ``key``: asking for that
+    stored field fails where one is (it is in the index but in no mapping), and finds the
+    document where none is."""
+    try:
+        got = sink.client.get(index=index, id=key, params={"stored_fields": "_recovery_source"})
+    except TransportError as e:
+        if "_recovery_source" not in str(e.info):
+            raise
+        return True
+    assert got["found"]
+    return False
+
+
 def test_each_document_keeps_its_row_digest_out_of_source(sink: SearchSink) -> None:
     """Inserts, an unchanged-TOAST merge and a delete: ``_source`` (search and GET) is
     exactly each row, and OpenSearch's folds of the kept digests per bucket equal those of
@@ -591,7 +605,16 @@ def test_each_document_keeps_its_row_digest_out_of_source(sink: SearchSink) -> N
     index = sink.index_for(T)
     assert _sources(sink, index) == rows  # no digest in any _source
     mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
-    assert mapping["_source"] == {"excludes": [_F]}
+    # OpenSearch 2.15+ (the stack's 2.19) keeps no second copy of each document as sent.
+    assert mapping["_source"] == {"excludes": [_F], "recovery_source_enabled": False}
+    assert not _keeps_recovery_source(sink, index, "0")
+    control = f"{index}-recovery-source"  # the layout before, on the same server: it keeps one
+    sink.client.indices.create(index=control, body={"mappings": dynamic_mapping()})
+    try:
+        sink.client.index(index=control, id="0", body={**rows["0"], _F: {"b": 1, "h1": 2}})
+        assert _keeps_recovery_source(sink, control, "0")
+    finally:
+        sink.client.indices.delete(index=control)
     assert set(mapping["properties"][_F]["properties"]) == {"b", "h1", "h2", "h3"}
     folds = digest_folds(sink.client, index)
     assert folds == python_folds(rows)

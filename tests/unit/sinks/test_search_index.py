@@ -15,6 +15,7 @@ from pgcdc.core.contract import table_id
 from pgcdc.core.errors import ConfigError, SinkError
 from sinks.search_index import (
     check_index_prefix,
+    drops_recovery_source,
     dynamic_mapping,
     index_name,
     index_settings,
@@ -24,6 +25,7 @@ from sinks.search_index import (
     refused_columns,
     row_fields,
     strict_dates,
+    without_recovery_source,
 )
 
 pytestmark = pytest.mark.unit
@@ -315,6 +317,39 @@ def test_the_rfc3339_date_format_is_used_where_the_server_has_it(
     version: dict[str, Any], reads: bool
 ) -> None:
     assert reads_rfc3339({**_OPENSEARCH_2_19, "version": version}) is reads
+
+
+@pytest.mark.parametrize(
+    ("version", "drops"),
+    [
+        (_OPENSEARCH_2_19["version"], True),
+        ({"distribution": "opensearch", "number": "2.15.0"}, True),
+        ({"distribution": "opensearch", "number": "3.0.0"}, True),
+        ({"distribution": "opensearch", "number": "2.14.0"}, False),
+        ({"distribution": "opensearch", "number": "2.12.0"}, False),
+        ({"number": "8.15.0", "build_flavor": "default"}, False),  # Elasticsearch
+        ({}, False),
+    ],
+)
+def test_an_index_keeps_no_recovery_source_where_the_server_takes_that(
+    version: dict[str, Any], drops: bool
+) -> None:
+    assert drops_recovery_source({**_OPENSEARCH_2_19, "version": version}) is drops
+
+
+def test_only_a_mapping_that_filters_source_is_told_to_keep_no_recovery_source() -> None:
+    ours = dynamic_mapping()
+    kept = without_recovery_source(ours)
+    assert kept["_source"] == {"excludes": [row_digest.FIELD], "recovery_source_enabled": False}
+    assert {k: v for k, v in kept.items() if k != "_source"} == {
+        k: v for k, v in ours.items() if k != "_source"
+    }
+    assert ours["_source"] == {"excludes": [row_digest.FIELD]}  # the mapping given is left
+    assert keeps_digest(kept)
+    # A mapping whose _source is the document sent has no second copy to drop.
+    assert without_recovery_source(dynamic_mapping(digest=False)) == dynamic_mapping(digest=False)
+    typed = mapping_from_connect_schema(ROW_FIELDS, digest=False)
+    assert without_recovery_source(typed) == typed
 
 
 def _field(name: str) -> dict[str, Any]:

@@ -4,11 +4,15 @@
 Each round indexes ``--docs`` documents shaped like the benchmark's 10-column rows (five
 numbers, three strings, two timestamps) into a fresh index of each layout, in bulk requests
 of 1,000 with external versions as the search follower writes them, then refreshes, and
-reports OpenSearch's CPU a document (its process tree's, :func:`benchmarks.servers.cpu_seconds`)
-and the wall time. The layouts, in the order run each round:
+reports OpenSearch's CPU a document (its process tree's, :func:`benchmarks.servers.cpu_seconds`),
+the wall time and the index's store once refreshed. The layouts, in the order run each round:
 
 * ``ours``: the follower's index (:func:`sinks.search_index.dynamic_mapping`): the row digest
-  (:mod:`pgcdc.core.row_digest`) mapped and left out of ``_source``;
+  (:mod:`pgcdc.core.row_digest`) mapped and left out of ``_source``, and no
+  ``_recovery_source`` kept (:func:`sinks.search_index.without_recovery_source`, OpenSearch
+  2.15+);
+* ``recovery-source``: the same, with the ``_recovery_source`` OpenSearch keeps by default
+  (the follower's indices before 2026-12-02);
 * ``digest-in-source``: the same mapping, the digest kept in ``_source`` (for this measure
   only: ``_source`` is then no longer the row);
 * ``no-digest``: the row alone (:func:`~sinks.search_index.dynamic_mapping` without it).
@@ -31,9 +35,9 @@ from opensearchpy import OpenSearch
 from benchmarks.servers import cpu_seconds
 from pgcdc.core import row_digest
 from pgcdc.core.ports import OPENSEARCH_URL
-from sinks.search_index import dynamic_mapping, index_settings
+from sinks.search_index import dynamic_mapping, index_settings, without_recovery_source
 
-LAYOUTS = ("ours", "digest-in-source", "no-digest")
+LAYOUTS = ("ours", "recovery-source", "digest-in-source", "no-digest")
 BULK = 1_000
 
 
@@ -43,7 +47,7 @@ def _mapping(layout: str) -> dict[str, Any]:
     mapping = dynamic_mapping()
     if layout == "digest-in-source":
         del mapping["_source"]
-    return mapping
+    return without_recovery_source(mapping) if layout == "ours" else mapping
 
 
 def _row(n: int) -> dict[str, Any]:
@@ -77,9 +81,9 @@ def _bodies(index: str, docs: int, digest: bool) -> list[bytes]:
     return bodies
 
 
-def measure(client: OpenSearch, layout: str, docs: int) -> tuple[float, float]:
-    """OpenSearch's CPU a document (µs) and the wall time (s) of indexing ``docs`` documents
-    into a fresh index of ``layout``."""
+def measure(client: OpenSearch, layout: str, docs: int) -> tuple[float, float, float]:
+    """OpenSearch's CPU a document (µs), the wall time (s) of indexing ``docs`` documents
+    into a fresh index of ``layout``, and the index's store then (MB)."""
     index = f"bench-mapping-cost-{layout}-{uuid.uuid4().hex[:8]}"
     client.indices.create(
         index=index, body={"settings": index_settings(), "mappings": _mapping(layout)}
@@ -94,9 +98,11 @@ def measure(client: OpenSearch, layout: str, docs: int) -> tuple[float, float]:
         client.indices.refresh(index=index)
         wall = time.monotonic() - started
         cpu = cpu_seconds()["opensearch"] - before
+        stats = client.indices.stats(index=index, metric="store")["indices"][index]
+        store = stats["primaries"]["store"]["size_in_bytes"] / 1e6
     finally:
         client.indices.delete(index=index)
-    return cpu / docs * 1e6, wall
+    return cpu / docs * 1e6, wall, store
 
 
 def main() -> None:
@@ -113,11 +119,14 @@ def main() -> None:
     seen: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     for n in range(args.rounds):
         for layout in LAYOUTS:
-            per_doc, wall = measure(client, layout, args.docs)
+            per_doc, wall, store = measure(client, layout, args.docs)
             if n > 0:
                 seen[layout].append(per_doc)
             warm = " (warming, not summed)" if n == 0 else ""
-            print(f"round {n + 1} {layout:17s} {per_doc:5.1f} µs a document, {wall:.2f} s{warm}")
+            print(
+                f"round {n + 1} {layout:17s} {per_doc:5.1f} µs a document, {wall:.2f} s, "
+                f"store {store:.1f} MB{warm}"
+            )
     for layout, values in seen.items():
         if values:
             print(

@@ -318,7 +318,7 @@ def without_recovery_source(mapping: Mapping[str, Any]) -> dict[str, Any]:
     leaves something out (the row digest here), so that a replica recovered from the
     primary's operations gets it whole. Measured with the benchmark's rows
     (``python -m benchmarks.search_mapping_cost``): the copy took 40 % of the index's store
-    (21.2 against 12.6 MB a 100,000 documents) and about 1.6 µs of OpenSearch's CPU a
+    (21.3 against 12.6 MB a 100,000 documents) and about 1.7 µs of OpenSearch's CPU a
     document. Without it, a replica recovered that way holds those documents without their
     digest: what they hold otherwise is the same, and ``cdc verify`` reads each of them back
     (as it reads a document another writer rewrote)."""

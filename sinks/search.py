@@ -87,6 +87,7 @@ from sinks.base import (
 )
 from sinks.search_index import (
     DEFAULT_GC_DELETES,
+    RECOVERY_SOURCE_FLAG,
     WATERMARK_MAPPING,
     check_index_prefix,
     drops_recovery_source,
@@ -103,6 +104,7 @@ from sinks.search_index import (
     strict_dates,
     strict_properties,
     takes,
+    with_recovery_source,
     without_recovery_source,
 )
 from sinks.search_requests import (
@@ -1022,17 +1024,34 @@ class SearchSink:
         )
         body = {"settings": settings, "mappings": mapping, "aliases": {a: {} for a in aliases}}
 
+        def send(body: dict[str, Any]) -> None:
+            try:
+                self.client.indices.create(index=name, body=body)
+            except TransportError as e:
+                if e.status_code != 403 or not aliases:
+                    raise
+                # No privilege on aliases: the index alone (the write alias is
+                # refused next, said once, and writes go into the index itself).
+                self.client.indices.create(index=name, body={**body, "aliases": {}})
+
         def create() -> None:
             if not self.client.indices.exists(index=name):
                 try:
                     try:
-                        self.client.indices.create(index=name, body=body)
+                        send(body)
                     except TransportError as e:
-                        if e.status_code != 403 or not aliases:
+                        if not _refuses_recovery_source_flag(e, body["mappings"]):
                             raise
-                        # No privilege on aliases: the index alone (the write alias is
-                        # refused next, said once, and writes go into the index itself).
-                        self.client.indices.create(index=name, body={**body, "aliases": {}})
+                        # The node that told the version is newer than the cluster's
+                        # manager (a rolling upgrade): the index as before, from now on.
+                        self._drops_recovery_source = False
+                        log.info(
+                            "OpenSearch refused _source.%s (its cluster manager is older "
+                            "than the node that told the version, as in a rolling upgrade): "
+                            "new indices keep their _recovery_source",
+                            RECOVERY_SOURCE_FLAG,
+                        )
+                        send({**body, "mappings": with_recovery_source(body["mappings"])})
                     created[0] = True
                     log.info("created index", extra={"index": name})
                 except TransportError as e:
@@ -1587,6 +1606,18 @@ def _moved(op: _Op, index: str, *, require_alias: bool, digest: bool) -> tuple[b
     if require_alias and not head.startswith(b'{"delete"'):
         head = head[:-2] + flag + b"}}"
     return head + sep + rest, kept
+
+
+def _refuses_recovery_source_flag(e: TransportError, mapping: Mapping[str, Any]) -> bool:
+    """Whether OpenSearch refused ``mapping`` for its :data:`RECOVERY_SOURCE_FLAG` (a mapping
+    error that names it, the mapping having it)."""
+    source = mapping.get("_source")
+    return (
+        isinstance(source, Mapping)
+        and RECOVERY_SOURCE_FLAG in source
+        and error_type(e) == "mapper_parsing_exception"
+        and RECOVERY_SOURCE_FLAG in str(e.info)
+    )
 
 
 def _index_gone(error: object) -> bool:

@@ -309,6 +309,10 @@ def drops_recovery_source(info: Mapping[str, Any]) -> bool:
     return _opensearch_at_least(info, (2, 15))
 
 
+# The _source mapping parameter that keeps no _recovery_source (OpenSearch 2.15+).
+RECOVERY_SOURCE_FLAG = "recovery_source_enabled"
+
+
 def without_recovery_source(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """``mapping`` (an index's) that keeps no ``_recovery_source`` beside a ``_source`` it
     filters, for a server that takes it (:func:`drops_recovery_source`); any other mapping as
@@ -325,7 +329,20 @@ def without_recovery_source(mapping: Mapping[str, Any]) -> dict[str, Any]:
     source = mapping.get("_source")
     if not isinstance(source, Mapping) or not (source.get("excludes") or source.get("includes")):
         return dict(mapping)
-    return {**mapping, "_source": {**source, "recovery_source_enabled": False}}
+    return {**mapping, "_source": {**source, RECOVERY_SOURCE_FLAG: False}}
+
+
+def with_recovery_source(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """``mapping`` without :data:`RECOVERY_SOURCE_FLAG`: what a server that refuses it takes
+    (a cluster whose manager is older than the node that answered for its version, in a
+    rolling upgrade)."""
+    source = mapping.get("_source")
+    if not isinstance(source, Mapping) or RECOVERY_SOURCE_FLAG not in source:
+        return dict(mapping)
+    return {
+        **mapping,
+        "_source": {k: v for k, v in source.items() if k != RECOVERY_SOURCE_FLAG},
+    }
 
 
 def strict_dates(mapping: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.search_documents import every_document
 from pgcdc.core.settings import SearchSettings
 from pgcdc.verify.followers import SearchFollower
+from sinks import search as search_module
+from sinks import search_index
 from sinks.base import Change, OnePerKey
 from sinks.cache import hash_fields
 from sinks.search import SearchSink
@@ -626,6 +628,38 @@ def test_each_document_keeps_its_row_digest_out_of_source(sink: SearchSink) -> N
     sink.client.update(index=index, id="3", body={"doc": {"n": 0}}, params={"refresh": "true"})
     assert digests_missing(sink.client, index) == 1
     assert _sources(sink, index)["3"] == {**rows["3"], "n": 0}
+
+
+def test_a_cluster_that_refuses_the_recovery_source_flag_gets_its_indices_as_before(
+    endpoints: Endpoints,
+    index_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that says 2.15+ in a cluster whose manager is older (a rolling upgrade) refuses
+    the _source parameter as unknown. The real server refuses a parameter it does not know
+    the same way, so the sink is given one under the flag's name: it makes each index
+    without it (with its _recovery_source), says so once, and its documents fold as before."""
+    unknown = "recovery_source_enabled_in_a_later_release"
+    monkeypatch.setattr(search_index, "RECOVERY_SOURCE_FLAG", unknown)
+    monkeypatch.setattr(search_module, "RECOVERY_SOURCE_FLAG", unknown)
+    caplog.set_level(logging.INFO, logger="sinks.search")
+    sink = SearchSink(endpoints.search_url, index_prefix)
+    try:
+        rows = {str(i): {"id": i, "name": f"n{i}"} for i in range(50)}
+        for table in (T, "public.second"):
+            changes = [Change(table, k, 100, i, d) for i, (k, d) in enumerate(rows.items())]
+            assert set(_outcomes(sink.apply(changes))) == {"applied"}
+            index = sink.index_for(table)
+            mapping = sink.client.indices.get_mapping(index=index)[index]["mappings"]
+            assert mapping["_source"] == {"excludes": [_F]}
+            assert _keeps_recovery_source(sink, index, "0")
+            assert _sources(sink, index) == rows
+            assert digest_folds(sink.client, index) == python_folds(rows)
+        refused = [r for r in caplog.records if f"refused _source.{unknown}" in r.getMessage()]
+        assert len(refused) == 1  # the first index only: the sink then asks no more
+    finally:
+        sink.close()
 
 
 def test_an_index_made_before_digests_gets_the_rows_alone(

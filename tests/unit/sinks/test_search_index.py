@@ -25,6 +25,7 @@ from sinks.search_index import (
     refused_columns,
     row_fields,
     strict_dates,
+    with_recovery_source,
     without_recovery_source,
 )
 
@@ -346,6 +347,8 @@ def test_only_a_mapping_that_filters_source_is_told_to_keep_no_recovery_source()
     }
     assert ours["_source"] == {"excludes": [row_digest.FIELD]}  # the mapping given is left
     assert keeps_digest(kept)
+    assert with_recovery_source(kept) == ours  # what a cluster that refuses the flag is sent
+    assert with_recovery_source(ours) == ours
     # A mapping whose _source is the document sent has no second copy to drop.
     assert without_recovery_source(dynamic_mapping(digest=False)) == dynamic_mapping(digest=False)
     typed = mapping_from_connect_schema(ROW_FIELDS, digest=False)

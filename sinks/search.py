@@ -88,6 +88,7 @@ from sinks.base import (
 from sinks.search_index import (
     DEFAULT_GC_DELETES,
     RECOVERY_SOURCE_FLAG,
+    RFC3339_FORMAT,
     WATERMARK_MAPPING,
     check_index_prefix,
     drops_recovery_source,
@@ -448,6 +449,9 @@ class SearchSink:
             except TransportError as e:
                 if e.status_code != 400:
                     raise
+                if _refuses_rfc3339(e, {"properties": new}):
+                    self._parse_dates_strictly()
+                    return put(new)  # once: the mapping has no such date left
                 if error_type(e) == "illegal_argument_exception":
                     return False  # "mapper [c] cannot be changed from type [long] to [text]"
                 log.warning(
@@ -1034,16 +1038,17 @@ class SearchSink:
                 # refused next, said once, and writes go into the index itself).
                 self.client.indices.create(index=name, body={**body, "aliases": {}})
 
-        def create() -> None:
-            if not self.client.indices.exists(index=name):
+        def send_as_taken(body: dict[str, Any]) -> None:
+            # The node that told the version may be newer than the cluster's manager (a
+            # rolling upgrade), which refuses what it does not have yet: the index as before
+            # then, from now on. Each is taken off once, so this ends.
+            while True:
                 try:
-                    try:
-                        send(body)
-                    except TransportError as e:
-                        if not _refuses_recovery_source_flag(e, body["mappings"]):
-                            raise
-                        # The node that told the version is newer than the cluster's
-                        # manager (a rolling upgrade): the index as before, from now on.
+                    send(body)
+                    return
+                except TransportError as e:
+                    mappings = body["mappings"]
+                    if _refuses_recovery_source_flag(e, mappings):
                         self._drops_recovery_source = False
                         log.info(
                             "OpenSearch refused _source.%s (its cluster manager is older "
@@ -1051,7 +1056,17 @@ class SearchSink:
                             "new indices keep their _recovery_source",
                             RECOVERY_SOURCE_FLAG,
                         )
-                        send({**body, "mappings": with_recovery_source(body["mappings"])})
+                        body = {**body, "mappings": with_recovery_source(mappings)}
+                    elif _refuses_rfc3339(e, mappings):
+                        self._parse_dates_strictly()
+                        body = {**body, "mappings": strict_dates(mappings)}
+                    else:
+                        raise
+
+        def create() -> None:
+            if not self.client.indices.exists(index=name):
+                try:
+                    send_as_taken(body)
                     created[0] = True
                     log.info("created index", extra={"index": name})
                 except TransportError as e:
@@ -1092,6 +1107,18 @@ class SearchSink:
                     why,
                 )
         return self._rfc3339
+
+    def _parse_dates_strictly(self) -> None:
+        """Map dates and zoned timestamps as strict_date_optional_time from now on: the
+        cluster refused ``rfc3339_lenient`` though the node asked said it has it (its cluster
+        manager is older, as in a rolling upgrade to OpenSearch 2.12 or later)."""
+        self._rfc3339 = False
+        log.info(
+            "OpenSearch refused the %s date format (its cluster manager is older than the node "
+            "that told the version, as in a rolling upgrade): dates and zoned timestamps are "
+            "mapped as strict_date_optional_time",
+            RFC3339_FORMAT,
+        )
 
     def refresh_indices(self, *tables: str) -> None:
         """Make everything written so far searchable (all of this sink's tables' indices if
@@ -1617,6 +1644,16 @@ def _refuses_recovery_source_flag(e: TransportError, mapping: Mapping[str, Any])
         and RECOVERY_SOURCE_FLAG in source
         and error_type(e) == "mapper_parsing_exception"
         and RECOVERY_SOURCE_FLAG in str(e.info)
+    )
+
+
+def _refuses_rfc3339(e: TransportError, mapping: Mapping[str, Any]) -> bool:
+    """Whether OpenSearch refused ``mapping`` for its :data:`RFC3339_FORMAT` dates (a mapping
+    error that names the format as invalid, the mapping having such a date)."""
+    return (
+        e.status_code == 400
+        and f"Invalid format: [{RFC3339_FORMAT}]" in str(e.info)
+        and strict_dates(mapping) != mapping
     )
 
 

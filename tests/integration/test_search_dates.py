@@ -10,6 +10,7 @@ The values are PostgreSQL's own text of timestamptz and date values across their
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
@@ -19,6 +20,8 @@ import pytest
 from opensearchpy import OpenSearch
 
 from schemas.convert import timestamptz_converter
+from sinks import search as search_module
+from sinks import search_index
 from sinks.base import Change, Outcome
 from sinks.search import SearchSink
 from sinks.search_index import field_mapping
@@ -189,3 +192,57 @@ def test_a_server_without_the_rfc3339_format_gets_strict_dates(
         assert _indexed_at(sink, "1") == ["1714558830000"]
     finally:
         sink.close()
+
+
+def _format_of(sink: SearchSink, table: str, field: str) -> str | None:
+    """The format ``table``'s index maps ``field`` with."""
+    index = sink.index_for(table)
+    props = sink.client.indices.get_mapping(index=index)[index]["mappings"]["properties"]
+    return props.get(field, {}).get("format")
+
+
+def test_a_cluster_that_refuses_the_rfc3339_format_gets_strict_dates(
+    endpoints: Endpoints,
+    index_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node that says 2.12+ in a cluster whose manager is older (a rolling upgrade) refuses
+    rfc3339_lenient as an invalid format. The real server refuses a format it does not know
+    the same way, so the sinks are given one under the format's name: a column mapped later
+    (ADD COLUMN) and an index made later take strict_date_optional_time, each sink says so
+    once, and the dates index as before."""
+    caplog.set_level(logging.INFO, logger="sinks.search")
+    first = SearchSink(endpoints.search_url, index_prefix, refresh=True)
+    second = SearchSink(endpoints.search_url, index_prefix, refresh=True)
+    try:
+        first.register_schema(T, _schema(_ZONED))
+        got = first.apply([Change(T, "1", 100, 0, {"id": 1, "at": "2024-05-01T10:20:30Z"})])
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        assert _format_of(first, T, "at") == "rfc3339_lenient"  # taken until now
+        unknown = "rfc3339_in_a_later_release"
+        monkeypatch.setattr(search_index, "RFC3339_FORMAT", unknown)
+        monkeypatch.setattr(search_module, "RFC3339_FORMAT", unknown)
+        monkeypatch.setitem(search_index._RFC3339_DATE, "format", unknown)
+        first.register_schema(T, _schema(_ZONED, {**_DATE, "field": "born"}))  # ADD COLUMN
+        assert _format_of(first, T, "born") == "strict_date_optional_time"
+        assert _format_of(first, T, "at") == "rfc3339_lenient"  # the index keeps its own
+        other = "public.other"
+        second.register_schema(other, _schema(_ZONED, {**_DATE, "field": "born"}))
+        got = second.apply(
+            [Change(other, "1", 100, 0, {"id": 1, "at": "2024-05-01T10:20:30Z", "born": 19844})]
+        )
+        assert {r.outcome for r in got} == {Outcome.APPLIED}
+        assert _format_of(second, other, "at") == "strict_date_optional_time"
+        assert _format_of(second, other, "born") == "strict_date_optional_time"
+        second.client.indices.refresh(index=second.index_for(other))
+        found = second.client.search(
+            index=second.index_for(other),
+            body={"query": {"range": {"at": {"gte": "2024-05-01T10:20:30Z"}}}},
+        )["hits"]["hits"]
+        assert [h["_id"] for h in found] == ["1"]
+        refused = [r for r in caplog.records if f"refused the {unknown} date" in r.getMessage()]
+        assert len(refused) == 2  # once a sink: each then maps strict dates without asking
+    finally:
+        first.close()
+        second.close()

@@ -22,12 +22,14 @@ Every function takes the client and raises the client's errors; the sink retries
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from opensearchpy import OpenSearch
-from opensearchpy.exceptions import NotFoundError
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
+from opensearchpy.exceptions import NotFoundError, TransportError
 
 from pgcdc.core.contract import MAX_INDEX_NAME_BYTES, fit_name
 
@@ -37,6 +39,7 @@ NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
 # shape committed before it (an ALTER TABLE orders the commits around it).
 SHAPE_LSN_KEY: Final = "pgcdc_shape_lsn"
 PAGE: Final = 10_000  # ids per page when comparing two versions
+_SCROLL_KEEP: Final = "2m"  # how long the scroll of those ids lives between two pages
 
 
 def version_of(name: str, index: str) -> int | None:
@@ -186,23 +189,26 @@ def unnamed(client: OpenSearch, prefix: str) -> list[tuple[str, str]]:
 
 
 def _ids(client: OpenSearch, index: str, page: int) -> Iterator[list[str]]:
-    """Every document id of ``index``, a page at a time (search_after on _id: no scroll
-    context to keep or leak)."""
-    after: list[Any] | None = None
-    while True:
-        body: dict[str, Any] = {
-            "size": page,
-            "_source": False,
-            "sort": [{"_id": "asc"}],
-            "query": {"match_all": {}},
-        }
-        if after is not None:
-            body["search_after"] = after
-        hits = client.search(index=index, body=body)["hits"]["hits"]
-        if not hits:
-            return
-        yield [h["_id"] for h in hits]
-        after = hits[-1]["sort"]
+    """Every document id of ``index``, a page at a time: a scroll in index order (``_doc``),
+    cleared once read. Paging by ``_id`` (a sort on it) made OpenSearch load every id of the
+    index into its heap as field data, which it deprecates with a warning that reached the
+    job's output (an ``OpenSearchWarning`` at each build)."""
+    got = client.search(
+        index=index,
+        body={"size": page, "_source": False, "sort": ["_doc"], "query": {"match_all": {}}},
+        params={"scroll": _SCROLL_KEEP},
+    )
+    scroll_id = got.get("_scroll_id")
+    try:
+        while hits := got["hits"]["hits"]:
+            yield [h["_id"] for h in hits]
+            got = client.scroll(body={"scroll": _SCROLL_KEEP, "scroll_id": scroll_id})
+            scroll_id = got.get("_scroll_id", scroll_id)
+    finally:
+        if scroll_id:
+            # If this fails the scroll expires by itself after _SCROLL_KEEP.
+            with contextlib.suppress(TransportError, OpenSearchConnectionError):
+                client.clear_scroll(body={"scroll_id": scroll_id})
 
 
 def count(client: OpenSearch, index: str) -> int:

@@ -22,14 +22,12 @@ Every function takes the client and raises the client's errors; the sink retries
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from opensearchpy import OpenSearch
-from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
-from opensearchpy.exceptions import NotFoundError, TransportError
+from opensearchpy.exceptions import NotFoundError
 
 from pgcdc.core.contract import MAX_INDEX_NAME_BYTES, fit_name
 
@@ -39,7 +37,6 @@ NAME_KEY: Final = "pgcdc_index"  # the table index name a version belongs to
 # shape committed before it (an ALTER TABLE orders the commits around it).
 SHAPE_LSN_KEY: Final = "pgcdc_shape_lsn"
 PAGE: Final = 10_000  # ids per page when comparing two versions
-_SCROLL_KEEP: Final = "2m"  # how long the scroll of those ids lives between two pages
 
 
 def version_of(name: str, index: str) -> int | None:
@@ -189,26 +186,35 @@ def unnamed(client: OpenSearch, prefix: str) -> list[tuple[str, str]]:
 
 
 def _ids(client: OpenSearch, index: str, page: int) -> Iterator[list[str]]:
-    """Every document id of ``index``, a page at a time: a scroll in index order (``_doc``),
-    cleared once read. Paging by ``_id`` (a sort on it) made OpenSearch load every id of the
-    index into its heap as field data, which it deprecates with a warning that reached the
-    job's output (an ``OpenSearchWarning`` at each build)."""
-    got = client.search(
-        index=index,
-        body={"size": page, "_source": False, "sort": ["_doc"], "query": {"match_all": {}}},
-        params={"scroll": _SCROLL_KEEP},
-    )
-    scroll_id = got.get("_scroll_id")
-    try:
-        while hits := got["hits"]["hits"]:
+    """Every document id of ``index``, a page at a time: each shard's documents in the order
+    of their sequence numbers (unique in a shard), by ``search_after``.
+
+    Not by a sort on ``_id``: OpenSearch then loads every id of the index into its heap as
+    field data, and deprecates it with a warning that reached the job's output. Nor by a
+    scroll: its pages need a cluster privilege (``indices:data/read/scroll``) that the
+    follower's user need not have. A document written meanwhile gets a higher sequence
+    number, so it may be met twice, never missed; and a write during a build reaches the
+    version being built too."""
+    shards = int(client.search(index=index, body={"size": 0})["_shards"]["total"])
+    for shard in range(shards):
+        after: list[Any] | None = None
+        while True:
+            body: dict[str, Any] = {
+                "size": page,
+                "_source": False,
+                "sort": [{"_seq_no": "asc"}],
+                "query": {"match_all": {}},
+            }
+            if after is not None:
+                body["search_after"] = after
+            answer = client.search(
+                index=index, body=body, params={"preference": f"_shards:{shard}"}
+            )
+            hits = answer["hits"]["hits"]
+            if not hits:
+                break
             yield [h["_id"] for h in hits]
-            got = client.scroll(body={"scroll": _SCROLL_KEEP, "scroll_id": scroll_id})
-            scroll_id = got.get("_scroll_id", scroll_id)
-    finally:
-        if scroll_id:
-            # If this fails the scroll expires by itself after _SCROLL_KEEP.
-            with contextlib.suppress(TransportError, OpenSearchConnectionError):
-                client.clear_scroll(body={"scroll_id": scroll_id})
+            after = hits[-1]["sort"]
 
 
 def count(client: OpenSearch, index: str) -> int:

@@ -33,10 +33,10 @@ def sink(endpoints: Endpoints, index_prefix: str) -> Iterator[SearchSink]:
     s.close()
 
 
-def _create(sink: SearchSink, index: str, qty_type: str, version: int) -> None:
+def _create(sink: SearchSink, index: str, qty_type: str, version: int, shards: int = 1) -> None:
     name = index.rsplit("-v", 1)[0] if version > 1 else index
     mapping = v.with_version({"properties": {"qty": {"type": qty_type}}}, name, version)
-    body = {"settings": index_settings("24h"), "mappings": mapping}
+    body = {"settings": index_settings("24h", shards=shards), "mappings": mapping}
     sink.client.indices.create(index=index, body=body)
 
 
@@ -50,7 +50,7 @@ def _fill(sink: SearchSink, index: str, ids: range, qty: object) -> None:
 
 def _id_field_data_and_open_contexts(sink: SearchSink, index: str) -> tuple[int, int]:
     """The bytes of ``_id`` field data OpenSearch holds for ``index``, and its open search
-    contexts (a scroll's)."""
+    contexts (a scroll's, a point in time's)."""
     stats = sink.client.indices.stats(
         index=index, metric="fielddata,search", params={"fielddata_fields": "_id"}
     )["indices"][index]["total"]
@@ -78,9 +78,9 @@ def test_a_version_is_built_beside_and_switched_atomically_twice(sink: SearchSin
     assert v.missing(sink.client, first, nxt, page=500) == ROWS - ROWS // 2  # by ids
     _fill(sink, nxt, range(1, ROWS, 2), "many")
     assert v.missing(sink.client, first, nxt, page=500) == 0
-    # Paged by a scroll in index order, cleared once read: no id of the index loaded into
-    # OpenSearch's heap as field data (a sort on _id did, with a deprecation warning that
-    # reached the job's output), no search context left open.
+    # Paged by each shard's sequence numbers: no id of the index loaded into OpenSearch's
+    # heap as field data (a sort on _id did, with a deprecation warning that reached the
+    # job's output), no search context left open (a scroll needs a cluster privilege).
     assert _id_field_data_and_open_contexts(sink, name) == (0, 0)
 
     # A searcher counts the table's documents through its name the whole time.
@@ -134,6 +134,27 @@ def test_a_version_is_built_beside_and_switched_atomically_twice(sink: SearchSin
     assert all(p == "to v2" and e.status_code == 503 for p, e in errors), errors
     assert v.serving(sink.client, name) == v.Serving(name, third, 3)
     assert not sink.client.indices.exists(index=nxt)
+
+
+def test_the_ids_of_every_shard_are_compared(sink: SearchSink) -> None:
+    """An index of three shards: the ids are paged shard by shard (sequence numbers are
+    unique within a shard only), each met once, so the documents the next version lacks are
+    counted exactly, wherever they lie."""
+    name = sink.index_for(T)
+    _create(sink, name, "integer", 1, shards=3)
+    _fill(sink, name, range(ROWS), 7)
+    first = v.serving(sink.client, name)
+    assert first is not None
+    nxt = first.next_index
+    _create(sink, nxt, "keyword", 2, shards=3)
+    _fill(sink, nxt, range(0, ROWS, 3), "many")
+    _fill(sink, nxt, range(ROWS, ROWS + ROWS), "new")  # more documents, other ids
+    assert v.missing(sink.client, first, nxt, page=100) == ROWS - len(range(0, ROWS, 3))
+    pages = list(v._ids(sink.client, name, 100))
+    ids = [i for p in pages for i in p]
+    assert sorted(ids, key=int) == [str(i) for i in range(ROWS)]  # each id once
+    assert len(pages) >= 3 * (ROWS // 3 // 100)  # page by page, in each shard
+    assert _id_field_data_and_open_contexts(sink, name) == (0, 0)
 
 
 def test_a_long_name_keeps_its_version_in_the_mapping(sink: SearchSink) -> None:

@@ -13,11 +13,6 @@ mod resp;
 
 use resp::{parse, Reply};
 
-// The module's own allocations (each record's parsed row, its rendered texts) go through
-// mimalloc rather than the C library's malloc: see the allocator's note in docs/scale-out.md.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 pub(crate) const BUCKET_BITS: u32 = 15;
 const PART: u64 = (1 << 20) - 1;
 /// A byte no JSON text holds: marks a row that can never fold like PostgreSQL's.

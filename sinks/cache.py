@@ -67,13 +67,18 @@ from sinks.base import (
     ApplyResult,
     BatchOutcomes,
     Change,
+    OnePerKey,
     Outcome,
     chunks_by_bytes,
     split_unchanged,
 )
 from sinks.cache_script import (
+    MAX_LSN,
+    MAX_ORDER,
     SCRIPT,
     SCRIPT_SHA,
+    VERSION_FORMAT,
+    VERSION_LENGTH,
     Reply,
     parse_version,
     version_bytes,
@@ -106,6 +111,22 @@ _APPLIED: Final = int(Reply.APPLIED)
 _APPLIED_WITHOUT_HELD: Final = int(Reply.APPLIED_WITHOUT_HELD)
 _CONFLICT: Final = int(Reply.CONFLICT)
 _REFUSED: Final = int(Reply.REFUSED)
+# A row's first four ARGV in a call of rendered rows (CacheSink._rendered_layout): ``% (op,
+# commit LSN, order, count's length, count)``, the expected version ``*``.
+_RENDERED_ARGV: Final = b"".join(
+    [
+        b"$1\r\n%b\r\n",
+        b"$%d\r\n" % VERSION_LENGTH,
+        VERSION_FORMAT,
+        b"\r\n$1\r\n*\r\n$%d\r\n%b\r\n",
+    ]
+)
+# Codes of a call whose rows each were applied or skipped (bytes.translate deletes them).
+_PLAIN_CODES: Final = bytes([_APPLIED, _SKIPPED])
+_APPLIED_OUTCOME: Final = Outcome.APPLIED
+_SKIPPED_OUTCOME: Final = Outcome.SKIPPED
+_HELD_NEWER: Final = "a newer version is held"
+_new_result: Final = tuple.__new__
 
 
 class CacheSink:
@@ -148,6 +169,8 @@ class CacheSink:
         self._ttls = (str(ttl_s or 0).encode(), str(tombstone_ttl_s).encode())
         self._ttl_argv = b"".join(_BULK % (len(t), t) for t in self._ttls)  # ARGV[1], [2]
         self._tables: set[str] = set()  # table ids already checked
+        # Each table's bytes formats of its rendered rows (_rendered_layout).
+        self._layouts: dict[str, tuple[bytes, bytes, int, int] | None] = {}
         url, in_url = redis_cluster_url(url)
         self.cluster = cluster or in_url
         # The script is idempotent, so commands may be sent again after a lost connection.
@@ -169,6 +192,7 @@ class CacheSink:
             )
         self._script_loaded = False
         self.script_loads = 0  # how many times the script was loaded (again after a flush)
+        self.rendered_batches = 0  # batches written the rendered way (_apply_rendered)
 
     @classmethod
     def from_settings(cls, settings: RedisSettings, **kwargs: Any) -> CacheSink:
@@ -218,6 +242,9 @@ class CacheSink:
         through every retry, :class:`SinkError` if it refuses the connection for another
         reason (e.g. authentication). Applying a batch again is safe.
         """
+        rendered = self._apply_rendered(changes)
+        if rendered is not None:
+            return rendered
         outcomes = BatchOutcomes(changes)
         calls: list[_Call] = []
         merges: list[tuple[int, Change]] = []
@@ -233,6 +260,12 @@ class CacheSink:
                 calls.append((slot, change, args))
 
         self._run(calls, outcomes)
+        self._merge(merges, outcomes)
+        return outcomes.results()
+
+    def _merge(self, merges: list[tuple[int, Change]], outcomes: BatchOutcomes) -> None:
+        """Merge partial JSON rows with the held ones (:meth:`_merge_json`), again while
+        they race, at most :data:`_MERGE_ATTEMPTS` times."""
         for _ in range(_MERGE_ATTEMPTS):
             if not merges:
                 break
@@ -241,7 +274,204 @@ class CacheSink:
             outcomes.set(
                 slot, Outcome.FAILED, "the held row kept changing during the merge", retryable=True
             )
-        return outcomes.results()
+
+    def _apply_rendered(self, changes: Sequence[Change]) -> list[ApplyResult] | None:
+        """The native path's common batch written with no bookkeeping a change: one change
+        a key of one table (:class:`~sinks.base.OnePerKey`), each a whole document rendered
+        with it (:data:`sinks.base.Rendered`) or a delete, no brace in its row key, a client
+        of one Redis. Its calls are what :meth:`_pack` makes of the same rows, a row's keys
+        and its arguments one bytes format each (:meth:`_rendered_calls`). Each change's
+        result, or None: the batch is not that one, and nothing was sent.
+
+        Each outcome is the general way's: a call whose rows were each applied or skipped
+        answers for them here; a call with any other reply (an error, a refused row, Redis
+        without the script) is settled the general way from that reply on
+        (:meth:`_settle_odd`)."""
+        if type(changes) is not OnePerKey or not changes:
+            return None
+        if not isinstance(self.client, redis.Redis):
+            return None
+        pipelines = self._rendered_calls(changes)
+        if pipelines is None:
+            return None
+        self.rendered_batches += 1
+        results: list[ApplyResult | None] = [None] * len(changes)
+        odd: list[tuple[int, int, Any]] = []
+        for calls, parts in pipelines:
+            self._load_script()
+            replies = self._send_packed(b"".join(parts), len(calls))
+            odd += self._plain(changes, calls, replies, results)
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                self._script_loaded = False  # loaded again before the next pipeline
+        if odd:
+            self._settle_odd(changes, odd, results)
+        return results  # type: ignore[return-value]  # every slot is set
+
+    @staticmethod
+    def _plain(
+        changes: Sequence[Change],
+        calls: Sequence[tuple[int, int]],
+        replies: Sequence[Any],
+        results: list[ApplyResult | None],
+    ) -> list[tuple[int, int, Any]]:
+        """The results of ``calls`` whose reply says each row was applied or skipped, set
+        in ``results``; the other calls' rows (from ``start`` to ``end``) and replies."""
+        table = changes[0].table
+        new = _new_result
+        odd: list[tuple[int, int, Any]] = []
+        for (start, end), reply in zip(calls, replies, strict=True):
+            codes = reply[0] if isinstance(reply, list) and len(reply) == 2 else None
+            if (
+                not isinstance(codes, bytes)
+                or len(codes) != end - start
+                or codes.translate(None, _PLAIN_CODES)
+            ):
+                odd.append((start, end, reply))
+                continue
+            results[start:end] = [
+                new(ApplyResult, (c.key, table, _APPLIED_OUTCOME, None, False))
+                if code == _APPLIED
+                else new(ApplyResult, (c.key, table, _SKIPPED_OUTCOME, _HELD_NEWER, False))
+                for c, code in zip(changes[start:end], codes, strict=True)
+            ]
+        return odd
+
+    def _settle_odd(
+        self,
+        changes: Sequence[Change],
+        odd: Sequence[tuple[int, int, Any]],
+        results: list[ApplyResult | None],
+    ) -> None:
+        """The results of :meth:`_apply_rendered`'s calls whose reply was not each row
+        applied or skipped (``odd``: each such call's rows, from ``start`` to ``end``, and
+        its reply), settled the general way from that reply on (:meth:`_settle`)."""
+        outcomes = BatchOutcomes(changes)
+        lost: list[_Call] = []
+        raced: list[tuple[int, Change]] = []
+        for start, end, reply in odd:
+            group: list[_Call] = []
+            for slot in range(start, end):
+                args = self._write_args(changes[slot])
+                assert args is not None  # a whole row or a delete
+                group.append((slot, changes[slot], args))
+            self._settle(group, reply, outcomes, raced, lost)
+        if lost:  # Redis lost its scripts (restart, SCRIPT FLUSH): those calls did not run
+            self._script_loaded = False
+            self._run(lost, outcomes)
+        # No row here is a partial JSON row, the only one whose write races (as in apply).
+        general = outcomes.results()
+        for start, end, _ in odd:
+            results[start:end] = general[start:end]
+
+    def _rendered_calls(
+        self, changes: Sequence[Change]
+    ) -> list[tuple[list[tuple[int, int]], list[bytes]]] | None:
+        """:meth:`_apply_rendered`'s script calls in pipelines (:meth:`_packed_calls`), or
+        None when a change is not the common case."""
+        table = changes[0].table
+        layout = self._rendered_layout(table)
+        if layout is None:
+            return None
+        keys_format, argv_format, row_bytes, version_bytes_ = layout
+        hash_mode = self.value_mode == "hash"
+        keys: list[bytes] = []
+        argv: list[bytes] = []
+        follow: list[int] = []
+        try:
+            for c in changes:
+                lsn, order, rendered = c.commit_lsn, c.order, c.rendered
+                if c.table != table or c.unchanged or not (0 <= lsn <= MAX_LSN):
+                    return None
+                if not 0 <= order <= MAX_ORDER:
+                    return None
+                k = c.key.encode()
+                if b"{" in k or b"}" in k:
+                    return None
+                n = len(k)
+                keys.append(keys_format % (row_bytes + n, k, version_bytes_ + 2 * n, k, k))
+                if rendered is None:
+                    if c.doc is not None:
+                        return None
+                    argv += (argv_format % (b"d", lsn, order, 1, b"0"), b"")
+                    follow.append(0)
+                elif hash_mode:
+                    count = 2 * len(c.doc)  # type: ignore[arg-type]  # a whole document
+                    counted = b"%d" % count
+                    argv += (argv_format % (b"h", lsn, order, len(counted), counted), rendered[1])
+                    follow.append(count)
+                else:
+                    argv += (argv_format % (b"j", lsn, order, 1, b"1"), _framed(rendered[0]))
+                    follow.append(1)
+        except UnicodeEncodeError:  # a key with no UTF-8 form: the general way fails it
+            return None
+        return self._packed_calls(keys, argv, follow)
+
+    def _rendered_layout(self, table: str) -> tuple[bytes, bytes, int, int] | None:
+        """The bytes formats of :meth:`_rendered_calls` for ``table``: a row's two KEYS
+        (``% (row key's length, key, version key's length, key, key)``) and its first four
+        ARGV (``% (op, commit LSN, order, count's length, count)``), and the row key's and
+        the version key's lengths without the key; None when the table is refused, or its
+        row keys hold a brace (:mod:`sinks.cache_keys` then tags them otherwise)."""
+        if table in self._layouts:
+            return self._layouts[table]
+        layout: tuple[bytes, bytes, int, int] | None = None
+        row = f"{self.key_prefix}:{table}:".encode()
+        if not _refused(table) and b"{" not in row and b"}" not in row:
+            # <prefix>:__v__:{<row key>}:<table>:<key>, as _keys makes it
+            before = f"{self.key_prefix}:__v__:{{".encode() + row
+            after = f"}}:{table}:".encode()
+            keys_format = b"".join(
+                [
+                    b"$%d\r\n",
+                    row.replace(b"%", b"%%"),
+                    b"%b\r\n$%d\r\n",
+                    before.replace(b"%", b"%%"),
+                    b"%b",
+                    after.replace(b"%", b"%%"),
+                    b"%b\r\n",
+                ]
+            )
+            layout = (keys_format, _RENDERED_ARGV, len(row), len(before) + len(after))
+        self._layouts[table] = layout
+        return layout
+
+    def _packed_calls(
+        self, keys: Sequence[bytes], argv: Sequence[bytes], follow: Sequence[int]
+    ) -> list[tuple[list[tuple[int, int]], list[bytes]]]:
+        """Rows' framed KEYS and ARGV (each row's ARGV two bytes, its first four and then
+        the ``follow`` that follow them) packed as :meth:`_pack` packs them, in calls of at
+        most :data:`_ROWS_PER_CALL` rows, in pipelines of at most ``pipeline_max_bytes`` of
+        rows (each weighed by its framed keys and arguments; a row heavier alone is a
+        pipeline of its own): each pipeline's calls' rows (from ``start`` to ``end``) and
+        the pipeline's bytes, in parts to join once."""
+        pipelines: list[tuple[list[tuple[int, int]], list[bytes]]] = []
+        calls: list[tuple[int, int]] = []
+        parts: list[bytes] = []
+
+        def call(start: int, end: int) -> None:
+            count = b"%d" % (2 * (end - start))
+            arguments = 5 + 6 * (end - start) + sum(follow[start:end])
+            parts.extend((b"*%d\r\n" % arguments, _HEAD, _BULK % (len(count), count)))
+            parts.extend(keys[start:end])
+            parts.append(self._ttl_argv)
+            parts.extend(argv[2 * start : 2 * end])
+            calls.append((start, end))
+
+        most = self.pipeline_max_bytes
+        start = size = 0
+        for i, k in enumerate(keys):
+            n = len(k) + len(argv[2 * i]) + len(argv[2 * i + 1])
+            if size and size + n > most:
+                call(start, i)
+                pipelines.append((calls, parts))
+                calls, parts, start, size = [], [], i, 0
+            elif i - start == _ROWS_PER_CALL:
+                call(start, i)
+                start = i
+            size += n
+        call(start, len(keys))
+        pipelines.append((calls, parts))
+        return pipelines
 
     def _write_args(self, change: Change) -> list[bytes] | None:
         """The row's script arguments that write ``change`` (:data:`_Call`), or None for a
@@ -370,19 +600,32 @@ class CacheSink:
             replies = self._send(groups)
             lost: list[_Call] = []
             for group, reply in zip(groups, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    lost += group
-                elif isinstance(reply, Exception):
-                    for slot, change, _ in group:
-                        outcomes.set(slot, Outcome.FAILED, f"Redis refused the write: {reply}")
-                        log.warning("write refused: %s", reply, extra={"table": change.table})
-                else:
-                    self._outcomes(group, reply, outcomes, raced)
+                self._settle(group, reply, outcomes, raced, lost)
             if lost:
                 # Redis lost its scripts (restart, SCRIPT FLUSH): those calls did not run.
                 self._script_loaded = False
             pending = lost
         return raced
+
+    @classmethod
+    def _settle(
+        cls,
+        group: list[_Call],
+        reply: Any,
+        outcomes: BatchOutcomes,
+        raced: list[tuple[int, Change]],
+        lost: list[_Call],
+    ) -> None:
+        """The outcomes of ``group``'s call from its reply: its rows join ``lost`` when Redis
+        did not hold the script (the call did not run), ``raced`` when a JSON merge raced."""
+        if isinstance(reply, NoScriptError):
+            lost += group
+        elif isinstance(reply, Exception):
+            for slot, change, _ in group:
+                outcomes.set(slot, Outcome.FAILED, f"Redis refused the write: {reply}")
+                log.warning("write refused: %s", reply, extra={"table": change.table})
+        else:
+            cls._outcomes(group, reply, outcomes, raced)
 
     @staticmethod
     def _outcomes(
@@ -402,7 +645,7 @@ class CacheSink:
             if code == _APPLIED:
                 outcomes.set(slot, Outcome.APPLIED)
             elif code == _SKIPPED:
-                outcomes.set(slot, Outcome.SKIPPED, "a newer version is held")
+                outcomes.set(slot, Outcome.SKIPPED, _HELD_NEWER)
             elif code == _APPLIED_WITHOUT_HELD:
                 held = sorted(split_unchanged(change)[1])
                 outcomes.set(
@@ -423,15 +666,9 @@ class CacheSink:
     def _send(self, groups: list[list[_Call]]) -> list[Any]:
         """The script's replies to each group's call, in order; a refused call's reply is
         its error."""
-        client = self.client
-        if isinstance(client, redis.Redis):
+        if isinstance(self.client, redis.Redis):
             packed = [self._pack(group) for group in groups]
-            try:
-                return cache_resp.send(client, packed)
-            except (RedisConnectionError, RedisTimeoutError) as e:
-                raise RetryableSinkError(f"Redis unreachable: {e}") from e
-            except RedisError as e:
-                raise SinkError(f"Redis refused the pipeline: {e}") from e
+            return self._send_packed(b"".join(packed), len(packed))
         cluster: Any = self.client
         pipe = cluster.pipeline(transaction=False)
         for group in groups:
@@ -449,6 +686,17 @@ class CacheSink:
             else:
                 pipe.execute_command("EVALSHA", SCRIPT_SHA, keys, *args, target_nodes=node)
         return self._execute(pipe, raise_on_error=False)
+
+    def _send_packed(self, payload: bytes, count: int) -> list[Any]:
+        """The replies to the ``count`` calls packed in ``payload``, sent in one pipeline to
+        a Redis of one node; a refused call's reply is its error."""
+        assert isinstance(self.client, redis.Redis)
+        try:
+            return cache_resp.send_payload(self.client, payload, count)
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            raise RetryableSinkError(f"Redis unreachable: {e}") from e
+        except RedisError as e:
+            raise SinkError(f"Redis refused the pipeline: {e}") from e
 
     def _load_script(self) -> None:
         if not self._script_loaded:
@@ -564,6 +812,11 @@ def _call_bytes(call: _Call) -> int:
     return sum(map(len, call[2]))
 
 
+def _refused(table: str) -> bool:
+    """Whether ``table`` is no table id this follower takes (see the module's layout)."""
+    return ":" in table or table.count(".") != 1
+
+
 def _check_table(table: str) -> None:
-    if ":" in table or table.count(".") != 1:
+    if _refused(table):
         raise SinkError(f"table {table!r} must be a table id <schema>.<table> without ':'")

@@ -64,14 +64,18 @@ def send(client: redis.Redis, commands: Sequence[bytes]) -> list[Any]:
     which sends every command again (the follower's script is idempotent), and raised once
     it gives up.
     """
-    if not commands:
+    return send_payload(client, b"".join(commands), len(commands))
+
+
+def send_payload(client: redis.Redis, payload: bytes, count: int) -> list[Any]:
+    """:func:`send` of ``count`` commands packed one after the other in ``payload``."""
+    if not count:
         return []
-    payload = b"".join(commands)
     pool = client.connection_pool
     conn: Any = pool.get_connection()
     try:
         replies: list[Any] = conn.retry.call_with_retry(
-            lambda: _exchange(conn, payload, len(commands)),
+            lambda: _exchange(conn, payload, count),
             lambda _error: conn.disconnect(),
         )
         return replies

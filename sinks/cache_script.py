@@ -17,6 +17,10 @@ _LSN_DIGITS: Final = 20
 _ORDER_DIGITS: Final = 10
 MAX_LSN: Final = (1 << 64) - 1
 MAX_ORDER: Final = 10**_ORDER_DIGITS - 1
+# A version as the script gets it: ``% (commit LSN, order)``, each in range, makes
+# VERSION_LENGTH bytes (:func:`version_bytes`).
+VERSION_FORMAT: Final = b"%%0%dd%%0%dd" % (_LSN_DIGITS, _ORDER_DIGITS)
+VERSION_LENGTH: Final = _LSN_DIGITS + _ORDER_DIGITS
 
 
 class Reply(IntEnum):
@@ -131,7 +135,7 @@ def version_bytes(commit_lsn: int, order: int) -> bytes:
         raise ValueError(f"commit LSN {commit_lsn} is outside 0..2**64-1")
     if not 0 <= order <= MAX_ORDER:
         raise ValueError(f"order {order} is outside 0..{MAX_ORDER}")
-    return b"%0*d%0*d" % (_LSN_DIGITS, commit_lsn, _ORDER_DIGITS, order)
+    return VERSION_FORMAT % (commit_lsn, order)
 
 
 def parse_version(stored: str | bytes) -> VersionOrder:

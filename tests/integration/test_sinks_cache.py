@@ -16,8 +16,8 @@ import redis
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER
 from pgcdc.core.errors import RetryableSinkError
 from sinks import cache_resp
-from sinks.base import Change
-from sinks.cache import CacheSink
+from sinks.base import Change, OnePerKey
+from sinks.cache import CacheSink, hash_fields
 from sinks.cache_script import SCRIPT_SHA, version_bytes
 from tests.conftest import Endpoints
 
@@ -534,3 +534,97 @@ def test_rows_of_one_call_with_other_columns_hold_their_own(
     assert sink.read_row(T, "2") == {"id": 2, "status": "paid", "note": "b"}
     if sink.value_mode == "hash":
         assert raw.hkeys(sink.row_key(T, "1")) == [b"id"]
+
+
+def _rendered(key: str, lsn: int, order: int, doc: dict[str, Any] | None) -> Change:
+    """A change as the native path makes it: its document rendered with it."""
+    if doc is None:
+        return Change(T, key, lsn, order, None)
+    rendered = (orjson.dumps(doc), hash_fields(doc), b"")
+    return Change(T, key, lsn, order, doc, split=True, rendered=rendered)
+
+
+def _held(raw: redis.Redis, prefix: str) -> dict[bytes, Any]:
+    """:func:`_snapshot` of the keys ``<prefix>:…``, the prefix in their names as ``P``."""
+    mine = prefix.encode()
+    return {
+        k.replace(mine, b"P"): v
+        for k, v in _snapshot(raw, prefix).items()
+        if k.startswith(mine + b":")
+    }
+
+
+def test_a_rendered_batch_is_written_as_the_general_way_writes_it(
+    sink: CacheSink, raw: redis.Redis, key_prefix: str, endpoints: Endpoints
+) -> None:
+    """The native path's batches (one change a key, each document rendered with it or a
+    delete) are packed a row a bytes format and their results made with no bookkeeping a
+    change: the same results and the same keys as the same changes written the general
+    way, over several calls and pipelines, stale and repeated writes skipped."""
+    general = CacheSink(
+        endpoints.redis_url, f"{key_prefix}-general", sink.value_mode, tombstone_ttl_s=600
+    )
+    try:
+        for s in (sink, general):
+            s.pipeline_max_bytes = 20_000
+        rows: dict[str, dict[str, Any] | None] = {
+            str(i): {"id": i, "title": f"row {i} \u00e9", "n": i / 3, "none": None}
+            for i in range(450)
+        }
+        rows["empty"] = {}
+        first = [_rendered(k, 100, i, doc) for i, (k, doc) in enumerate(rows.items())]
+        then = [_rendered("3", 200, 0, None), _rendered("never", 200, 1, None)]
+        then += [_rendered("4", 200, 2, {"id": 4}), _rendered("5", 50, 3, {"id": "stale"})]
+        for batch in (first, then, then):
+            got = sink.apply(OnePerKey(batch))
+            assert got == general.apply(list(batch))
+            assert {r.outcome for r in got} <= {"applied", "skipped"}
+        assert _outcomes(got) == ["skipped"] * 4  # the same batch again
+        assert (sink.rendered_batches, general.rendered_batches) == (3, 0)
+        held = _held(raw, key_prefix)
+        assert len(held) > 2 * 445  # the rows and their version keys
+        assert held == _held(raw, f"{key_prefix}-general")
+        assert sink.read_row(T, "4") == {"id": 4} and sink.read_row(T, "3") is None
+        assert sink.read_row(T, "5") == rows["5"]
+    finally:
+        general.close()
+
+
+def test_a_refused_row_of_a_rendered_batch_fails_alone(sink: CacheSink, raw: redis.Redis) -> None:
+    """A row Redis refuses in a rendered batch (its version key made another type by
+    something else): its call is settled the general way from its reply, and that row alone
+    fails; every other row of that call and the others is applied."""
+    raw.rpush(sink.version_key(T, "250"), "x")
+    batch = [_rendered(str(i), 10, i, {"id": i}) for i in range(450)]
+    results = sink.apply(OnePerKey(batch))
+    assert sink.rendered_batches == 1
+    expected = ["applied"] * 450
+    expected[250] = "failed"
+    assert _outcomes(results) == expected
+    assert results[250].reason and "WRONGTYPE" in results[250].reason
+    assert not results[250].retryable and results[250].key == "250"
+    assert all(sink.read_row(T, str(i)) == {"id": i} for i in (0, 199, 200, 249, 251, 449))
+    assert raw.lrange(sink.version_key(T, "250"), 0, -1) == [b"x"]
+
+
+def test_a_rendered_batch_loads_the_script_again_after_a_flush(
+    sink: CacheSink, raw: redis.Redis
+) -> None:
+    """Redis lost the script: a rendered batch's calls answered NOSCRIPT are sent again
+    the general way after a reload, and every row is applied."""
+    sink.apply(OnePerKey([_rendered("0", 10, 0, {"id": 0})]))
+    reloads = 0
+    # Another client of the shared server may load the same script between the flush and
+    # the apply: try again until this sink met NOSCRIPT itself.
+    for attempt in range(1, 6):
+        loads = sink.script_loads
+        raw.script_flush()
+        lsn = 100 * attempt
+        batch = [_rendered(str(i), lsn, i, {"id": i, "at": attempt}) for i in range(300)]
+        assert _outcomes(sink.apply(OnePerKey(batch))) == ["applied"] * 300
+        assert all(sink.read_version(T, str(i)) == (lsn, i) for i in (0, 199, 200, 299))
+        reloads += sink.script_loads - loads
+        if reloads:
+            break
+    assert reloads == 1
+    assert sink.rendered_batches == 1 + attempt

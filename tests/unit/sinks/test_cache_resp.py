@@ -14,8 +14,8 @@ from redis.connection import Connection
 
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks import cache_resp
-from sinks.base import Change
-from sinks.cache import _HEAD, CacheSink
+from sinks.base import Change, OnePerKey
+from sinks.cache import _HEAD, _ROWS_PER_CALL, CacheSink, hash_fields
 from sinks.cache_script import SCRIPT, SCRIPT_SHA, version_bytes, version_string
 
 pytestmark = pytest.mark.unit
@@ -151,3 +151,82 @@ def test_framed_arguments_read_back_as_they_were(args: list[bytes]) -> None:
 def test_a_run_that_is_not_bulk_strings_is_refused(framed: bytes) -> None:
     with pytest.raises(ValueError):
         cache_resp.unframed(framed)
+
+
+def _rendered(key: str, lsn: int, order: int, doc: dict[str, object] | None) -> Change:
+    """A change as the native path makes it: its document rendered with it."""
+    if doc is None:
+        return Change(T, key, lsn, order, None)
+    rendered = (orjson.dumps(doc), hash_fields(doc), b"")
+    return Change(T, key, lsn, order, doc, split=True, rendered=rendered)
+
+
+@pytest.mark.parametrize("value_mode", ["hash", "json"])
+@pytest.mark.parametrize("prefix", ["cdc", "c%dc%%"])
+def test_a_rendered_batch_packs_as_the_general_way_packs_it(value_mode: str, prefix: str) -> None:
+    """The native path's batch (one change a key, each document rendered with it or a
+    delete) is packed with a bytes format a row: byte for byte the general way's calls of
+    the same rows, at most _ROWS_PER_CALL rows a call, pipelines cut by their bytes."""
+    sink = CacheSink("redis://127.0.0.1:1/0", prefix, value_mode, pipeline_max_bytes=40_000)
+    changes = OnePerKey(
+        _rendered(
+            f"k{i}" if i % 3 else f"ü%d{i}",
+            2**64 - 1 - i if i % 5 == 0 else i,
+            10**10 - 1 if i % 7 == 0 else i,
+            None if i % 11 == 0 else {"id": i, "body": "x" * (i % 200), "n": None},
+        )
+        for i in range(900)
+    )
+    pipelines = sink._rendered_calls(changes)
+    assert pipelines is not None and len(pipelines) > 1
+    rows = 0
+    for calls, parts in pipelines:
+        groups = [
+            [(slot, changes[slot], sink._write_args(changes[slot])) for slot in range(s, e)]
+            for s, e in calls
+        ]
+        assert b"".join(parts) == b"".join(sink._pack(g) for g in groups)  # type: ignore[arg-type]
+        assert [s for s, _ in calls] == [rows, *(e for _, e in calls[:-1])]
+        assert all(0 < e - s <= _ROWS_PER_CALL for s, e in calls)
+        rows = calls[-1][1]
+        # The rows' bytes at most the cap; each call's head and TTLs besides them.
+        assert sum(map(len, parts)) <= 40_000 + len(calls) * (len(_HEAD) + 40)
+    assert rows == len(changes)
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [Change(T, "1", 10, 0, {"id": 1})],  # a list: the general way's
+        OnePerKey([Change(T, "1", 10, 0, {"id": 1})]),  # not rendered
+        OnePerKey([_rendered("a{b}", 10, 0, {"id": 1})]),  # a brace: tagged otherwise
+        OnePerKey([_rendered("\ud800", 10, 0, {"id": 1})]),  # no UTF-8 form
+        OnePerKey([_rendered("1", 10, 0, {"id": 1}), Change("public.b", "1", 10, 1, None)]),
+        OnePerKey([Change("public:odd.t", "1", 10, 0, None)]),  # no table id
+        OnePerKey([Change(T, "1", 2**64, 0, None)]),  # past the version's width
+        OnePerKey([Change(T, "1", 10, 10**10, None)]),
+        OnePerKey(
+            [
+                Change(
+                    T,
+                    "1",
+                    10,
+                    0,
+                    {"id": 1, "b": UNAVAILABLE_VALUE_PLACEHOLDER},
+                    frozenset({"b"}),
+                    rendered=(b"", b"", b""),
+                )
+            ]
+        ),  # unchanged columns
+    ],
+)
+def test_any_other_batch_is_left_to_the_general_way(batch: list[Change]) -> None:
+    sink = CacheSink("redis://127.0.0.1:1/0", "cdc")
+    if type(batch) is OnePerKey:
+        assert sink._rendered_calls(batch) is None
+    assert sink._apply_rendered(batch) is None  # nothing sent (no Redis listens there)
+
+
+def test_a_prefix_with_a_brace_is_left_to_the_general_way() -> None:
+    sink = CacheSink("redis://127.0.0.1:1/0", "{app}")
+    assert sink._rendered_calls(OnePerKey([_rendered("1", 10, 0, {"id": 1})])) is None

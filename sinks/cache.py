@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, cast
 
 import orjson
 import redis
@@ -58,6 +58,7 @@ from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from pgcdc.core import native
 from pgcdc.core.contract import VersionOrder, redis_watermark_key, redis_watermark_time_key
 from pgcdc.core.errors import ConfigError, RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import redis_cluster_url, redis_options
@@ -99,6 +100,22 @@ _ROWS_PER_CALL: Final = 200
 # expected version, how many follow; see sinks.cache_script), then the ARGV that follow,
 # framed as RESP bulk strings in one bytes (what the native path renders: sinks.base).
 _Call = tuple[int, Change, list[bytes]]
+# Rendered rows' script calls (CacheSink._rendered_calls): each pipeline's calls, each call's
+# rows (from start to end), and the pipeline's bytes.
+_Pipelines = list[tuple[list[tuple[int, int]], bytes]]
+
+
+class _Layout(NamedTuple):
+    """How a table's rendered rows are packed (CacheSink._rendered_layout): a row's two KEYS
+    as a bytes format (``% (row key's length, key, version key's length, key, key)``), the
+    row key's and the version key's lengths without the key, and the native module's packer
+    of them (``pgcdc_native.CacheCalls``), None without the module."""
+
+    keys: bytes
+    row: int
+    version: int
+    native: Any
+
 
 # A call packed with bytes formats: the command head, and each row's keys and ARGV.
 _BULK: Final = cache_resp.BULK
@@ -170,7 +187,7 @@ class CacheSink:
         self._ttl_argv = b"".join(_BULK % (len(t), t) for t in self._ttls)  # ARGV[1], [2]
         self._tables: set[str] = set()  # table ids already checked
         # Each table's bytes formats of its rendered rows (_rendered_layout).
-        self._layouts: dict[str, tuple[bytes, bytes, int, int] | None] = {}
+        self._layouts: dict[str, _Layout | None] = {}
         url, in_url = redis_cluster_url(url)
         self.cluster = cluster or in_url
         # The script is idempotent, so commands may be sent again after a lost connection.
@@ -297,9 +314,9 @@ class CacheSink:
         self.rendered_batches += 1
         results: list[ApplyResult | None] = [None] * len(changes)
         odd: list[tuple[int, int, Any]] = []
-        for calls, parts in pipelines:
+        for calls, payload in pipelines:
             self._load_script()
-            replies = self._send_packed(b"".join(parts), len(calls))
+            replies = self._send_packed(payload, len(calls))
             odd += self._plain(changes, calls, replies, results)
             if any(isinstance(reply, NoScriptError) for reply in replies):
                 self._script_loaded = False  # loaded again before the next pipeline
@@ -363,16 +380,23 @@ class CacheSink:
         for start, end, _ in odd:
             results[start:end] = general[start:end]
 
-    def _rendered_calls(
-        self, changes: Sequence[Change]
-    ) -> list[tuple[list[tuple[int, int]], list[bytes]]] | None:
-        """:meth:`_apply_rendered`'s script calls in pipelines (:meth:`_packed_calls`), or
-        None when a change is not the common case."""
-        table = changes[0].table
-        layout = self._rendered_layout(table)
+    def _rendered_calls(self, changes: Sequence[Change]) -> _Pipelines | None:
+        """:meth:`_apply_rendered`'s script calls in pipelines: each pipeline's calls' rows
+        (from ``start`` to ``end``) and its bytes; None when a change is not the common
+        case. Packed by the native module's ``CacheCalls`` when it is built, else by its
+        Python twin (:meth:`_python_calls`), byte for byte the same."""
+        layout = self._rendered_layout(changes[0].table)
         if layout is None:
             return None
-        keys_format, argv_format, row_bytes, version_bytes_ = layout
+        if layout.native is not None:
+            return cast("_Pipelines | None", layout.native.calls(changes))
+        return self._python_calls(changes, layout)
+
+    def _python_calls(self, changes: Sequence[Change], layout: _Layout) -> _Pipelines | None:
+        """:meth:`_rendered_calls` in Python."""
+        table = changes[0].table
+        keys_format, row_bytes, version_bytes_ = layout.keys, layout.row, layout.version
+        argv_format = _RENDERED_ARGV
         hash_mode = self.value_mode == "hash"
         keys: list[bytes] = []
         argv: list[bytes] = []
@@ -406,16 +430,17 @@ class CacheSink:
             return None
         return self._packed_calls(keys, argv, follow)
 
-    def _rendered_layout(self, table: str) -> tuple[bytes, bytes, int, int] | None:
-        """The bytes formats of :meth:`_rendered_calls` for ``table``: a row's two KEYS
-        (``% (row key's length, key, version key's length, key, key)``) and its first four
-        ARGV (``% (op, commit LSN, order, count's length, count)``), and the row key's and
-        the version key's lengths without the key; None when the table is refused, or its
-        row keys hold a brace (:mod:`sinks.cache_keys` then tags them otherwise)."""
+    def _rendered_layout(self, table: str) -> _Layout | None:
+        """How :meth:`_rendered_calls` packs ``table``'s rows; None when the table is
+        refused, or its row keys hold a brace (:mod:`sinks.cache_keys` then tags them
+        otherwise)."""
         if table in self._layouts:
             return self._layouts[table]
-        layout: tuple[bytes, bytes, int, int] | None = None
-        row = f"{self.key_prefix}:{table}:".encode()
+        layout: _Layout | None = None
+        try:
+            row = f"{self.key_prefix}:{table}:".encode()
+        except UnicodeEncodeError:
+            row = b"{"  # no UTF-8 form: the general way fails its rows
         if not _refused(table) and b"{" not in row and b"}" not in row:
             # <prefix>:__v__:{<row key>}:<table>:<key>, as _keys makes it
             before = f"{self.key_prefix}:__v__:{{".encode() + row
@@ -431,20 +456,34 @@ class CacheSink:
                     b"%b\r\n",
                 ]
             )
-            layout = (keys_format, _RENDERED_ARGV, len(row), len(before) + len(after))
+            mod = native.module()
+            packer = None
+            if mod is not None:
+                packer = mod.CacheCalls(
+                    table,
+                    row,
+                    before,
+                    after,
+                    self.value_mode == "hash",
+                    _HEAD,
+                    self._ttl_argv,
+                    self.pipeline_max_bytes,
+                    _ROWS_PER_CALL,
+                )
+            layout = _Layout(keys_format, len(row), len(before) + len(after), packer)
         self._layouts[table] = layout
         return layout
 
     def _packed_calls(
         self, keys: Sequence[bytes], argv: Sequence[bytes], follow: Sequence[int]
-    ) -> list[tuple[list[tuple[int, int]], list[bytes]]]:
+    ) -> _Pipelines:
         """Rows' framed KEYS and ARGV (each row's ARGV two bytes, its first four and then
         the ``follow`` that follow them) packed as :meth:`_pack` packs them, in calls of at
         most :data:`_ROWS_PER_CALL` rows, in pipelines of at most ``pipeline_max_bytes`` of
         rows (each weighed by its framed keys and arguments; a row heavier alone is a
         pipeline of its own): each pipeline's calls' rows (from ``start`` to ``end``) and
-        the pipeline's bytes, in parts to join once."""
-        pipelines: list[tuple[list[tuple[int, int]], list[bytes]]] = []
+        the pipeline's bytes."""
+        pipelines: _Pipelines = []
         calls: list[tuple[int, int]] = []
         parts: list[bytes] = []
 
@@ -463,14 +502,14 @@ class CacheSink:
             n = len(k) + len(argv[2 * i]) + len(argv[2 * i + 1])
             if size and size + n > most:
                 call(start, i)
-                pipelines.append((calls, parts))
+                pipelines.append((calls, b"".join(parts)))
                 calls, parts, start, size = [], [], i, 0
             elif i - start == _ROWS_PER_CALL:
                 call(start, i)
                 start = i
             size += n
         call(start, len(keys))
-        pipelines.append((calls, parts))
+        pipelines.append((calls, b"".join(parts)))
         return pipelines
 
     def _write_args(self, change: Change) -> list[bytes] | None:

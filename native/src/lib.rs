@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use sha1::{Digest, Sha1};
 
+mod cache_calls;
 mod copy_rows;
 mod fast_changes;
 mod resp;
@@ -363,12 +364,13 @@ fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
 
 /// What the module offers, as a number: `pgcdc.core.native.INTERFACE` must be the same, or
 /// pgcdc does not use it (a module built from older sources would lack what it calls).
-const INTERFACE: u32 = 6;
+const INTERFACE: u32 = 7;
 
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INTERFACE", INTERFACE)?;
     m.add_class::<CacheFold>()?;
+    m.add_class::<cache_calls::CacheCalls>()?;
     m.add_class::<Folder>()?;
     m.add_class::<copy_rows::CopyRows>()?;
     m.add_class::<fast_changes::FastChanges>()?;

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.connection import Connection
 
+from pgcdc.core import native
 from pgcdc.core.contract import UNAVAILABLE_VALUE_PLACEHOLDER, VersionOrder
 from sinks import cache_resp
 from sinks.base import Change, OnePerKey
@@ -165,8 +166,9 @@ def _rendered(key: str, lsn: int, order: int, doc: dict[str, object] | None) -> 
 @pytest.mark.parametrize("prefix", ["cdc", "c%dc%%"])
 def test_a_rendered_batch_packs_as_the_general_way_packs_it(value_mode: str, prefix: str) -> None:
     """The native path's batch (one change a key, each document rendered with it or a
-    delete) is packed with a bytes format a row: byte for byte the general way's calls of
-    the same rows, at most _ROWS_PER_CALL rows a call, pipelines cut by their bytes."""
+    delete) is packed straight into each pipeline's bytes, by the native module and by its
+    Python twin alike: byte for byte the general way's calls of the same rows, at most
+    _ROWS_PER_CALL rows a call, pipelines cut by their rows' bytes."""
     sink = CacheSink("redis://127.0.0.1:1/0", prefix, value_mode, pipeline_max_bytes=40_000)
     changes = OnePerKey(
         _rendered(
@@ -177,21 +179,36 @@ def test_a_rendered_batch_packs_as_the_general_way_packs_it(value_mode: str, pre
         )
         for i in range(900)
     )
+    layout = sink._rendered_layout(T)
+    assert layout is not None
+    assert (layout.native is None) == (native.module() is None)
     pipelines = sink._rendered_calls(changes)
     assert pipelines is not None and len(pipelines) > 1
+    assert sink._python_calls(changes, layout) == pipelines
     rows = 0
-    for calls, parts in pipelines:
+    for calls, payload in pipelines:
         groups = [
             [(slot, changes[slot], sink._write_args(changes[slot])) for slot in range(s, e)]
             for s, e in calls
         ]
-        assert b"".join(parts) == b"".join(sink._pack(g) for g in groups)  # type: ignore[arg-type]
+        assert payload == b"".join(sink._pack(g) for g in groups)  # type: ignore[arg-type]
         assert [s for s, _ in calls] == [rows, *(e for _, e in calls[:-1])]
         assert all(0 < e - s <= _ROWS_PER_CALL for s, e in calls)
         rows = calls[-1][1]
         # The rows' bytes at most the cap; each call's head and TTLs besides them.
-        assert sum(map(len, parts)) <= 40_000 + len(calls) * (len(_HEAD) + 40)
+        assert len(payload) <= 40_000 + len(calls) * (len(_HEAD) + 40)
     assert rows == len(changes)
+
+
+def test_a_row_heavier_than_a_pipeline_is_a_pipeline_of_its_own() -> None:
+    sink = CacheSink("redis://127.0.0.1:1/0", "cdc", pipeline_max_bytes=1024)
+    # Small rows and rows of more than the cap, one after the other: each row alone.
+    changes = OnePerKey(_rendered(str(i), 10, i, {"b": "x" * 1100 * (i % 2)}) for i in range(6))
+    layout = sink._rendered_layout(T)
+    assert layout is not None
+    pipelines = sink._rendered_calls(changes)
+    assert pipelines is not None and pipelines == sink._python_calls(changes, layout)
+    assert [calls for calls, _ in pipelines] == [[(i, i + 1)] for i in range(6)]
 
 
 @pytest.mark.parametrize(
@@ -224,6 +241,8 @@ def test_any_other_batch_is_left_to_the_general_way(batch: list[Change]) -> None
     sink = CacheSink("redis://127.0.0.1:1/0", "cdc")
     if type(batch) is OnePerKey:
         assert sink._rendered_calls(batch) is None
+        layout = sink._rendered_layout(batch[0].table)
+        assert layout is None or sink._python_calls(batch, layout) is None
     assert sink._apply_rendered(batch) is None  # nothing sent (no Redis listens there)
 
 

@@ -63,14 +63,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, overload
+from typing import Any, Final, cast, overload
 
 import orjson
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import SerializationError, TransportError
 from opensearchpy.serializer import JSONSerializer
 
-from pgcdc.core import row_digest
+from pgcdc.core import native, row_digest
 from pgcdc.core.contract import search_watermark_index
 from pgcdc.core.errors import RetryableSinkError, SinkError
 from pgcdc.core.follower_clients import opensearch_options
@@ -113,6 +113,7 @@ from sinks.search_requests import (
     RETRY,
     Retrying,
     action_format,
+    action_parts,
     check_versionable,
     error_type,
     item_outcome,
@@ -312,6 +313,9 @@ class SearchSink:
         # Bulk action line formats per (kind, index) (sinks.search_requests.action_format);
         # an index action's takes its source line too.
         self._action_formats: dict[tuple[str, str], bytes] = {}
+        # The native module's bulk writers of rendered batches, by table, write target,
+        # whether it keeps the digest and whether it is an alias (_rendered_bodies).
+        self._bulk_writers: dict[tuple[str, str, bool, bool], Any] = {}
         # Per write target (an alias or an index): whether its index leaves the row
         # digest's field out of _source, so that index actions into it carry the digest.
         self._digests: dict[str, bool] = {}
@@ -1208,6 +1212,62 @@ class SearchSink:
         table = changes[0].table
         if self._builds:
             return None
+        try:
+            name = self.index_for(table)
+        except (SinkError, ValueError):
+            return None
+        self.ensure_index(table)
+        if self._builds:  # laying the index out again began a build
+            return None
+        bodies = self._rendered_bodies(changes, table, self._writes.get(name, name))
+        if bodies is None:
+            return None
+        params = self._bulk_params()
+        for body in bodies:
+            try:
+                response = self.client.bulk(body=body, params=params)
+            except TransportError:
+                return None  # the general way retries, splits or refuses, as it does
+            if response.get("errors") is not False:
+                return None
+        self.rendered_batches += 1
+        new = _new_result
+        return [new(ApplyResult, (c.key, table, _APPLIED, None, False)) for c in changes]
+
+    def _rendered_bodies(
+        self, changes: Sequence[Change], table: str, index: str
+    ) -> list[bytes] | None:
+        """:meth:`_apply_rendered`'s bulk bodies into the write target ``index``, each of
+        at most ``bulk_max_bytes`` of documents (one larger alone); None when a change is
+        not the common case. Written by the native module's ``SearchBulk`` when it is built,
+        else by its Python twin (:meth:`_python_bodies`), byte for byte the same."""
+        keeps = self._keeps_digest(index)
+        aliased = index in self._aliased
+        shape = (table, index, keeps, aliased)
+        if shape not in self._bulk_writers:
+            mod = native.module()
+            self._bulk_writers[shape] = (
+                None
+                if mod is None
+                else mod.SearchBulk(
+                    table,
+                    action_parts("index", index, require_alias=aliased),
+                    action_parts("delete", index),
+                    (_DIGEST_FIELD, _DIGEST_AFTER) if keeps else None,
+                    MAX_EXTERNAL_VERSION,
+                    _MAX_ID_BYTES,
+                    self.bulk_max_bytes,
+                )
+            )
+        writer = self._bulk_writers[shape]
+        if writer is not None:
+            return cast("list[bytes] | None", writer.bodies(changes))
+        return self._python_bodies(changes, table, index, keeps)
+
+    def _python_bodies(
+        self, changes: Sequence[Change], table: str, index: str, keeps: bool
+    ) -> list[bytes] | None:
+        """:meth:`_rendered_bodies` in Python."""
         newest = 0
         for c in changes:
             key = c.key
@@ -1223,36 +1283,24 @@ class SearchSink:
                 newest = c.commit_lsn
         if newest > MAX_EXTERNAL_VERSION:
             return None
-        try:
-            name = self.index_for(table)
-        except (SinkError, ValueError):
-            return None
-        self.ensure_index(table)
-        if self._builds:  # laying the index out again began a build
-            return None
-        index = self._writes.get(name, name)
         put = self._action_format("index", index)
         remove = self._action_format("delete", index)
-        keeps = self._keeps_digest(index)
         dumps = orjson.dumps
-        lines = [
-            remove % (dumps(c.key), c.commit_lsn)
-            if c.rendered is None
-            else put
-            % (dumps(c.key), c.commit_lsn, _with_digest(c.rendered) if keeps else c.rendered[0])
-            for c in changes
-        ]
-        params = self._bulk_params()
-        for run in chunks_by_bytes(lines, len, self.bulk_max_bytes):
-            try:
-                response = self.client.bulk(body=b"".join(run), params=params)
-            except TransportError:
-                return None  # the general way retries, splits or refuses, as it does
-            if response.get("errors") is not False:
-                return None
-        self.rendered_batches += 1
-        new = _new_result
-        return [new(ApplyResult, (c.key, table, _APPLIED, None, False)) for c in changes]
+        try:
+            lines = [
+                remove % (dumps(c.key), c.commit_lsn)
+                if c.rendered is None
+                else put
+                % (
+                    dumps(c.key),
+                    c.commit_lsn,
+                    _with_digest(c.rendered) if keeps else c.rendered[0],
+                )
+                for c in changes
+            ]
+        except orjson.JSONEncodeError:  # an id with no UTF-8 form: the general way fails it
+            return None
+        return [b"".join(run) for run in chunks_by_bytes(lines, len, self.bulk_max_bytes)]
 
     def _bulk_params(self) -> dict[str, str]:
         """A bulk request's query: whether it waits for a refresh, and what of its answer is

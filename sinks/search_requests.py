@@ -106,11 +106,16 @@ def action_format(kind: str, index: str, *, require_alias: bool = False) -> byte
     (404 ``index_not_found_exception``) unless ``index`` is an alias, instead of creating
     an index of that name; deletes ignore it (an external-versioned delete creates its index
     all the same), so it is left out of theirs."""
+    head, tail = action_parts(kind, index, require_alias=require_alias)
+    return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"' + tail
+
+
+def action_parts(kind: str, index: str, *, require_alias: bool = False) -> tuple[bytes, bytes]:
+    """:func:`action_format`'s line before the id's JSON, and after its version type."""
     dumps = orjson.dumps
     head = b'{%b:{"_index":%b,"_id":' % (dumps(kind), dumps(index))
     flag = require_alias and kind != "delete"
-    tail = b',"require_alias":true}}\n' if flag else b"}}\n"
-    return head.replace(b"%", b"%%") + b'%b,"version":%d,"version_type":"external_gte"' + tail
+    return head, b',"require_alias":true}}\n' if flag else b"}}\n"
 
 
 # Two writers of one index adding the same new field at once, with values of two types (the

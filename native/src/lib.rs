@@ -11,6 +11,7 @@ mod cache_calls;
 mod copy_rows;
 mod fast_changes;
 mod resp;
+mod search_bulk;
 
 use resp::{parse, Reply};
 
@@ -364,13 +365,14 @@ fn stored(id: &[u8], text: &[u8]) -> (u32, u64, u64, u64) {
 
 /// What the module offers, as a number: `pgcdc.core.native.INTERFACE` must be the same, or
 /// pgcdc does not use it (a module built from older sources would lack what it calls).
-const INTERFACE: u32 = 7;
+const INTERFACE: u32 = 8;
 
 #[pymodule]
 fn pgcdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INTERFACE", INTERFACE)?;
     m.add_class::<CacheFold>()?;
     m.add_class::<cache_calls::CacheCalls>()?;
+    m.add_class::<search_bulk::SearchBulk>()?;
     m.add_class::<Folder>()?;
     m.add_class::<copy_rows::CopyRows>()?;
     m.add_class::<fast_changes::FastChanges>()?;

@@ -8,9 +8,13 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opensearchpy.exceptions import TransportError
 
-from sinks.base import Change, Outcome, chunks_by_bytes
+from pgcdc.core import native, row_digest
+from sinks.base import Change, OnePerKey, Outcome, chunks_by_bytes
+from sinks.cache import hash_fields
 from sinks.search import SearchSink
 
 pytestmark = pytest.mark.unit
@@ -89,3 +93,71 @@ def test_a_document_too_large_alone_is_refused_for_good_and_the_rest_applied() -
     big = results[4]
     assert big.outcome is Outcome.FAILED and not big.retryable
     assert big.reason is not None and "413" in big.reason
+
+
+def _rendered(key: str, lsn: int, doc: dict[str, Any] | None) -> Change:
+    """A change as the native path makes it: its document rendered with it."""
+    if doc is None:
+        return Change("public.items", key, lsn, 0, None)
+    digest = orjson.dumps(row_digest.stored(key, doc))
+    rendered = (orjson.dumps(doc), hash_fields(doc), digest)
+    return Change("public.items", key, lsn, 0, doc, split=True, rendered=rendered)
+
+
+# Ids with every byte JSON escapes, quotes, backslashes, non-ASCII and format characters.
+KEYS = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
+
+
+@given(
+    st.lists(
+        st.tuples(KEYS, st.integers(0, 2**63 - 1), st.booleans(), st.integers(0, 300)),
+        min_size=1,
+        max_size=30,
+        unique_by=lambda t: t[0],
+    ),
+    st.booleans(),
+    st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_rendered_bodies_are_the_python_twins(
+    rows: list[tuple[str, int, bool, int]], keeps: bool, aliased: bool
+) -> None:
+    """The native module's bulk bodies of a rendered batch are its Python twin's, byte for
+    byte (the same lines the general way writes: tests/integration/test_sinks_search.py):
+    ids of any text, deletes, empty documents, the digest kept or not, write aliases, and
+    bodies cut by their bytes."""
+    sink = _sink(LimitedServer(10**9), 2_000)
+    index = "t-a%s" if aliased else "t%d"
+    if aliased:
+        sink._aliased.add(index)
+    sink._digests[index] = keeps
+    changes = OnePerKey(
+        _rendered(k, lsn, None if gone else ({"b": "x" * n} if n % 7 else {}))
+        for k, lsn, gone, n in rows
+    )
+    twin = sink._python_bodies(changes, "public.items", index, keeps)
+    assert twin is not None
+    assert b"".join(twin).count(b"\n") == sum(1 if gone else 2 for _, _, gone, _ in rows)
+    if native.module() is None:
+        pytest.skip("the native module is not built")
+    assert sink._rendered_bodies(changes, "public.items", index) == twin
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        Change("public.items", "1", 10, 0, {"id": 1}),  # not rendered
+        Change("public.other", "1", 10, 0, None),  # another table
+        Change("public.items", "", 10, 0, None),  # no id
+        Change("public.items", "é" * 257, 10, 0, None),  # an id over 512 bytes
+        Change("public.items", "\ud800", 10, 0, None),  # no UTF-8 form
+        Change("public.items", "1", 2**63, 0, None),  # past OpenSearch's versions
+        Change("public.items", "1", 10, 0, {"id": 1}, frozenset({"b"}), rendered=(b"{}", b"", b"")),
+    ],
+)
+def test_any_other_batch_gets_no_rendered_body(change: Change) -> None:
+    sink = _sink(LimitedServer(10**9), 2_000)
+    index = sink.index_for("public.items")
+    batch = OnePerKey([_rendered("0", 10, {"id": 0}), change])
+    assert sink._python_bodies(batch, "public.items", index, True) is None
+    assert sink._rendered_bodies(batch, "public.items", index) is None

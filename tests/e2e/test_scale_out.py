@@ -37,7 +37,7 @@ from pgcdc.core.ports import HOST, REDIS_CLUSTER_PORTS
 from pgcdc.stack import common
 from pgcdc.stack.kafka_cluster import KafkaClusterService
 from pgcdc.stack.redis_cluster import RedisClusterService
-from pgcdc.stack.spark_cluster import SparkCluster, native_archive
+from pgcdc.stack.spark_cluster import SparkCluster, executor_env, native_archive
 from tests.conftest import ROOT, Endpoints, unique, wait_until
 from tests.e2e.pipeline import (
     SPARK_SUBMIT,
@@ -78,6 +78,10 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         c.kafka.start()  # the brokers boot while the other clusters start
         c.redis.start()
         c.spark.start()
+        # The packed executor env is built once per dependency set (minutes on a fresh
+        # clone); built here, while the brokers boot, so that a job's deadlines cover the
+        # executors' registration, not this build. spark-submit then finds it in the cache.
+        executor_env(paths)
         c.kafka.wait_ready()
         c.redis.wait_ready()
         yield c
@@ -390,6 +394,9 @@ def test_the_cache_job_on_the_standalone_cluster_survives_a_lost_worker(
             interval=1,
             what=f"an executor on each worker ({job_log})",
         )
+        # The fixture built the packed env: this job found it (the deadline above was the
+        # executors' registration only).
+        assert "building the executors' virtualenv" not in job_log.read_text(errors="replace")
         wait_until(lambda: sum(batch_counts(job_log)) > 0, timeout=180, interval=1, what="batches")
         work.start()
         wait_until(lambda: work.changes >= 1500, timeout=60, interval=0.5, what="the workload")

@@ -58,14 +58,7 @@ impl CacheCalls {
     /// The row of change `c`, or None when it is not the common case.
     fn row<'py>(&self, c: &Bound<'py, PyAny>) -> PyResult<Option<Row<'py>>> {
         let py = c.py();
-        let table = c.getattr(pyo3::intern!(py, "table"))?;
-        if table.cast::<PyString>().ok().and_then(|t| t.to_str().ok()) != Some(&self.table) {
-            return Ok(None);
-        }
-        if c.getattr(pyo3::intern!(py, "unchanged"))?.len()? != 0 {
-            return Ok(None);
-        }
-        let Ok(lsn) = c.getattr(pyo3::intern!(py, "commit_lsn"))?.extract::<u64>() else {
+        let Some(lsn) = crate::common_commit_lsn(c, &self.table)? else {
             return Ok(None);
         };
         let Ok(order) = c.getattr(pyo3::intern!(py, "order"))?.extract::<u64>() else {

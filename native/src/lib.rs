@@ -4,7 +4,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use sha1::{Digest, Sha1};
 
 mod cache_calls;
@@ -14,6 +14,21 @@ mod resp;
 mod search_bulk;
 
 use resp::{parse, Reply};
+
+/// A rendered change's commit LSN when it is of the common case the native writers take
+/// (`CacheCalls`, `SearchBulk`): of `table`, with no unchanged-TOAST columns, its LSN an
+/// unsigned 64-bit integer; None sends it the general way.
+pub(crate) fn common_commit_lsn(c: &Bound<'_, PyAny>, table: &str) -> PyResult<Option<u64>> {
+    let py = c.py();
+    let of = c.getattr(pyo3::intern!(py, "table"))?;
+    if of.cast::<PyString>().ok().and_then(|t| t.to_str().ok()) != Some(table) {
+        return Ok(None);
+    }
+    if c.getattr(pyo3::intern!(py, "unchanged"))?.len()? != 0 {
+        return Ok(None);
+    }
+    Ok(c.getattr(pyo3::intern!(py, "commit_lsn"))?.extract::<u64>().ok())
+}
 
 pub(crate) const BUCKET_BITS: u32 = 15;
 const PART: u64 = (1 << 20) - 1;

@@ -55,14 +55,7 @@ impl SearchBulk {
     /// The lines of change `c` added to `out`, or false when it is not the common case.
     fn line(&self, c: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<bool> {
         let py = c.py();
-        let table = c.getattr(pyo3::intern!(py, "table"))?;
-        if table.cast::<PyString>().ok().and_then(|t| t.to_str().ok()) != Some(&self.table) {
-            return Ok(false);
-        }
-        if c.getattr(pyo3::intern!(py, "unchanged"))?.len()? != 0 {
-            return Ok(false);
-        }
-        let Ok(version) = c.getattr(pyo3::intern!(py, "commit_lsn"))?.extract::<u64>() else {
+        let Some(version) = crate::common_commit_lsn(c, &self.table)? else {
             return Ok(false);
         };
         if version > self.max_version {

@@ -177,8 +177,14 @@ def _cleanup(settings: Settings, topic: str, prefix: str) -> None:
 
     AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers}).delete_topics([topic])
     r = redis.Redis.from_url(settings.redis.url.get_secret_value())
+    keys: list[Any] = []
     for key in r.scan_iter(f"{prefix}*", count=10_000):
-        r.delete(key)
+        keys.append(key)
+        if len(keys) == 10_000:  # a call a page, not one a key (a run leaves 200,000)
+            r.unlink(*keys)
+            keys.clear()
+    if keys:
+        r.unlink(*keys)
     os_ = OpenSearch(settings.search.url.get_secret_value())
     os_.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
 

@@ -17,7 +17,6 @@ from benchmarks.context import STREAM, Bench
 from benchmarks.ours import OursReader
 from benchmarks.probes import wait_slot_active
 from benchmarks.results import Figure, NotMeasured, Series
-from benchmarks.warmup import warm
 from pgcdc.core.contract import CACHE_JOB, JOBS, SEARCH_JOB
 from pgcdc.core.settings import load_settings
 
@@ -33,8 +32,6 @@ MODES = {  # mode -> (jobs, the prober's followers, label)
 LABEL = {"redis": "Redis", "search": "searchable"}
 # On the standalone cluster: each job's cores (one executor of one core on each worker).
 CORES_PER_JOB = 2
-# Rounds of load at most that warm OpenSearch on the run's first mode (_warm_up).
-FIRST_MODE_WARM_ROUNDS = 6
 
 
 def spark_masters() -> list[str]:
@@ -188,14 +185,12 @@ def _mode(
             f"followers ({where}): the jobs applied their first change "
             f"{time.time() - jobs.started:.0f}s after spark-submit (trigger {fol.TRIGGER})"
         )
-        warmed = _warm_up(b, prober, dead, first_mode=n == 0 and "search" in wanted)
-        if len(warmed) > 1:
-            b.record.notes.append(
-                f"followers ({where}): warmed by {len(warmed)} rounds of load first, "
-                "OpenSearch's CPU a change in each "
-                + ", ".join(f"{x:.0f}" for x in warmed)
-                + " µs, until it stopped moving"
-            )
+        # Warm-up: the first loaded micro-batches pay for Python workers and connections.
+        prober.writing(True)
+        t_warm = time.time()
+        _follower_load(b, b.params.follower_rates[0], 3 if b.env.quick else 8)
+        prober.writing(False)
+        prober.wait_seen(prober.between(t_warm, time.time()), 30, alive=dead)
         for rate in b.params.follower_rates:
             _follower_latency(b, prober, dead, rate, wanted, where, jobs)
         if b.params.follower_step_rates:
@@ -220,38 +215,6 @@ def _mode(
                                 "MiB", "spark-submit process tree, sum of PSS (pages shared by "
                                 f"forked workers counted once); at the peak: "
                                 f"{jobs.peak_parts[job]}"))  # fmt: skip
-
-
-def _warm_up(b: Bench, prober: Any, dead: Any, *, first_mode: bool) -> list[float]:
-    """The load before a mode is measured, at the first rate: the first loaded micro-batches
-    pay for the Python workers and connections. The run's first mode with a search follower
-    (``first_mode``) goes on in rounds until OpenSearch's CPU a change stops moving
-    (:func:`benchmarks.warmup.warm`) or :data:`FIRST_MODE_WARM_ROUNDS` ran: the run's bulk
-    warm-up (:mod:`benchmarks.warmup`) leaves the jobs' own writes at this rate (small bulks,
-    a refresh a batch) cold, and the mode measured first paid for it (make bench 80e849,
-    2026-12-04: OpenSearch busy 0.95 cores at 1,000 changes/s in the first mode, 0.32-0.42
-    in the three after it). OpenSearch's CPU a change in each round (µs; none when its CPU
-    is not read here)."""
-    rate = b.params.follower_rates[0]
-    seconds = 3 if b.env.quick else 8
-    rounds = FIRST_MODE_WARM_ROUNDS if first_mode and not b.env.quick else 1
-    per_change: list[float] = []
-    for _ in range(rounds):
-        before = servers.cpu_seconds().get("opensearch")
-        prober.writing(True)
-        t0 = time.time()
-        res = _follower_load(b, rate, seconds)
-        prober.writing(False)
-        prober.wait_seen(prober.between(t0, time.time()), 30, alive=dead)
-        after = servers.cpu_seconds().get("opensearch")
-        if before is None or after is None or not res.changes:
-            break
-        per_change.append((after - before) / res.changes * 1e6)
-        log.info("followers warm-up round %d: OpenSearch %.0f µs of CPU a change",
-                 len(per_change), per_change[-1])  # fmt: skip
-        if warm(per_change):
-            break
-    return per_change
 
 
 def _follower_load(b: Bench, rate: float, seconds: float) -> workload.LoadResult:

@@ -41,6 +41,25 @@ def dead_letter_topic(prefix: str) -> str:
     return f"{prefix}_dlq"
 
 
+def unlink_matching(redis_url: str, match: str, page: int = 10_000) -> None:
+    """Remove the Redis keys that match the glob ``match``: a call a page of keys, not one a
+    key (a run leaves hundreds of thousands)."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    try:
+        keys: list[Any] = []
+        for k in r.scan_iter(match=match, count=page):
+            keys.append(k)
+            if len(keys) >= page:
+                r.unlink(*keys)
+                keys.clear()
+        if keys:
+            r.unlink(*keys)
+    finally:
+        r.close()
+
+
 def with_database(dsn: str, database: str) -> str:
     """The same DSN (URL form) pointing at another database."""
     parts = urlsplit(dsn)

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks.env import ROOT, BenchEnv, dead_letter_topic
+from benchmarks.env import ROOT, BenchEnv, dead_letter_topic, unlink_matching
 from benchmarks.kafka import percentile
 from benchmarks.lag import slope
 from benchmarks.proc import Measured
@@ -197,17 +197,7 @@ class SparkJobs:
         """Delete this run's Redis keys and indices; returns what could not be removed."""
         problems: list[str] = []
         try:
-            import redis
-
-            r = redis.Redis.from_url(redis_url)
-            batch: list[bytes] = []
-            for k in r.scan_iter(match=f"{self.follower_prefix}:*", count=1000):
-                batch.append(k)
-                if len(batch) >= 1000:
-                    r.delete(*batch)
-                    batch.clear()
-            if batch:
-                r.delete(*batch)
+            unlink_matching(redis_url, f"{self.follower_prefix}:*")
         except Exception as e:  # reported, cleanup goes on
             problems.append(f"redis keys {self.follower_prefix}:*: {e}")
         try:

@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import redis
 
-from benchmarks.env import BenchEnv, dead_letter_topic
+from benchmarks.env import BenchEnv, dead_letter_topic, unlink_matching
 from benchmarks.ours import OursReader
 from benchmarks.proc import Measured
 from benchmarks.workload.orders import bulk_load, create_table
@@ -84,18 +84,7 @@ def held_rows(redis_url: str, prefix: str) -> int:
 
 
 def drop_keys(redis_url: str, prefix: str) -> None:
-    r = redis.Redis.from_url(redis_url)
-    try:
-        batch = []
-        for k in r.scan_iter(match=f"{prefix}:*", count=10_000):
-            batch.append(k)
-            if len(batch) >= 10_000:
-                r.unlink(*batch)
-                batch.clear()
-        if batch:
-            r.unlink(*batch)
-    finally:
-        r.close()
+    unlink_matching(redis_url, f"{prefix}:*")
 
 
 def run(rows: int, max_offsets: int, cluster: SparkCluster | None, env: BenchEnv) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.env import unlink_matching
 from benchmarks.transfer import records
 from pgcdc.core.settings import Settings
 
@@ -171,20 +172,11 @@ def _settings(topic_prefix: str, follower_prefix: str, apply: str = "python") ->
 
 
 def _cleanup(settings: Settings, topic: str, prefix: str) -> None:
-    import redis
     from confluent_kafka.admin import AdminClient
     from opensearchpy import OpenSearch
 
     AdminClient({"bootstrap.servers": settings.kafka.bootstrap_servers}).delete_topics([topic])
-    r = redis.Redis.from_url(settings.redis.url.get_secret_value())
-    keys: list[Any] = []
-    for key in r.scan_iter(f"{prefix}*", count=10_000):
-        keys.append(key)
-        if len(keys) == 10_000:  # a call a page, not one a key (a run leaves 200,000)
-            r.unlink(*keys)
-            keys.clear()
-    if keys:
-        r.unlink(*keys)
+    unlink_matching(settings.redis.url.get_secret_value(), f"{prefix}*")
     os_ = OpenSearch(settings.search.url.get_secret_value())
     os_.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
 

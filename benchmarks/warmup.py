@@ -96,10 +96,9 @@ def warm(per_doc: Sequence[float]) -> bool:
     """Whether the rounds so far (OpenSearch's CPU a document in each) say it is warm: the
     last round's cost is within :data:`STEADY` of the one before it, either way (it stopped
     moving). A round that cost more than that above the one before is a pause (a collection,
-    a merge, the compiler at work), not a plateau: a fresh server went 321, 133, 192 µs, and
-    the followers' first mode, measured after that third round, had OpenSearch busy 0.93
-    cores at 1,000 changes/s where a warm one is busy 0.34 (make bench cef49a and c51434,
-    2026-12-04)."""
+    a merge, the compiler at work), not a plateau: a fresh server went 321, 133, 192 µs and
+    was taken as warm at 192 (make bench cef49a); another went 298, 124, 178, 114, 140, 68.5,
+    71.8, still halving after its spikes (2026-12-04)."""
     if len(per_doc) < 2:
         return False
     last, before = per_doc[-1], per_doc[-2]

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
         ([155.0, 85.0, 67.0, 56.0, 45.0, 37.0, 33.0, 32.5], True),
         ([33.0, 35.0], True),  # a little dearer: noise, no longer falling
         # A fresh server (make bench cef49a, 2026-12-04): the third round dearer by 44 %
-        # is a pause, not a plateau; OpenSearch measured after it was far from warm.
+        # is a pause, not a plateau (another fresh one fell to 68.5 after such spikes).
         ([321.0, 133.0, 192.0], False),
         ([321.0, 133.0, 192.0, 70.0, 52.0, 50.0], True),
     ],

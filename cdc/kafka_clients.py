@@ -36,6 +36,19 @@ log = logging.getLogger(__name__)
 # librdkafka's own chatter goes here; the CLI keeps it quiet unless --debug.
 rdkafka_log = logging.getLogger("cdc.librdkafka")
 
+
+class _FenceSaidByTheReader(logging.Filter):
+    """librdkafka's fatal lines for a fence say "fenced by a newer instance" whatever fenced
+    it; the reader's own line says which it was (another reader, or a transaction the broker
+    aborted on its timeout: cdc.pipeline). Shown with --debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fence = "fenced by a newer instance" in record.getMessage()
+        return not fence or rdkafka_log.isEnabledFor(logging.DEBUG)
+
+
+rdkafka_log.addFilter(_FenceSaidByTheReader())
+
 # Answers a partition gives while its leader is still being elected (a topic created a moment
 # ago); they pass, so they are retried.
 _TRANSIENT = frozenset(

@@ -54,7 +54,9 @@ from cdc.slots import (
     check_wal_level,
     drop_slot,
     failover_wanted,
+    other_readers,
     plan_start,
+    reader_name,
     slot_info,
     wait_slot_released,
 )
@@ -66,7 +68,7 @@ from cdc.table_checks import check_tables, warn_left, warn_unsnapshotted
 from cdc.table_topics import TableTopics
 from cdc.topic_ids import describe_loss, lost_topics, topic_ids
 from pgcdc.core.contract import table_topic
-from pgcdc.core.errors import ConfigError, SlotError
+from pgcdc.core.errors import ConfigError, Fenced, SlotError, TransactionAborted
 from pgcdc.core.lsn import Lsn
 from pgcdc.core.qualified_names import quote_table
 from pgcdc.core.settings import InitialSnapshot, Settings, SnapshotMode
@@ -140,6 +142,28 @@ def last_commit_at_start(action: Action, state: ReaderState | None, start: Lsn) 
     return start
 
 
+def _fenced_by(admin: psycopg.Connection[Any], slot: str, fenced: Fenced) -> Exception:
+    """What a fence means. Kafka fences a producer for a newer one with its transactional
+    id (another reader of the slot), but also when its transaction coordinator aborts a
+    transaction that stayed open past ``transaction.timeout.ms`` (through a broker restart,
+    or a pause of this process): it bumps the id's epoch either way. Another reader of the
+    slot connected to PostgreSQL is the first: this one stops for good. None is the second:
+    a new run takes the id back and resumes from the committed position."""
+    try:
+        others = other_readers(admin, slot)
+    except psycopg.Error:
+        return fenced  # not known: the safe reading
+    if others:
+        return Fenced(f"{fenced}; connected: {', '.join(others)}", kafka=fenced.kafka)
+    return TransactionAborted(
+        f"Kafka fenced this reader's producer ({fenced.kafka}), and no other "
+        f"reader of slot {slot} is connected to PostgreSQL: the transaction coordinator "
+        "aborted a transaction that stayed open past transaction.timeout.ms (a broker "
+        "restart or a pause of this process); a new run takes the transactional id back "
+        "and resumes from the committed position"
+    )
+
+
 class Pipeline:
     """Snapshot if needed, then stream changes to Kafka until stopped (or caught up)."""
 
@@ -178,21 +202,30 @@ class Pipeline:
             return RunResult("stopped")
 
     def _run(self) -> RunResult:
-        with connect(self._dsn) as admin:
-            run = self._open(admin)
+        slot = self.settings.postgres.slot_name
+        # Named for the slot: a reader that Kafka fences looks for this connection of the
+        # reader that fenced it (_fenced_by).
+        with connect(self._dsn, application_name=reader_name(slot)) as admin:
             try:
-                target = current_wal_lsn(admin) if self.until_current else None
-                plan = self._plan(run)
-                result = RunResult(plan.action.value, target_lsn=target)
-                if plan.action is Action.NOTHING:
-                    log.info("nothing to do: %s", plan.reason, extra={"slot": run.slot})
-                elif plan.action is Action.SNAPSHOT_ONLY:
-                    result.snapshot_rows = self._snapshot_only(run)
-                else:
-                    self._replicate(run, plan, result)
-                return result
-            finally:
-                run.store.close()
+                return self._run_on(admin)
+            except Fenced as e:
+                raise _fenced_by(admin, slot, e) from e
+
+    def _run_on(self, admin: psycopg.Connection[Any]) -> RunResult:
+        run = self._open(admin)
+        try:
+            target = current_wal_lsn(admin) if self.until_current else None
+            plan = self._plan(run)
+            result = RunResult(plan.action.value, target_lsn=target)
+            if plan.action is Action.NOTHING:
+                log.info("nothing to do: %s", plan.reason, extra={"slot": run.slot})
+            elif plan.action is Action.SNAPSHOT_ONLY:
+                result.snapshot_rows = self._snapshot_only(run)
+            else:
+                self._replicate(run, plan, result)
+            return result
+        finally:
+            run.store.close()
 
     # --- steps --------------------------------------------------------------------------
 

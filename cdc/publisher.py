@@ -766,7 +766,8 @@ class Publisher:
             f"this reader is fenced ({err.str()}): another reader started with "
             f"transactional.id {self.transactional_id} (the same slot). It confirms nothing "
             "more; the other reader carries on (or start this one again once it is the only "
-            "one)"
+            "one)",
+            kafka=err.str(),
         )
 
     def flush(self, timeout_s: float = 60.0, *, stop: threading.Event | None = None) -> None:

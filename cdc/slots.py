@@ -26,6 +26,9 @@ from pgcdc.core.settings import SnapshotMode
 
 log = logging.getLogger(__name__)
 
+# NAMEDATALEN - 1: the server cuts a longer application_name.
+_APPLICATION_NAME_MAX = 63
+
 
 @dataclass(frozen=True)
 class SlotInfo:
@@ -108,6 +111,25 @@ def slot_holder(conn: psycopg.Connection[Any], pid: int | None) -> str:
         return f"process {pid}"
     app, addr, since = row
     return f"process {pid} ({app or 'a client'} from {addr or 'a local socket'}, since {since})"
+
+
+def reader_name(slot: str) -> str:
+    """The ``application_name`` of a reader's own connection to PostgreSQL: ``cdc reader
+    <slot>`` (cut to what the server keeps). Another reader of the slot finds it there
+    (:func:`other_readers`)."""
+    return f"cdc reader {slot}"[:_APPLICATION_NAME_MAX]
+
+
+def other_readers(conn: psycopg.Connection[Any], slot: str) -> list[str]:
+    """The other readers of ``slot`` connected to the server, besides ``conn``'s: ``process
+    123 (since 2024-05-01 10:00:00+00)``, from ``pg_stat_activity``. Every role sees another
+    session's ``application_name``; its start only in its own role's sessions."""
+    rows = conn.execute(
+        "SELECT pid, date_trunc('second', backend_start)::text FROM pg_stat_activity "
+        "WHERE application_name = %s AND pid <> pg_backend_pid() ORDER BY pid",
+        (reader_name(slot),),
+    ).fetchall()
+    return [f"process {pid}" + (f" (since {since})" if since else "") for pid, since in rows]
 
 
 FAILOVER_SLOTS_SINCE = 170000  # server_version_num of PostgreSQL 17

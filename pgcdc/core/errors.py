@@ -57,7 +57,11 @@ class TransactionAborted(PublishError):
 
 class Fenced(PublishError):
     """Another reader took this reader's ``transactional.id`` (the same slot) over: this
-    one stops, confirming nothing more."""
+    one stops, confirming nothing more. ``kafka`` is Kafka's own words for it."""
+
+    def __init__(self, message: str, kafka: str = "") -> None:
+        super().__init__(message)
+        self.kafka = kafka
 
 
 class KafkaUnavailable(ConnectionFailed, PublishError):

@@ -153,6 +153,10 @@ class Kafka(Service):
             "inter.broker.listener.name=PLAINTEXT",
         ]
 
+    def extra_properties(self) -> list[str]:
+        """More lines of server.properties, after the stack's own (a test broker's)."""
+        return []
+
     def _properties(self) -> str:
         controller = f"{HOST}:{self.controller_port}"
         return "\n".join(
@@ -185,6 +189,7 @@ class Kafka(Service):
                 "log.retention.check.interval.ms=10000",
                 "num.network.threads=2",
                 "num.io.threads=4",
+                *self.extra_properties(),
                 "",
             ]
         )

@@ -47,6 +47,10 @@ class _ProxiedBroker(Kafka):
             "inter.broker.listener.name=PLAINTEXT",
         ]
 
+    def extra_properties(self) -> list[str]:
+        # A transaction open past its timeout is aborted within a second, not ten.
+        return ["transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"]
+
 
 @dataclass(frozen=True)
 class ProxiedKafka:

@@ -10,6 +10,9 @@ incremental snapshot of its table running in small chunks:
 - rows, a TRUNCATE and rows again in another table, the reader killed after them;
 - a 200,000-row transaction streamed longer than a Kafka transaction may stay open, so it is
   split, and the reader killed after a split;
+- the reader stopped (``SIGSTOP``) until the broker aborts its open transaction on its
+  timeout, which fences it as well: continued, with no other reader of the slot connected,
+  it starts a new run;
 - the broker restarted under the reader;
 - a second reader started while the first is stopped (``SIGSTOP``): it fences the first,
   which, continued, stops with one line and confirms nothing more.
@@ -53,6 +56,10 @@ from tests.integration.reader_support import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SPLIT = "is split across Kafka transactions"
+# The broker's line (kafka.coordinator.transaction), and the reader's, for a transaction
+# aborted on its timeout.
+ROLLBACK = "Completed rollback of ongoing transaction"
+TIMED_OUT = "stayed open past transaction.timeout.ms"
 ROWS = 2_000
 BULK = 200_000
 # A Kafka transaction may stay open 4 s: one still open after 2 s is split (or committed).
@@ -204,8 +211,11 @@ def test_each_change_reaches_kafka_once_through_kills_a_split_a_restart_and_fenc
                 _kill(proc)
             big.join(120)
 
-            # The broker restarts under a streaming reader.
+            # Paused past the transaction timeout: Kafka aborts and fences, and it goes on.
             proc, log = readers.start_when_free()
+            _pause_past_timeout(readers, proc, log, kafka.log)
+
+            # The broker restarts under a streaming reader.
             base = end_offset(kafka.bootstrap, items)
             _wait("records", lambda: end_offset(kafka.bootstrap, items) > base + 50, proc, log)
             kafka.restart()
@@ -262,6 +272,43 @@ def _insert_bulk(dsn: str) -> None:
         )
 
 
+def _pause_past_timeout(
+    readers: Readers, proc: subprocess.Popen[bytes], log: Path, broker_log: Path
+) -> None:
+    """Stop the streaming reader (SIGSTOP) until the broker aborts its open transaction on
+    its timeout, which fences its producer too; continue it: with no other reader of the
+    slot connected, a new run takes the transactional id back and streams on."""
+    rollbacks = broker_log.read_text(errors="replace").count(ROLLBACK)
+    for _ in range(3):  # a pause that found no transaction open aborts nothing: again
+        _wait("streaming", readers.streaming, proc, log)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            # 4 s of transaction.timeout.ms, then the broker's check every second.
+            _wait(
+                "the broker to abort the open transaction",
+                lambda: broker_log.read_text(errors="replace").count(ROLLBACK) > rollbacks,
+                None,
+                None,
+                10,
+            )
+            break
+        except AssertionError:
+            continue
+        finally:
+            proc.send_signal(signal.SIGCONT)
+    else:
+        raise AssertionError("three pauses of the reader left no transaction to abort")
+    _wait("a new run", lambda: TIMED_OUT in log.read_text(errors="replace"), proc, log, 60)
+    items = f"{readers.reader.prefix}.public.items"
+    base = end_offset(readers.reader.bootstrap, items)
+    _wait(
+        "records of the new run",
+        lambda: end_offset(readers.reader.bootstrap, items) > base + 50,
+        proc,
+        log,
+    )
+
+
 def _fence(readers: Readers, first: subprocess.Popen[bytes], first_log: Path) -> None:
     """Stop ``first`` (SIGSTOP: a reader that hangs), start a second reader of the slot (an
     operator's move), which takes the transactional id over and waits for the slot; continue
@@ -286,6 +333,7 @@ def _fence(readers: Readers, first: subprocess.Popen[bytes], first_log: Path) ->
         text = first_log.read_text(errors="replace")
         assert first.returncode == 1, text[-3000:]
         assert "this reader is fenced" in text, text[-3000:]
+        assert "; connected: process " in text, text[-3000:]  # the second, named
         base = end_offset(readers.reader.bootstrap, f"{readers.reader.prefix}.public.items")
         _wait(
             "the second reader to stream on",

@@ -121,12 +121,15 @@ def reader_name(slot: str) -> str:
 
 
 def other_readers(conn: psycopg.Connection[Any], slot: str) -> list[str]:
-    """The other readers of ``slot`` connected to the server, besides ``conn``'s: ``process
-    123 (since 2024-05-01 10:00:00+00)``, from ``pg_stat_activity``. Every role sees another
-    session's ``application_name``; its start only in its own role's sessions."""
+    """The other readers of ``slot`` connected to ``conn``'s database, besides ``conn``:
+    ``process 123 (since 2024-05-01 10:00:00+00)``, from ``pg_stat_activity``. A slot of
+    that name in another database of the server is another slot, with another
+    transactional id (:func:`cdc.committed.transactional_id`). Every role sees another
+    session's ``application_name`` and database; its start only in its own role's sessions."""
     rows = conn.execute(
         "SELECT pid, date_trunc('second', backend_start)::text FROM pg_stat_activity "
-        "WHERE application_name = %s AND pid <> pg_backend_pid() ORDER BY pid",
+        "WHERE application_name = %s AND datname = current_database() "
+        "AND pid <> pg_backend_pid() ORDER BY pid",
         (reader_name(slot),),
     ).fetchall()
     return [f"process {pid}" + (f" (since {since})" if since else "") for pid, since in rows]

@@ -10,11 +10,16 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 import subprocess
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+from cdc.slots import other_readers, reader_name
 from pgcdc.core.contract import table_topic
 from tests.conftest import ROOT, Endpoints, unique
 from tests.e2e.pipeline import CDC
@@ -159,3 +164,39 @@ def test_a_new_prefix_drops_no_slot_and_adopting_moves_it(
     assert _live_ids(endpoints, table_topic(new_prefix, "public", "t")) == set(range(1, ROWS + 2))
     back = _cdc(old, "run", "--until", "current")
     assert back.returncode != 0 and f"under topic prefix {new_prefix}" in back.stderr
+
+
+def test_a_fenced_reader_finds_only_its_own_slots_readers_as_an_unprivileged_role(
+    pg_database: str, second_pg_database: str
+) -> None:
+    """What tells a fence by another reader from a transaction Kafka aborted on its timeout
+    (cdc.pipeline._fenced_by): a reader of the same slot connected to the same database,
+    whatever its role. A slot of that name in another database is another slot, with another
+    transactional id, and its reader fences nobody."""
+    slot = unique("fence")
+    role, password = unique("fence_role"), secrets.token_urlsafe(12)
+    with psycopg.connect(pg_database, autocommit=True) as su:
+        su.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(password)
+            )
+        )
+    try:
+        name = reader_name(slot)
+        with (
+            psycopg.connect(pg_database, application_name=name) as same,
+            psycopg.connect(second_pg_database, application_name=name),
+            psycopg.connect(
+                make_conninfo(pg_database, user=role, password=password), application_name=name
+            ) as mine,
+        ):
+            found = other_readers(mine, slot)
+            pid = same.info.backend_pid
+            # Another role's session: its pid and name, not when it started.
+            assert found == [f"process {pid}"], found
+            # A superuser's view of it: when it started too.
+            (seen,) = other_readers(same, slot)
+            assert re.fullmatch(rf"process {mine.info.backend_pid} \(since 2\d{{3}}-.+\)", seen)
+    finally:
+        with psycopg.connect(pg_database, autocommit=True) as su:
+            su.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

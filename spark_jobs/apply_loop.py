@@ -57,11 +57,12 @@ from pgcdc.core.spark_settings import ApplyPath, DirectPlanner, ParsePath, ReadP
 from sinks.base import Change, OnePerKey, Outcome, Sink
 from spark_jobs import behind, dead_letter, planner_workers
 from spark_jobs.changes import ChangeBuilder, RecordError
-from spark_jobs.fast_changes import NativeParts, native_parts
+from spark_jobs.fast_changes import NativeParts, native_message_parts
 from spark_jobs.gc_pause import gc_paused, thaw
 from spark_jobs.interrupt import BatchInterrupted
 from spark_jobs.kafka_direct import (
     Range,
+    RangeMessages,
     kafka_source_ranges,
     plan_ranges,
     range_starts,
@@ -602,9 +603,10 @@ def _native_part(
     """What of ``r`` the native path applies (:func:`apply_parts`): each follower's stats
     of it, and what is left of ``r`` for the Python path (None: nothing; ``r`` itself when
     the range is not for the native path)."""
-    records = read_range(conf, r, keep=settings.spark.ranges_at_once)
+    messages = RangeMessages(conf, r, keep=settings.spark.ranges_at_once)
     try:
-        parts = native_parts(record_parser(settings, heartbeat_topic), records, heartbeat_topic)
+        parser = record_parser(settings, heartbeat_topic)
+        parts = native_message_parts(parser, messages, heartbeat_topic)
         if parts is None:
             return [], r
         done = list(apply_parts(settings, followers, parts, slot))
@@ -612,7 +614,7 @@ def _native_part(
             return done, None
         return done, Range(r.topic, r.partition, parts.taken_to, r.end)
     finally:
-        records.close()  # its consumer, when the range was left part way
+        messages.close()  # its consumer, kept unless Kafka failed (the range may be left part way)
 
 
 def _apply_chunk(

@@ -20,9 +20,10 @@ there, the Python path takes the range from the first record after what was take
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -40,6 +41,7 @@ from pgcdc.core.settings import Settings, ValueFormat
 from pgcdc.core.spark_settings import ApplyPath, ReadPath
 from sinks.base import Change, WholeDocument
 from spark_jobs.convert import after_schema, native_kinds
+from spark_jobs.kafka_direct import RangeMessages, range_end
 from spark_jobs.parse import CHANGE, KafkaRecord, RecordParser, key_prefix
 
 log = logging.getLogger(__name__)
@@ -72,25 +74,28 @@ class NativeParts:
     """One range's records taken natively a part (:data:`_PART` records) at a time: what the
     parts added so far reduce to can be taken whenever the caller likes (:meth:`take`), and
     the parts after it reduce anew, so that a range's first changes can be applied while its
-    later records are still being read. Made by :func:`native_parts`."""
+    later records are still being read. Made by :func:`native_parts` (from records) and
+    :func:`native_message_parts` (from a range's consumed messages)."""
 
     def __init__(
         self,
         make: Callable[[], Any],
         table: str,
         schema: Mapping[str, Any],
-        part: list[KafkaRecord],
-        records: Iterator[KafkaRecord],
+        topic: str,
+        partition: int,
+        start: int,
+        feed: Callable[[Any], tuple[bool | None, int]],
     ) -> None:
-        """``make`` makes the native reducer; ``part`` is the range's first part (read
-        already), ``records`` the rest of it."""
+        """``make`` makes the native reducer; ``feed`` adds the next part to it: (True, the
+        offset after its last record), (None, -1) when no record is left, (False, -1) when
+        a record of it is off this path; ``start``: the range's first offset."""
         self._fast = make()
-        self._part = part  # the next part, read already
-        self._records = records
+        self._feed = feed
         self.table, self.schema = table, schema
-        self.topic, self.partition = part[0].topic, part[0].partition
+        self.topic, self.partition = topic, partition
         # The offset after the last record added, and after the last one taken.
-        self._added_to = self.taken_to = part[0].offset
+        self._added_to = self.taken_to = start
         self.taken = 0  # changes taken so far
         self.whole = False  # every record added: none was off this path
 
@@ -98,15 +103,12 @@ class NativeParts:
         """Add the next part: True; None when no record is left; False when a record of it
         is off this path (what was added since the last :meth:`take` is then of no use: the
         Python path takes the range from :attr:`taken_to`)."""
-        part = self._part or list(islice(self._records, _PART))
-        self._part = []
-        if not part:
+        added, added_to = self._feed(self._fast)
+        if added is None:
             self.whole = True
-            return None
-        if not self._fast.add(part):
-            return False
-        self._added_to = part[-1].offset + 1
-        return True
+        elif added and added_to >= 0:  # a part may hold no record of the range
+            self._added_to = added_to
+        return added
 
     def take(self) -> tuple[list[Change], list[tuple[str, int, int]], int]:
         """Each key's newest change of the parts added since the last take, the Kafka
@@ -126,20 +128,14 @@ class NativeParts:
         return changes, where, newest
 
 
-def native_parts(
-    parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
-) -> NativeParts | None:
-    """The range of ``records`` (one topic partition) to take natively a part at a time
-    (its first part read already), or None when the range is not for this path (the
-    module's docstring) or the native module is missing. ``parser`` is the range's own (it
-    learns the schema from the first value)."""
+def _native_maker(
+    parser: RecordParser, first: KafkaRecord | None, heartbeat_topic: str | None
+) -> tuple[Callable[[], Any], str, Mapping[str, Any]] | None:
+    """(what makes the native reducer, the table, its value schema) of the range whose first
+    record with a value is ``first``, learnt by ``parser`` (the range's own); None when the
+    range is not for this path (the module's docstring) or the native module is missing."""
     mod = native.module()
-    if mod is None:
-        return None
-    it = iter(records)
-    part = list(islice(it, _PART))
-    first = next((r for r in part if r.value is not None), None)
-    if first is None or first.topic == heartbeat_topic:
+    if mod is None or first is None or first.topic == heartbeat_topic:
         return None
     row = parser(first)
     known = parser.known_schema(first.topic)
@@ -153,12 +149,123 @@ def native_parts(
         if kinds is None:
             return None
         make = functools.partial(mod.FastChanges, prefix, keys, kinds, _PLACEHOLDERS, _HEADERS)
-        parts = NativeParts(make, row["table"], schema, part, it)
     except _SCHEMA_ERRORS:
         # A schema the converters cannot read (a Decimal's scale that is no integer, a field
         # without a name): the Python path dead-letters its changes with the reason.
         return None
-    return parts
+    return make, row["table"], schema
+
+
+def native_parts(
+    parser: RecordParser, records: Iterable[KafkaRecord], heartbeat_topic: str | None
+) -> NativeParts | None:
+    """The range of ``records`` (one topic partition) to take natively a part at a time
+    (its first part read already), or None when the range is not for this path (the
+    module's docstring) or the native module is missing. ``parser`` is the range's own (it
+    learns the schema from the first value)."""
+    if native.module() is None:
+        return None
+    it = iter(records)
+    part = list(islice(it, _PART))
+    made = _native_maker(parser, next((r for r in part if r.value is not None), None),
+                         heartbeat_topic)  # fmt: skip
+    if made is None:
+        return None
+    pending = [part]
+
+    def feed(fast: Any) -> tuple[bool | None, int]:
+        records = pending.pop() if pending else list(islice(it, _PART))
+        if not records:
+            return None, -1
+        if not fast.add(records):
+            return False, -1
+        return True, records[-1].offset + 1
+
+    first = part[0]
+    return NativeParts(*made, first.topic, first.partition, first.offset, feed)
+
+
+def native_message_parts(
+    parser: RecordParser, messages: RangeMessages, heartbeat_topic: str | None
+) -> NativeParts | None:
+    """The range that ``messages`` reads, to take natively a part at a time, its messages
+    handed to the native module as consumed (``FastChanges.add_messages``: no Python object
+    made a record but confluent-kafka's own); None as :func:`native_parts` gives it, or when
+    the range's first :data:`_PART` records hold no value, or its partition ends first (the
+    Python path then reads the range)."""
+    if native.module() is None:
+        return None
+    r = messages.range
+    held: list[list[Any]] = []  # the messages read to find the first value, added first
+    first = None
+    seen = 0
+    expect = r.start
+    while first is None and seen < _PART:
+        msgs = messages.next(expect)
+        held.append(msgs)
+        for m in msgs:
+            if m.error() is not None:
+                if range_end(messages, m):
+                    return None
+                continue
+            offset = m.offset()
+            if offset is None or m.topic() != r.topic or m.partition() != r.partition:
+                continue
+            if offset >= r.end:
+                return None
+            expect = offset + 1
+            seen += 1
+            if m.value() is not None:
+                first = KafkaRecord(r.topic, r.partition, offset, m.key(), m.value(), m.headers())
+                break
+    made = _native_maker(parser, first, heartbeat_topic)
+    if made is None:
+        return None
+    feed = _MessageFeed(messages, held)
+    return NativeParts(*made, r.topic, r.partition, r.start, feed)
+
+
+class _MessageFeed:
+    """What adds a range's consumed messages to the native reducer a part (at least
+    :data:`_PART` messages, or the rest of the range) at a time (:class:`NativeParts`)."""
+
+    def __init__(self, messages: RangeMessages, held: list[list[Any]]) -> None:
+        self._messages = messages
+        self._held = collections.deque(held)
+        self._at = 0  # the next message of the first held list
+        self._expect = messages.range.start
+        self._ended = False
+
+    def __call__(self, fast: Any) -> tuple[bool | None, int]:
+        r = self._messages.range
+        read = 0
+        added_to = -1
+        while read < _PART and not self._ended:
+            if not self._held:
+                self._held.append(self._messages.next(self._expect))
+                self._at = 0
+            msgs = self._held[0]
+            at, stop, to = fast.add_messages(msgs, self._at, r.topic, r.partition, r.end)
+            read += at - self._at
+            if to >= 0:
+                added_to = self._expect = to
+            if stop == _READ_ALL:
+                self._held.popleft()
+                self._at = 0
+            elif stop == _RANGE_END:
+                self._ended = True
+            elif stop == _OFF_PATH:
+                return False, -1
+            else:  # _ERROR: a partition's end, else a failure raised
+                self._ended = range_end(self._messages, msgs[at])
+                self._at = at + 1
+        if added_to < 0 and self._ended:
+            return None, -1
+        return True, added_to
+
+
+# What stopped FastChanges.add_messages.
+_READ_ALL, _RANGE_END, _OFF_PATH, _ERROR = 0, 1, 2, 3
 
 
 def native_range(

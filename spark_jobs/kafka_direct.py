@@ -240,6 +240,59 @@ def range_starts(ranges: Iterable[Range]) -> Offsets:
     return out
 
 
+class RangeMessages:
+    """The messages of one range as ``Consumer.consume`` lists them (:meth:`next`), from a
+    consumer of the process's (:func:`_consumer`), which :meth:`close` keeps for the next
+    range or, after a failure, closes. What a message means is its reader's to say:
+    :func:`read_range`'s, or the native module's (``FastChanges.add_messages``)."""
+
+    def __init__(self, conf: Mapping[str, str], r: Range, stall_s: float = _STALL_S, keep: int = 1):
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self.range, self._stall_s, self._keep = r, stall_s, keep
+        self._key, self._consumer = _consumer(conf)
+        self._healthy = True
+        self._closed = False
+        try:
+            consumer = self._consumer
+            if consumer.topics and r.topic not in consumer.topics:
+                with contextlib.suppress(KafkaException):  # unanswered: the fetch looks it up later
+                    consumer.list_topics(r.topic, timeout=_LOOKUP_S)
+            consumer.topics.add(r.topic)
+            consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+        except BaseException:
+            self.close(healthy=False)
+            raise
+
+    def next(self, expect: int) -> list[Any]:
+        """The next messages consumed (at most what is left of the range were there no gaps
+        from offset ``expect`` on, and :data:`_CONSUME`), waiting for some; TimeoutError
+        when none came for the stall time."""
+        quiet_since = time.monotonic()
+        want = min(_CONSUME, max(1, self.range.end - expect))
+        while True:
+            try:
+                msgs: list[Any] = self._consumer.consume(want, _POLL_S)
+            except BaseException:
+                self._healthy = False
+                raise
+            if msgs:
+                return msgs
+            if time.monotonic() - quiet_since > self._stall_s:
+                self._healthy = False
+                raise TimeoutError(f"Kafka gave no record of {self.range} for {self._stall_s:.0f}s")
+
+    def failed(self) -> None:
+        """What was read is of no use: the consumer is closed, not kept."""
+        self._healthy = False
+
+    def close(self, healthy: bool = True) -> None:
+        """Release the consumer (:func:`_release`): kept when it and the read are sound."""
+        if not self._closed:
+            self._closed = True
+            _release(self._key, self._consumer, self._healthy and healthy, self._keep)
+
+
 def read_range(
     conf: Mapping[str, str], r: Range, stall_s: float = _STALL_S, keep: int = 1
 ) -> Generator[KafkaRecord, None, None]:
@@ -250,35 +303,16 @@ def read_range(
     The process keeps its consumer for the next range (:func:`_consumer`): making one and
     closing it cost each range 1.5 ms of CPU and 5-7 ms, however few its records. One that
     failed is closed instead. Up to ``keep`` are kept (the ranges a task reads at once)."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-    key, consumer = _consumer(conf)
-    healthy = True
+    messages = RangeMessages(conf, r, stall_s, keep)
     try:
-        if consumer.topics and r.topic not in consumer.topics:
-            with contextlib.suppress(KafkaException):  # unanswered: the fetch looks it up later
-                consumer.list_topics(r.topic, timeout=_LOOKUP_S)
-        consumer.topics.add(r.topic)
-        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        quiet_since = time.monotonic()
         topic, partition, end = r.topic, r.partition, r.end  # locals: read for every record
         expect = r.start  # the next offset, were there no gaps: at most this many remain
         while True:
-            msgs = consumer.consume(min(_CONSUME, max(1, end - expect)), _POLL_S)
-            if not msgs:
-                if time.monotonic() - quiet_since > stall_s:
-                    raise TimeoutError(f"Kafka gave no record of {r} for {stall_s:.0f}s")
-                continue
-            quiet_since = time.monotonic()
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if m.topic() == topic and m.partition() == partition:
-                            # The end when the batch was planned was at most this high mark.
-                            return
-                        continue
-                    raise KafkaException(err)
+            for m in messages.next(expect):
+                if m.error() is not None:
+                    if partition_end(m, r):
+                        return
+                    continue
                 offset = m.offset()
                 if offset is None or m.topic() != topic or m.partition() != partition:
                     continue  # not of this range (librdkafka drops an earlier one's)
@@ -294,10 +328,32 @@ def read_range(
     except GeneratorExit:  # the reader stopped early: the consumer is sound
         raise
     except BaseException:
-        healthy = False
+        messages.failed()
         raise
     finally:
-        _release(key, consumer, healthy, keep)
+        messages.close()
+
+
+def partition_end(m: Any, r: Range) -> bool:
+    """Whether message ``m``, which carries an error, is the end of ``r``'s partition (the
+    end when the batch was planned was at most this high mark: the range is read); raises
+    its error when it is no partition's end. False: another partition's end."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = m.error()
+    if err.code() != KafkaError._PARTITION_EOF:
+        raise KafkaException(err)
+    return bool(m.topic() == r.topic and m.partition() == r.partition)
+
+
+def range_end(messages: RangeMessages, m: Any) -> bool:
+    """:func:`partition_end` of a message of ``messages``' range, the consumer marked failed
+    (closed, not kept) when the message's error is raised."""
+    try:
+        return partition_end(m, messages.range)
+    except BaseException:
+        messages.failed()
+        raise
 
 
 # The process's idle consumers, under their client configuration: of one configuration only

@@ -376,21 +376,94 @@ fn set_slot(
 }
 
 impl FastChanges {
-    /// The change of one record (`spark_jobs.parse.KafkaRecord`), or Off.
+    /// Add one record (`add`): false when it is off this path.
+    fn add_one(
+        &mut self,
+        py: Python<'_>,
+        offset: i64,
+        key: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+        headers: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Ok(key) = key.cast::<PyBytes>() else {
+            return Ok(false);
+        };
+        let value = if value.is_none() {
+            None
+        } else {
+            match value.cast::<PyBytes>() {
+                Ok(v) => Some(v),
+                Err(_) => return Ok(false),
+            }
+        };
+        let Ok(c) = self.change(offset, key.as_bytes(), value.map(|v| v.as_bytes()), headers)
+        else {
+            return Ok(false);
+        };
+        let version = (c.lsn, c.order, c.offset);
+        let place = self.places.get(c.key.as_str()).copied();
+        if let Some(at) = place {
+            if version < self.kept[at].version {
+                return Ok(true); // an older change of a key: the newest is kept
+            }
+        }
+        let none = py.None().into_bound(py);
+        let (doc, render) = match c.after {
+            None => (Doc::Delete, none),
+            Some(after) => match self.document(py, &after, false)? {
+                None => return Ok(false),
+                Some((_, Some(texts))) => {
+                    let (source, hash, digest) = rendered(py, &c.key, &texts)?;
+                    let render = (source.clone(), hash, digest)
+                        .into_pyobject(py)?
+                        .into_any();
+                    let columns = after.0.len();
+                    (
+                        Doc::Json {
+                            source: source.unbind(),
+                            columns,
+                        },
+                        render,
+                    )
+                }
+                // A float that is not finite: orjson's to write, from the values.
+                Some((_, None)) => match self.document(py, &after, true)? {
+                    Some((Some(values), _)) => (Doc::Values(values.into_any().unbind()), none),
+                    _ => return Ok(false),
+                },
+            },
+        };
+        let kept = Kept {
+            version,
+            key: PyString::new(py, &c.key).unbind(),
+            doc,
+            ts_ms: c.ts_ms,
+            render: render.unbind(),
+        };
+        match place {
+            Some(at) => self.kept[at] = kept,
+            None => {
+                self.places.insert(c.key, self.kept.len());
+                self.kept.push(kept);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The change of one record (its offset, key, value and headers: a list of (name,
+    /// value) tuples, or None), or Off.
     fn change<'a>(
         &self,
-        rec: &'a Bound<'_, PyTuple>,
+        offset: i64,
         key: &'a [u8],
         value: Option<&'a [u8]>,
+        headers: &Bound<'_, PyAny>,
     ) -> Sure<Change<'a>> {
-        let item = |i| rec.get_item(i).map_err(|_| Off);
-        let offset: i64 = item(2)?.extract().map_err(|_| Off)?;
         let key_row: Row<'_> =
             serde_json::from_str(payload(key, &self.key_prefix)?).map_err(|_| Off)?;
         let key = key_id(&key_row)?;
         // The version headers, each the first of its name.
         let (mut lsn, mut order) = (None, None);
-        let headers = item(5)?;
         if !headers.is_none() {
             let headers = headers.cast::<PyList>().map_err(|_| Off)?;
             for h in headers.iter() {
@@ -632,26 +705,67 @@ struct Texts<'s> {
     values: String,
 }
 
-/// `data` framed as a RESP bulk string (`$<length>\r\n<data>\r\n`), as redis-py packs an
-/// argument (`sinks.cache_resp.BULK`).
-fn bulk_string(out: &mut Vec<u8>, data: &[u8]) {
-    out.push(b'$');
-    // The length's digits, written in place (no string made for them).
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = data.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+/// A buffer of a size known ahead, filled in order (a Python `bytes` made in place).
+struct Fill<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Fill<'_> {
+    fn put(&mut self, data: &[u8]) {
+        self.buf[self.at..self.at + data.len()].copy_from_slice(data);
+        self.at += data.len();
     }
-    out.extend_from_slice(&digits[at..]);
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+
+    /// `data` framed as a RESP bulk string (`$<length>\r\n<data>\r\n`), as redis-py packs
+    /// an argument (`sinks.cache_resp.BULK`): [`bulk_len`] bytes.
+    fn bulk_string(&mut self, data: &[u8]) {
+        self.put(b"$");
+        // The length's digits, written in place (no string made for them).
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut n = data.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.put(&digits[at..]);
+        self.put(b"\r\n");
+        self.put(data);
+        self.put(b"\r\n");
+    }
+}
+
+/// The size of `n` bytes framed as a RESP bulk string.
+fn bulk_len(n: usize) -> usize {
+    let mut digits = 1;
+    let mut m = n / 10;
+    while m > 0 {
+        digits += 1;
+        m /= 10;
+    }
+    1 + digits + 2 + n + 2
+}
+
+/// `make` filling a `bytes` of `len` bytes; an error if it did not fill it exactly.
+fn bytes_of<'py>(
+    py: Python<'py>,
+    len: usize,
+    make: impl FnOnce(&mut Fill<'_>),
+) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, len, |buf| {
+        let mut fill = Fill { buf, at: 0 };
+        make(&mut fill);
+        if fill.at == len {
+            Ok(())
+        } else {
+            Err(PyValueError::new_err("a rendered document's size was misjudged"))
+        }
+    })
 }
 
 /// What the followers write of a document with the id `key` (`sinks.base.Rendered`): the
@@ -659,43 +773,60 @@ fn bulk_string(out: &mut Vec<u8>, data: &[u8]) {
 /// then its value's JSON, each framed as a RESP bulk string: `sinks.cache`); and the row digest
 /// the search follower keeps beside it (`pgcdc.core.row_digest.stored`, as `orjson.dumps`
 /// writes it), of the document with its fields in sorted order (`row_digest.canonical`).
-fn rendered(key: &str, texts: &Texts<'_>) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+#[allow(clippy::type_complexity)]
+fn rendered<'py>(
+    py: Python<'py>,
+    key: &str,
+    texts: &Texts<'_>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let cols = &texts.cols;
     let value = |at: usize| &texts.values.as_bytes()[cols[at].2..cols[at].3];
-    let size = texts.values.len() + cols.iter().map(|c| c.1.len() + 2).sum::<usize>() + 2;
-    let mut source = Vec::with_capacity(size);
-    let mut hash = Vec::with_capacity(size + 16 * cols.len());
-    source.push(b'{');
-    for (i, (raw, name, _, _)) in cols.iter().enumerate() {
-        if i > 0 {
-            source.push(b',');
+    // Each made in place in its `bytes`, its size reckoned first: no copy of the document.
+    let size = 2
+        + cols.len().saturating_sub(1)
+        + (0..cols.len())
+            .map(|i| cols[i].1.len() + 1 + value(i).len())
+            .sum::<usize>();
+    let source = bytes_of(py, size, |out| {
+        out.put(b"{");
+        for (i, (_, name, _, _)) in cols.iter().enumerate() {
+            if i > 0 {
+                out.put(b",");
+            }
+            out.put(name.as_bytes());
+            out.put(b":");
+            out.put(value(i));
         }
-        source.extend_from_slice(name.as_bytes());
-        source.push(b':');
-        source.extend_from_slice(value(i));
-        bulk_string(&mut hash, raw.as_bytes());
-        bulk_string(&mut hash, value(i));
-    }
-    source.push(b'}');
+        out.put(b"}");
+    })?;
+    let hash_size = (0..cols.len())
+        .map(|i| bulk_len(cols[i].0.len()) + bulk_len(value(i).len()))
+        .sum::<usize>();
+    let hash = bytes_of(py, hash_size, |out| {
+        for (i, (raw, _, _, _)) in cols.iter().enumerate() {
+            out.bulk_string(raw.as_bytes());
+            out.bulk_string(value(i));
+        }
+    })?;
     // Sorted as orjson's OPT_SORT_KEYS sorts: by the names themselves (their UTF-8 bytes,
-    // which order as their code points, as Python's sorted() does).
+    // which order as their code points, as Python's sorted() does); hashed a piece at a time.
     let mut order: Vec<usize> = (0..cols.len()).collect();
     order.sort_unstable_by(|&a, &b| cols[a].0.cmp(&cols[b].0));
-    let mut canonical = Vec::with_capacity(source.len());
-    canonical.push(b'{');
+    let mut canonical: Vec<&[u8]> = Vec::with_capacity(4 * cols.len() + 2);
+    canonical.push(b"{");
     for (i, &at) in order.iter().enumerate() {
         if i > 0 {
-            canonical.push(b',');
+            canonical.push(b",");
         }
-        canonical.extend_from_slice(cols[at].1.as_bytes());
-        canonical.push(b':');
-        canonical.extend_from_slice(value(at));
+        canonical.push(cols[at].1.as_bytes());
+        canonical.push(b":");
+        canonical.push(value(at));
     }
-    canonical.push(b'}');
-    let (h1, h2, h3) = crate::digest_parts(key.as_bytes(), &canonical);
+    canonical.push(b"}");
+    let (h1, h2, h3) = crate::digest_parts_of(key.as_bytes(), &canonical);
     let b = crate::key_hash(key.as_bytes());
-    let digest = format!("{{\"b\":{b},\"h1\":{h1},\"h2\":{h2},\"h3\":{h3}}}").into_bytes();
-    (source, hash, digest)
+    let digest = format!("{{\"b\":{b},\"h1\":{h1},\"h2\":{h2},\"h3\":{h3}}}");
+    Ok((source, hash, PyBytes::new(py, digest.as_bytes())))
 }
 
 #[pymethods]
@@ -753,78 +884,82 @@ impl FastChanges {
             let Ok(rec) = rec.cast_into::<PyTuple>() else {
                 return Ok(false);
             };
-            let (Ok(key), Ok(value)) = (rec.get_item(3), rec.get_item(4)) else {
+            let (Ok(offset), Ok(key), Ok(value), Ok(headers)) = (
+                rec.get_item(2),
+                rec.get_item(3),
+                rec.get_item(4),
+                rec.get_item(5),
+            ) else {
                 return Ok(false);
             };
-            let Ok(key) = key.cast_into::<PyBytes>() else {
+            let Ok(offset) = offset.extract::<i64>() else {
                 return Ok(false);
             };
-            let value = if value.is_none() {
-                None
-            } else {
-                match value.cast_into::<PyBytes>() {
-                    Ok(v) => Some(v),
-                    Err(_) => return Ok(false),
-                }
-            };
-            let Ok(c) = self.change(&rec, key.as_bytes(), value.as_ref().map(|v| v.as_bytes()))
-            else {
+            if !self.add_one(py, offset, &key, &value, &headers)? {
                 return Ok(false);
-            };
-            let version = (c.lsn, c.order, c.offset);
-            let place = self.places.get(c.key.as_str()).copied();
-            if let Some(at) = place {
-                if version < self.kept[at].version {
-                    continue; // an older change of a key: the newest is kept
-                }
-            }
-            let none = py.None().into_bound(py);
-            let (doc, render) = match c.after {
-                None => (Doc::Delete, none),
-                Some(after) => match self.document(py, &after, false)? {
-                    None => return Ok(false),
-                    Some((_, Some(texts))) => {
-                        let (source, hash, digest) = rendered(&c.key, &texts);
-                        let source = PyBytes::new(py, &source);
-                        let render = (
-                            source.clone(),
-                            PyBytes::new(py, &hash),
-                            PyBytes::new(py, &digest),
-                        )
-                            .into_pyobject(py)?
-                            .into_any();
-                        let columns = after.0.len();
-                        (
-                            Doc::Json {
-                                source: source.unbind(),
-                                columns,
-                            },
-                            render,
-                        )
-                    }
-                    // A float that is not finite: orjson's to write, from the values.
-                    Some((_, None)) => match self.document(py, &after, true)? {
-                        Some((Some(values), _)) => (Doc::Values(values.into_any().unbind()), none),
-                        _ => return Ok(false),
-                    },
-                },
-            };
-            let kept = Kept {
-                version,
-                key: PyString::new(py, &c.key).unbind(),
-                doc,
-                ts_ms: c.ts_ms,
-                render: render.unbind(),
-            };
-            match place {
-                Some(at) => self.kept[at] = kept,
-                None => {
-                    self.places.insert(c.key, self.kept.len());
-                    self.kept.push(kept);
-                }
             }
         }
         Ok(true)
+    }
+
+    /// Read consumed messages (`confluent_kafka.Message`, as `Consumer.consume` lists them)
+    /// of the range `topic`/`partition` up to offset `end` (excluded), from `msgs[at]`, as
+    /// `spark_jobs.kafka_direct.read_range` reads them (a message of another partition, or
+    /// without an offset, is passed over) and `add` adds records. Returns (the index of the
+    /// next message, what stopped it, the offset after the last record added or -1):
+    /// `0` every message was read; `1` the range's end was reached (its last offset or one
+    /// past it: nothing after it is read); `2` the message at the index is off this path (the
+    /// object is then of no more use); `3` the message at the index carries an error, which
+    /// the caller reads (the partition's end, or a failure).
+    fn add_messages(
+        &mut self,
+        py: Python<'_>,
+        msgs: &Bound<'_, PyList>,
+        at: usize,
+        topic: &str,
+        partition: i64,
+        end: i64,
+    ) -> PyResult<(usize, u8, i64)> {
+        let names = intern_names(py);
+        let mut added_to = -1;
+        let n = msgs.len();
+        let mut i = at;
+        while i < n {
+            let m = msgs.get_item(i)?;
+            if !m.call_method0(&names.error)?.is_none() {
+                return Ok((i, 3, added_to));
+            }
+            let offset = m.call_method0(&names.offset)?;
+            if offset.is_none() {
+                i += 1;
+                continue;
+            }
+            let offset: i64 = offset.extract()?;
+            let topic_of = m.call_method0(&names.topic)?;
+            let same = m.call_method0(&names.partition)?.extract::<i64>().ok() == Some(partition)
+                && topic_of
+                    .cast::<PyString>()
+                    .is_ok_and(|t| t.to_str().is_ok_and(|t| t == topic));
+            if !same {
+                i += 1;
+                continue;
+            }
+            if offset >= end {
+                return Ok((i, 1, added_to));
+            }
+            let key = m.call_method0(&names.key)?;
+            let value = m.call_method0(&names.value)?;
+            let headers = m.call_method0(&names.headers)?;
+            if !self.add_one(py, offset, &key, &value, &headers)? {
+                return Ok((i, 2, added_to));
+            }
+            added_to = offset + 1;
+            i += 1;
+            if offset == end - 1 {
+                return Ok((i, 1, added_to));
+            }
+        }
+        Ok((i, 0, added_to))
     }
 
     /// The changes kept, one a key in the order the keys first came, made as
@@ -936,6 +1071,35 @@ fn kind_of(name: &str, arg: i64) -> PyResult<Kind> {
     })
 }
 
+/// The names of `confluent_kafka.Message`'s methods that `add_messages` calls, interned once
+/// a process.
+struct MessageNames {
+    error: Py<PyString>,
+    offset: Py<PyString>,
+    partition: Py<PyString>,
+    topic: Py<PyString>,
+    key: Py<PyString>,
+    value: Py<PyString>,
+    headers: Py<PyString>,
+}
+
+static MESSAGE_NAMES: pyo3::sync::PyOnceLock<MessageNames> = pyo3::sync::PyOnceLock::new();
+
+fn intern_names(py: Python<'_>) -> &MessageNames {
+    MESSAGE_NAMES.get_or_init(py, || {
+        let name = |s: &str| PyString::intern(py, s).unbind();
+        MessageNames {
+            error: name("error"),
+            offset: name("offset"),
+            partition: name("partition"),
+            topic: name("topic"),
+            key: name("key"),
+            value: name("value"),
+            headers: name("headers"),
+        }
+    })
+}
+
 /// A header's text as a long: ASCII digits only (what the Python path takes; anything else
 /// it dead-letters or cannot order).
 fn header_long(v: &Bound<'_, PyAny>) -> Sure<i64> {
@@ -949,22 +1113,37 @@ fn header_long(v: &Bound<'_, PyAny>) -> Sure<i64> {
         .map_err(|_| Off)
 }
 
-/// A string as Python's `json.dumps(…, ensure_ascii=False)` writes it.
+/// A string as Python's `json.dumps(…, ensure_ascii=False)` writes it. Only ASCII bytes are
+/// escaped, and no byte of a character beyond ASCII is one, so the runs between them are
+/// copied whole.
 fn python_json_string(out: &mut String, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(s.len() + 2);
     out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
+    let mut from = 0;
+    for (i, &c) in s.as_bytes().iter().enumerate() {
+        let escaped = match c {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[from..i]);
+        if escaped.is_empty() {
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(c >> 4)]));
+            out.push(char::from(HEX[usize::from(c & 0xf)]));
+        } else {
+            out.push_str(escaped);
         }
+        from = i + 1;
     }
+    out.push_str(&s[from..]);
     out.push('"');
 }
 

@@ -42,10 +42,17 @@ fn key_hash(id: &[u8]) -> u32 {
 
 /// The three 20-bit parts of a row's digest (the SHA-1 of its id, a NUL and its text).
 fn digest_parts(id: &[u8], text: &[u8]) -> (u64, u64, u64) {
+    digest_parts_of(id, &[text])
+}
+
+/// [`digest_parts`] of the text made of `pieces`, one after the other.
+fn digest_parts_of(id: &[u8], pieces: &[&[u8]]) -> (u64, u64, u64) {
     let mut h = Sha1::new();
     h.update(id);
     h.update([0u8]);
-    h.update(text);
+    for piece in pieces {
+        h.update(piece);
+    }
     let x = u64::from_be_bytes(h.finalize()[..8].try_into().unwrap());
     (x >> 44, (x >> 24) & PART, (x >> 4) & PART)
 }

@@ -234,6 +234,111 @@ def test_a_range_taken_part_by_part_leaves_each_key_at_its_newest(
     assert _held([*takes, rest]) == {c.key: c for c in expected}
 
 
+class _Consumed:
+    """A range's messages as ``RangeMessages`` hands them over: confluent-kafka's own
+    ``Message`` objects, in lists of ``sizes`` (the last size repeated)."""
+
+    def __init__(self, messages: list[Any], start: int, end: int, sizes: list[int]) -> None:
+        from spark_jobs.kafka_direct import Range
+
+        self.range = Range(TOPIC, 0, start, end)
+        self._messages, self._sizes = messages, sizes
+        self.asked: list[int] = []  # the ``expect`` of each next()
+        self.failed_too = False
+
+    def next(self, expect: int) -> list[Any]:
+        self.asked.append(expect)
+        size = self._sizes[min(len(self.asked) - 1, len(self._sizes) - 1)]
+        taken, self._messages = self._messages[:size], self._messages[size:]
+        assert taken, "read past the range's end"
+        return taken
+
+    def failed(self) -> None:
+        self.failed_too = True
+
+
+def _message(r: KafkaRecord | None = None, **fields: Any) -> Any:
+    from confluent_kafka import Message
+
+    if r is not None:
+        fields = {"topic": r.topic, "partition": r.partition, "offset": r.offset, "key": r.key,
+                  "value": r.value, "headers": r.headers, **fields}  # fmt: skip
+    return Message(**fields)
+
+
+def test_a_range_read_from_its_consumed_messages_gives_what_its_records_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``native_message_parts`` reads confluent-kafka's messages as ``read_range`` reads
+    them: another partition's records and its end, a message without an offset, and what
+    comes after the range's last offset are passed over, and the changes, their positions
+    and the part boundaries are those of the range's records. A record off the path ends
+    the native part at the part before it; an error other than a partition's end is raised
+    and the consumer marked failed."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from spark_jobs import fast_changes
+
+    monkeypatch.setattr(fast_changes, "_PART", 50)
+    records = _readers_records(300, 70)
+    whole = _native(records)
+    assert whole is not None
+    other = KafkaError(KafkaError._PARTITION_EOF)
+    stray = [_message(r, partition=1, value=b"off this path") for r in records[:3]]
+    messages = [
+        _message(error=other, topic=TOPIC, partition=1),
+        *stray[:2],
+        *(_message(r) for r in records[:120]),
+        _message(topic=TOPIC, partition=0, value=b"no offset"),
+        stray[2],
+        *(_message(r) for r in records[120:]),
+        _message(records[-1], offset=records[-1].offset + 1),  # past the end: never read
+    ]
+    end = records[-1].offset + 1
+    consumed = _Consumed(messages, records[0].offset, end, [7, 500, 33])
+    parts = fast_changes.native_message_parts(RecordParser(PREFIX, BEATS), consumed, BEATS)
+    assert parts is not None
+    takes = []
+    while parts.add_next():
+        changes, where, _ = parts.take()
+        assert all(t == TOPIC and p == 0 and o < end for t, p, o in where), where
+        takes.append(changes)
+    assert parts.whole and parts.taken_to == end
+    assert _held(takes) == {c.key: c for c in whole}
+    assert not consumed.failed_too and consumed.asked[0] == records[0].offset
+
+    # The range's own end: the range is read, whatever follows.
+    eof = KafkaError(KafkaError._PARTITION_EOF)
+    consumed = _Consumed([*(_message(r) for r in records[:100]), _message(error=eof, topic=TOPIC,
+                          partition=0)], records[0].offset, end, [64])  # fmt: skip
+    parts = fast_changes.native_message_parts(RecordParser(PREFIX, BEATS), consumed, BEATS)
+    assert parts is not None
+    while parts.add_next():
+        parts.take()
+    assert parts.whole and parts.taken_to == records[100].offset
+
+    # A record with unchanged columns in the fourth part: the first three parts are taken.
+    at = 170
+    off = [*records[:at], records[at]._replace(headers=[*records[at].headers,
+           (HEADER_UNCHANGED, b"[]")]), *records[at + 1 :]]  # fmt: skip
+    consumed = _Consumed([_message(r) for r in off], records[0].offset, end, [50])
+    parts = fast_changes.native_message_parts(RecordParser(PREFIX, BEATS), consumed, BEATS)
+    assert parts is not None
+    while added := parts.add_next():
+        parts.take()
+    assert added is False and not parts.whole and parts.taken_to == records[150].offset
+
+    # A failure: raised, the consumer not kept.
+    broken = KafkaError(KafkaError._TRANSPORT)
+    consumed = _Consumed([*(_message(r) for r in records[:10]), _message(error=broken)],
+                         records[0].offset, end, [500])  # fmt: skip
+    parts = fast_changes.native_message_parts(RecordParser(PREFIX, BEATS), consumed, BEATS)
+    assert parts is not None
+    with pytest.raises(KafkaException):
+        parts.add_next()
+    assert consumed.failed_too
+
+
 # -- a table of every kind, generated --------------------------------------------------------
 
 

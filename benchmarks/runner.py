@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import logging
 import shutil
+import time
 from collections.abc import Callable
 
 from benchmarks import hotpath as hotpath_mod
@@ -218,20 +219,37 @@ GROUPS: dict[str, Callable[[Bench], None]] = {
 }
 
 
+def machine_pace(b: Bench, when: str) -> None:
+    """Note the machine's pace: the CPU seconds of a Python loop of ten million empty
+    iterations, at ``when``. The machine is shared: CPU per change moves with its pace (the
+    same code's figures differ by a third between a quiet and a busy hour), and this says
+    which hour a run had."""
+    t0 = time.process_time()
+    for _ in range(10_000_000):
+        pass
+    secs = time.process_time() - t0
+    log.info("machine pace %s: %.2f CPU s for 10M loop iterations", when, secs)
+    b.record.notes.append(f"machine pace {when}: a 10M-iteration Python loop took {secs:.2f} CPU s")
+
+
 def run_groups(b: Bench, names: list[str]) -> None:
-    """Set up the tables, then only the measurements of ``names`` (keys of GROUPS)."""
+    """Set up the tables, then only the measurements of ``names`` (keys of GROUPS), the
+    machine's pace noted before and after them."""
     unknown = [n for n in names if n not in GROUPS]
     if unknown:
         raise ValueError(f"the groups are {', '.join(GROUPS)}; not {', '.join(unknown)}")
+    machine_pace(b, "at the start")
     setup_tables(b)
     probe_systems(b)
     warm_servers(b)
     for name in names:
         GROUPS[name](b)
+    machine_pace(b, "at the end")
 
 
 def run_all(b: Bench) -> None:
     """Every measurement, in the order that lets all systems read the same WAL."""
+    machine_pace(b, "at the start")
     setup_tables(b)
     probe_systems(b)
     warm_servers(b)
@@ -274,3 +292,4 @@ def run_all(b: Bench) -> None:
     verify_speed(b)
     exactly_once(b)
     documents_fanout(b)
+    machine_pace(b, "at the end")

@@ -155,7 +155,8 @@ def plot(rec: BenchRecord, path: Path) -> bool:
     ax_lat.set_xlabel("seconds since the reader started streaming")
     ax_lat.set_yscale("log")
     for ax in (ax_lag, ax_lat):
-        ax.legend(loc="upper left", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a run of some groups may plot nothing here
+            ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

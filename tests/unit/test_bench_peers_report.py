@@ -60,3 +60,19 @@ def test_throughput_points_by_transaction_size(tmp_path: Path) -> None:
     assert "bench-throughput.png" in markdown(rec)
     # Ours is compared with the tuned peer in the same row of the report.
     assert "5.56× tuned Debezium" in markdown(rec)
+
+
+def test_a_run_with_latency_points_and_no_lag_plots_without_a_warning(tmp_path: Path) -> None:
+    """A run of some groups (``BENCH_ONLY``) may have latency points and no slot lag: its
+    plot is written, and matplotlib warns of no empty legend on the user's screen."""
+    import warnings
+
+    from benchmarks.report import plot
+    from benchmarks.results import Series
+
+    rec = BenchRecord(run_id="t", quick=True)
+    rec.series.append(Series("ours commit→Kafka", "ms", [(0.0, 1.0), (1.0, 2.0)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot(rec, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0

@@ -218,6 +218,8 @@ def native_message_parts(
             if m.value() is not None:
                 first = KafkaRecord(r.topic, r.partition, offset, m.key(), m.value(), m.headers())
                 break
+            if offset == r.end - 1:
+                return None  # read to its end, no record with a value: the Python path's
     made = _native_maker(parser, first, heartbeat_topic)
     if made is None:
         return None

@@ -328,6 +328,14 @@ def test_a_range_read_from_its_consumed_messages_gives_what_its_records_give(
         parts.take()
     assert added is False and not parts.whole and parts.taken_to == records[150].offset
 
+    # A range of tombstones only: the Python path's, read no further than its last offset.
+    tombstones = [
+        _message(topic=TOPIC, partition=0, offset=o, key=records[0].key) for o in range(5)
+    ]
+    consumed = _Consumed(tombstones, 0, 5, [2])
+    assert fast_changes.native_message_parts(RecordParser(PREFIX, BEATS), consumed, BEATS) is None
+    assert consumed.asked == [0, 2, 4]
+
     # A failure: raised, the consumer not kept.
     broken = KafkaError(KafkaError._TRANSPORT)
     consumed = _Consumed([*(_message(r) for r in records[:10]), _message(error=broken)],

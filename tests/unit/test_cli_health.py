@@ -114,6 +114,10 @@ def test_a_job_at_info_hides_the_libraries_line_per_batch() -> None:
     from spark_jobs.job import PER_BATCH_LOGGERS, quiet_per_batch_loggers
 
     loggers = [logging.getLogger(name) for name in PER_BATCH_LOGGERS]
+    # Put back as found: the shared Spark session's fixture (tests/conftest.py) keeps py4j
+    # at WARNING for the rest of the process, whose exit would otherwise print a logging
+    # error at the end of the run.
+    were = [lg.level for lg in loggers]
     try:
         quiet_per_batch_loggers(logging.INFO)
         # py4j.clientserver's "Received command c on object id p0" is INFO: not shown.
@@ -122,5 +126,5 @@ def test_a_job_at_info_hides_the_libraries_line_per_batch() -> None:
         quiet_per_batch_loggers(logging.DEBUG)
         assert [lg.level for lg in loggers] == [logging.NOTSET] * len(loggers)
     finally:
-        for lg in loggers:
-            lg.setLevel(logging.NOTSET)
+        for lg, level in zip(loggers, were, strict=True):
+            lg.setLevel(level)
